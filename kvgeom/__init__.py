@@ -1,0 +1,82 @@
+"""kvgeom: KV-cache block geometry for LLM serving, in one place.
+
+The public API inventory. Resolve a config once, then ask the geometry::
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> [(x.kind, x.span) for x in g.groups]
+    [('full_attention', 32), ('mamba', 16)]
+"""
+
+from kvgeom.config import DEFAULT_CONFIG, CacheConfig, KVGeomConfig, OffloadConfig, load_config
+from kvgeom.errors import (
+    ConfigError,
+    GeometryError,
+    KVGeomError,
+    OffloadConfigError,
+    ParallelismError,
+    Problem,
+    QueryError,
+)
+from kvgeom.geometry import (
+    Geometry,
+    GeometryWarning,
+    GroupGeometry,
+    OffloadGeometry,
+    OffloadGroupGeometry,
+    resolve,
+)
+from kvgeom.parallel import ParallelConfig
+from kvgeom.specs import (
+    ChunkedLocalSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    GroupSpec,
+    MambaSpec,
+    MLASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformSpec,
+    is_dcp_sharded,
+    is_prefix_cacheable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "CacheConfig",
+    "ChunkedLocalSpec",
+    "CircularBufferSpec",
+    "ConfigError",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "Geometry",
+    "GeometryError",
+    "GeometryWarning",
+    "GroupGeometry",
+    "GroupSpec",
+    "KVGeomConfig",
+    "KVGeomError",
+    "MLASpec",
+    "MambaSpec",
+    "OffloadConfig",
+    "OffloadConfigError",
+    "OffloadGeometry",
+    "OffloadGroupGeometry",
+    "ParallelConfig",
+    "ParallelismError",
+    "Problem",
+    "QueryError",
+    "SinkFullAttentionSpec",
+    "SlidingWindowMLASpec",
+    "SlidingWindowSpec",
+    "UniformSpec",
+    "__version__",
+    "is_dcp_sharded",
+    "is_prefix_cacheable",
+    "load_config",
+    "resolve",
+]

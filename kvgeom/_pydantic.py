@@ -1,0 +1,138 @@
+"""Turn pydantic's ValidationError into kvgeom's ConfigError, one Problem per error."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kvgeom.errors import ConfigError, Problem
+
+_KINDS = frozenset(
+    {
+        "full_attention",
+        "mla",
+        "sink_full_attention",
+        "sliding_window",
+        "sliding_window_mla",
+        "chunked_local",
+        "cross_attention",
+        "mamba",
+        "circular_buffer",
+        "uniform",
+    }
+)
+
+_CODES = {
+    "missing": "missing_field",
+    "extra_forbidden": "unknown_key",
+    "union_tag_invalid": "unknown_kind",
+    "union_tag_not_found": "missing_kind",
+    "literal_error": "invalid_choice",
+    "greater_than": "out_of_range",
+    "greater_than_equal": "out_of_range",
+    "less_than": "out_of_range",
+    "less_than_equal": "out_of_range",
+    "too_short": "too_short",
+    "too_long": "too_long",
+    "value_error": "invalid_value",
+}
+
+
+def field_path(loc: tuple[Any, ...], prefix: str = "") -> str:
+    """``('groups', 0, 'mla', 'block_size')`` -> ``groups[0].block_size``."""
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _KINDS or (isinstance(part, str) and part.startswith("function-")):
+            continue  # the tag pydantic adds for a tagged union member, or a validator name
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fix(err_type: str, err: dict[str, Any]) -> str:
+    value = err.get("input")
+    if err_type == "missing":
+        return "add it"
+    if err_type == "extra_forbidden":
+        return "remove it or check its spelling (docs/config.md lists every key)"
+    if err_type == "greater_than":
+        return f"got {value!r}; use an integer > {(err.get('ctx') or {}).get('gt')}"
+    if err_type == "greater_than_equal":
+        return f"got {value!r}; use an integer >= {(err.get('ctx') or {}).get('ge')}"
+    if err_type in {"less_than", "less_than_equal"}:
+        return f"got {value!r}"
+    if err_type.endswith("_type") or err_type.endswith("_parsing"):
+        return f"got {value!r} ({type(value).__name__})"
+    if err_type in {"literal_error", "union_tag_invalid"}:
+        return f"got {value!r}" if err_type == "literal_error" else ""
+    return ""
+
+
+def config_error_from_validation(exc: ValidationError, prefix: str = "") -> ConfigError:
+    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix."""
+    problems = []
+    errors = exc.errors(include_url=False)
+    failed_locs = [tuple(e["loc"]) for e in errors if e["type"] != "too_short"]
+    for err in errors:
+        err_type = str(err["type"])
+        loc = tuple(err["loc"])
+        if err_type == "too_short" and any(f[: len(loc)] == loc and len(f) > len(loc) for f in failed_locs):
+            continue  # "at least 1 item" only because the items themselves failed
+        msg = str(err["msg"])
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        elif msg.startswith("Assertion failed, "):
+            msg = msg[len("Assertion failed, ") :]
+        path = field_path(loc, prefix)
+        if err_type == "extra_forbidden" and loc:
+            msg = f"unknown key {loc[-1]!r}"
+        elif err_type == "union_tag_invalid":
+            ctx = err.get("ctx") or {}
+            msg = f"unknown kind {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+        elif err_type == "union_tag_not_found":
+            msg = "missing 'kind'; every group names its kind (e.g. \"kind\": \"full_attention\")"
+        fix = _fix(err_type, err)
+        message = f"{msg}; {fix}" if fix else msg
+        values: dict[str, Any] = {}
+        if "input" in err and isinstance(err["input"], int | float | str | bool | None):
+            values["input"] = err["input"]
+        problems.append(
+            Problem(code=_CODES.get(err_type, "wrong_type" if err_type.endswith(("_type", "_parsing")) else "invalid"),
+                    message=message, field=path, values=values)
+        )
+    return ConfigError(problems)
+
+
+_ModelMeta: Any = type(BaseModel)
+
+
+class _RaisesConfigError(_ModelMeta):  # type: ignore[misc]
+    """``Model(**data)`` raises ConfigError instead of pydantic's ValidationError.
+
+    A metaclass rather than an ``__init__`` override: pydantic calls a custom
+    ``__init__`` for nested models too, which would wrap our error in its own.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as e:
+            raise config_error_from_validation(e, prefix=cls.FIELD_PREFIX) from None
+
+
+class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
+    """Base of kvgeom's value models: immutable, unknown keys rejected, hashable,
+    and every validation failure a :class:`kvgeom.ConfigError`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    FIELD_PREFIX: ClassVar[str] = ""
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:  # type: ignore[override]
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as e:
+            raise config_error_from_validation(e, prefix=cls.FIELD_PREFIX) from None

@@ -1,0 +1,428 @@
+"""What a KV-cache group is: immutable specs, a tagged union on ``kind``.
+
+A *spec* describes one KV-cache group as the engine allocates it: its
+``block_size`` (tokens held by one physical block **on one rank**) and the
+fields that decide how the group behaves (window, chunk, Mamba mode, ...).
+Page-size fields (``num_kv_heads``, ``head_size``, ``dtype``, Mamba ``shapes``
+and ``dtypes``, ``page_size_padded``) are optional and only needed for page
+bytes.
+
+The kinds follow vLLM 0.33's spec classes (reference §1):
+
+=====================  ==================  ===========  ===================
+kind                   manager family      DCP-sharded  prefix-cacheable
+=====================  ==================  ===========  ===================
+``full_attention``     full                yes          yes
+``mla``                full                yes          yes
+``sink_full_attention`` full               yes          yes
+``sliding_window``     sliding             yes [1]_     yes
+``sliding_window_mla`` sliding             yes [1]_     unless bounded_replay
+``chunked_local``      chunked             yes [1]_     yes
+``cross_attention``    cross               yes [1]_     yes (never offloaded)
+``mamba``              mamba               **no**       yes
+``circular_buffer``    circular            yes [1]_     **no**
+``uniform``            of its first layer  of its layers of its layers
+=====================  ==================  ===========  ===================
+
+.. [1] Under DCP these kinds must be replicated (``dcp_sharded=False``);
+   :func:`kvgeom.resolve` rejects them otherwise.
+
+Whether a group is sharded across DCP ranks is decided in exactly one place,
+:func:`is_dcp_sharded`. It never looks at Python classes: a ``uniform``
+container (as DSA models merge MLA and indexer layers) is sharded exactly when
+its layers are, which is the rule vLLM once missed (#50883).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import Field, model_validator
+from typing_extensions import assert_never
+
+from kvgeom._pydantic import FrozenModel
+from kvgeom.errors import GeometryError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "ChunkedLocalSpec",
+    "CircularBufferSpec",
+    "CrossAttentionSpec",
+    "DType",
+    "Family",
+    "FullAttentionSpec",
+    "GroupSpec",
+    "LeafSpec",
+    "MLASpec",
+    "MambaSpec",
+    "SinkFullAttentionSpec",
+    "SlidingWindowMLASpec",
+    "SlidingWindowSpec",
+    "UniformSpec",
+    "family",
+    "is_dcp_sharded",
+    "is_prefix_cacheable",
+    "iter_leaves",
+    "scheduler_view",
+]
+
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+#: Bytes per element of the dtype names kvgeom understands.
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_ds_mla": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+}
+
+DType = Literal[
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_ds_mla",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+]
+
+#: Which single-type manager serves a group; decides windows and hit finding.
+Family: TypeAlias = Literal["full", "sliding", "chunked", "cross", "mamba", "circular"]
+
+
+class _Spec(FrozenModel):
+    """Fields every spec has. Construction errors are :class:`kvgeom.ConfigError`."""
+
+    block_size: PositiveInt = Field(
+        description="Tokens held by one physical block on one rank (the resolved size, not the CLI value)."
+    )
+    dcp_sharded: bool | None = Field(
+        default=None,
+        description="Override of whether DCP deals this group's positions across ranks "
+        "(default: attention kinds yes, mamba no, uniform as its layers). Set false for a "
+        "replicated group such as a DCP=1 draft model.",
+    )
+    prefix_cacheable: bool | None = Field(
+        default=None,
+        description="Whether the group takes part in prefix caching and offloading (default by kind).",
+    )
+
+
+class _AttentionSpec(_Spec):
+    num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads per TP rank.")
+    head_size: PositiveInt | None = None
+    dtype: DType | None = Field(default=None, description="KV cache dtype name.")
+    page_size_padded: PositiveInt | None = Field(
+        default=None, description="Page bytes after padding, when the engine padded the page."
+    )
+    tokens_per_state: PositiveInt | None = Field(
+        default=None,
+        description="Tokens compressed into one cached state (> 1 for compressed attention).",
+    )
+
+
+class FullAttentionSpec(_AttentionSpec):
+    """Causal full attention (vLLM ``FullAttentionSpec``)."""
+
+    kind: Literal["full_attention"] = "full_attention"
+    head_size_v: PositiveInt | None = None
+
+
+class MLASpec(_AttentionSpec):
+    """Multi-head latent attention; ``head_size`` is the latent width (vLLM ``MLAAttentionSpec``)."""
+
+    kind: Literal["mla"] = "mla"
+    alignment: PositiveInt | None = Field(default=None, description="Page bytes padded up to a multiple of this.")
+    cache_role: Literal["main", "indexer"] | None = Field(
+        default=None, description="'indexer' for the sparse-attention indexer cache of DSA models."
+    )
+
+
+class SinkFullAttentionSpec(_AttentionSpec):
+    """Full attention with ``sink_len`` attention-sink tokens."""
+
+    kind: Literal["sink_full_attention"] = "sink_full_attention"
+    head_size_v: PositiveInt | None = None
+    sink_len: NonNegativeInt = 0
+
+
+class SlidingWindowSpec(_AttentionSpec):
+    """Sliding-window attention; a query sees the last ``sliding_window`` positions."""
+
+    kind: Literal["sliding_window"] = "sliding_window"
+    head_size_v: PositiveInt | None = None
+    sliding_window: PositiveInt
+    extra_retained_tokens: NonNegativeInt = 0
+
+
+class SlidingWindowMLASpec(_AttentionSpec):
+    """Sliding-window MLA; not prefix-cacheable when ``bounded_replay`` is set."""
+
+    kind: Literal["sliding_window_mla"] = "sliding_window_mla"
+    sliding_window: PositiveInt
+    extra_retained_tokens: NonNegativeInt = 0
+    alignment: PositiveInt | None = None
+    bounded_replay: bool = False
+
+
+class ChunkedLocalSpec(_AttentionSpec):
+    """Chunked local attention: positions attend within ``attention_chunk_size`` chunks."""
+
+    kind: Literal["chunked_local"] = "chunked_local"
+    head_size_v: PositiveInt | None = None
+    attention_chunk_size: PositiveInt
+
+
+class CrossAttentionSpec(_AttentionSpec):
+    """Encoder-decoder cross attention (no prefix cache lookups, never offloaded)."""
+
+    kind: Literal["cross_attention"] = "cross_attention"
+    head_size_v: PositiveInt | None = None
+
+
+class CircularBufferSpec(_AttentionSpec):
+    """A ring of ``block_size`` slots, one block per request; never prefix-cacheable."""
+
+    kind: Literal["circular_buffer"] = "circular_buffer"
+    head_size_v: PositiveInt | None = None
+
+
+class MambaSpec(_Spec):
+    """Recurrent state (Mamba, GDN, KDA, conv state): replicated on every DCP rank.
+
+    In ``align`` mode block *i* holds the state after exactly ``(i+1)*block_size``
+    tokens. ``mamba_cache_mode`` defaults to ``align`` with prefix caching on and
+    ``none`` with it off.
+    """
+
+    kind: Literal["mamba"] = "mamba"
+    mamba_cache_mode: Literal["align", "none", "all"] | None = None
+    num_speculative_blocks: NonNegativeInt = 0
+    shapes: tuple[tuple[PositiveInt, ...], ...] | None = Field(
+        default=None, description="Per-rank state shapes, one per state tensor."
+    )
+    dtypes: tuple[DType, ...] | None = Field(default=None, description="One dtype name per state tensor.")
+    page_size_padded: PositiveInt | None = None
+
+
+LeafSpec = Annotated[
+    FullAttentionSpec
+    | MLASpec
+    | SinkFullAttentionSpec
+    | SlidingWindowSpec
+    | SlidingWindowMLASpec
+    | ChunkedLocalSpec
+    | CrossAttentionSpec
+    | MambaSpec,
+    Field(discriminator="kind"),
+]
+
+
+class UniformSpec(_Spec):
+    """Several layer specs merged into one group with one ``block_size``.
+
+    DSA models merge their MLA and indexer layers this way. A layer that omits
+    ``block_size`` takes the container's; a container that omits it takes the
+    layers'. The layers must share the block size, the manager family and
+    whether they are DCP-sharded. The scheduler sees the first layer.
+    """
+
+    kind: Literal["uniform"] = "uniform"
+    layers: tuple[LeafSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _share_block_size(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        layers = data.get("layers")
+        if not isinstance(layers, list | tuple):
+            return data
+        data = dict(data)
+        if "block_size" not in data:
+            for layer in layers:
+                size = layer.get("block_size") if isinstance(layer, dict) else getattr(layer, "block_size", None)
+                if size is not None:
+                    data["block_size"] = size
+                    break
+        if "block_size" in data:
+            data["layers"] = [
+                {**layer, "block_size": data["block_size"]}
+                if isinstance(layer, dict) and "block_size" not in layer
+                else layer
+                for layer in layers
+            ]
+        return data
+
+    @model_validator(mode="after")
+    def _layers_agree(self) -> UniformSpec:
+        for i, layer in enumerate(self.layers):
+            if layer.block_size != self.block_size:
+                raise ValueError(
+                    f"layers[{i}].block_size={layer.block_size} differs from the container's "
+                    f"block_size={self.block_size}; the layers of a uniform group share one block size"
+                )
+        return self
+
+
+GroupSpec = Annotated[
+    FullAttentionSpec
+    | MLASpec
+    | SinkFullAttentionSpec
+    | SlidingWindowSpec
+    | SlidingWindowMLASpec
+    | ChunkedLocalSpec
+    | CrossAttentionSpec
+    | MambaSpec
+    | CircularBufferSpec
+    | UniformSpec,
+    Field(discriminator="kind"),
+]
+
+AnyLeaf: TypeAlias = (
+    FullAttentionSpec
+    | MLASpec
+    | SinkFullAttentionSpec
+    | SlidingWindowSpec
+    | SlidingWindowMLASpec
+    | ChunkedLocalSpec
+    | CrossAttentionSpec
+    | MambaSpec
+)
+AnySpec: TypeAlias = AnyLeaf | CircularBufferSpec | UniformSpec
+
+
+def iter_leaves(spec: AnySpec) -> Iterator[AnyLeaf | CircularBufferSpec]:
+    """The layer specs of a group: the layers of a ``uniform`` container, else the spec itself."""
+    if isinstance(spec, UniformSpec):
+        yield from spec.layers
+    else:
+        yield spec
+
+
+def scheduler_view(spec: AnySpec) -> AnyLeaf | CircularBufferSpec:
+    """The spec the scheduler sees: a ``uniform`` container counts as its first layer.
+
+    vLLM's scheduler-side config flattens the container to its first layer
+    (fine print 2), so window sizes, the Mamba mode test and partial hash hits
+    are decided on that layer.
+    """
+    return spec.layers[0] if isinstance(spec, UniformSpec) else spec
+
+
+def family(spec: AnySpec) -> Family:
+    """The manager family of a group (a ``uniform`` group: of its first layer)."""
+    match spec:
+        case FullAttentionSpec() | MLASpec() | SinkFullAttentionSpec():
+            return "full"
+        case SlidingWindowSpec() | SlidingWindowMLASpec():
+            return "sliding"
+        case ChunkedLocalSpec():
+            return "chunked"
+        case CrossAttentionSpec():
+            return "cross"
+        case MambaSpec():
+            return "mamba"
+        case CircularBufferSpec():
+            return "circular"
+        case UniformSpec():
+            return family(spec.layers[0])
+        case _:
+            assert_never(spec)
+
+
+def _sharded_by_kind(spec: AnySpec) -> bool:
+    match spec:
+        case (
+            FullAttentionSpec()
+            | MLASpec()
+            | SinkFullAttentionSpec()
+            | SlidingWindowSpec()
+            | SlidingWindowMLASpec()
+            | ChunkedLocalSpec()
+            | CrossAttentionSpec()
+            | CircularBufferSpec()
+        ):
+            return True
+        case MambaSpec():
+            return False
+        case UniformSpec():
+            values = {is_dcp_sharded(layer) for layer in spec.layers}
+            if len(values) != 1:
+                flags = [is_dcp_sharded(layer) for layer in spec.layers]
+                raise GeometryError.single(
+                    "uniform_mixed_sharding",
+                    f"the layers of a uniform group disagree on dcp_sharded ({flags}); a group is "
+                    "either dealt across DCP ranks or replicated: split the layers into separate "
+                    "groups or set dcp_sharded on the container",
+                    flags=flags,
+                )
+            return values.pop()
+        case _:
+            assert_never(spec)
+
+
+def is_dcp_sharded(spec: AnySpec) -> bool:
+    """Whether DCP deals this group's token positions across ranks.
+
+    This is the only place kvgeom decides it. The explicit ``dcp_sharded``
+    field wins; otherwise attention kinds are sharded, ``mamba`` is replicated
+    and a ``uniform`` container is sharded exactly when its layers are (layers
+    that disagree raise :class:`GeometryError` ``uniform_mixed_sharding``).
+
+    Invariant: a group's span is ``block_size * kv_shards`` when this is true
+    and ``block_size`` otherwise (see :mod:`kvgeom.geometry`).
+
+    >>> is_dcp_sharded(UniformSpec(block_size=64, layers=[{"kind": "mla"}, {"kind": "mla", "cache_role": "indexer"}]))
+    True
+    >>> is_dcp_sharded(MambaSpec(block_size=16))
+    False
+    """
+    if spec.dcp_sharded is not None:
+        return spec.dcp_sharded
+    return _sharded_by_kind(spec)
+
+
+def is_prefix_cacheable(spec: AnySpec) -> bool:
+    """Whether a group takes part in prefix caching (and hence in H and offloading).
+
+    The explicit ``prefix_cacheable`` field wins; circular buffers and
+    bounded-replay sliding-window MLA are not cacheable; everything else is.
+    """
+    if spec.prefix_cacheable is not None:
+        return spec.prefix_cacheable
+    match spec:
+        case CircularBufferSpec():
+            return False
+        case SlidingWindowMLASpec():
+            return not spec.bounded_replay
+        case (
+            FullAttentionSpec()
+            | MLASpec()
+            | SinkFullAttentionSpec()
+            | SlidingWindowSpec()
+            | ChunkedLocalSpec()
+            | CrossAttentionSpec()
+            | MambaSpec()
+            | UniformSpec()
+        ):
+            return True
+        case _:
+            assert_never(spec)
