@@ -28,7 +28,7 @@ from functools import reduce
 from typing import Any, Literal
 
 from kvgeom._math import INT64_MAX, cdiv
-from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, load_config
+from kvgeom.config import KVGeomConfig, load_config
 from kvgeom.errors import (
     GeometryError,
     KVGeomError,
@@ -582,11 +582,11 @@ def _window_chunks(g: GroupGeometry, chunk: int) -> int | None:
     view = scheduler_view(g.spec)
     match g.family:
         case "sliding":
-            sw = getattr(view, "sliding_window")
-            extra = getattr(view, "extra_retained_tokens")
+            sw = view.sliding_window
+            extra = view.extra_retained_tokens
             return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
         case "chunked":
-            return cdiv(getattr(view, "attention_chunk_size"), chunk)
+            return cdiv(view.attention_chunk_size, chunk)
         case "mamba":
             return 1
         case "full" | "cross" | "circular":
@@ -770,7 +770,7 @@ def _add_warnings(
 ) -> None:
     """Legal but likely unintended geometry (peers.md §9 complaints)."""
     spans = [g.span for g in groups]
-    if len(groups) > 1 and L > max(spans):
+    if len(groups) > 1 and max(spans) < L:
         warnings.append(
             GeometryWarning(
                 "scheduler_block_lcm_blowup",
@@ -779,7 +779,7 @@ def _add_warnings(
             )
         )
     smallest = min(g.span for g in groups if g.prefix_cacheable) if any(g.prefix_cacheable for g in groups) else A
-    if cfg.cache.prefix_caching and A >= 8 * smallest:
+    if cfg.cache.prefix_caching and 8 * smallest <= A:
         warnings.append(
             GeometryWarning(
                 "hit_floor",
@@ -810,7 +810,7 @@ def _add_warnings(
                 )
             )
         R = offload.retention_interval
-        if R and mml is not None and R > mml and offload.mamba_align_size is not None:
+        if R and mml is not None and mml < R and offload.mamba_align_size is not None:
             warnings.append(
                 GeometryWarning(
                     "retention_unreachable",
