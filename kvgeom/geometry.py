@@ -174,6 +174,7 @@ class Geometry:
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
+        >>> from kvgeom import DEFAULT_CONFIG
         >>> r = resolve(DEFAULT_CONFIG).to_report()
         >>> [g["span"] for g in r["groups"]], r["scheduler_block_size"], r["hash_block_size"]
         ([32, 16], 32, 16)
@@ -398,6 +399,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
     spans; ``hash_block_size`` divides every prefix-cacheable span;
     ``hit_alignment_tokens`` is ``hash_block_size`` or ``scheduler_block_size``.
 
+    >>> from kvgeom import DEFAULT_CONFIG
     >>> g = resolve(DEFAULT_CONFIG)
     >>> [x.span for x in g.groups], g.scheduler_block_size, g.hash_block_size
     ([32, 16], 32, 16)
