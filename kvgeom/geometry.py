@@ -171,6 +171,35 @@ class Geometry:
             )
         return self.groups[index]
 
+    def key_map(self, prefix_tokens: int) -> dict[str, Any]:
+        """The complete offload chunks within the first ``prefix_tokens`` tokens, per offloaded group.
+
+        Contract: ``{"prefix_tokens", "groups": [{"index", "kind", "keys": [{"chunk", "hash_index",
+        "end_token", "block_entries"}]}]}``; align-mode Mamba keys carry ``"state_block"`` instead of
+        ``"block_entries"``; a DCP-sharded group also has ``"rank_lengths"`` for the prefix.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> km = resolve(DEFAULT_CONFIG).key_map(64)
+        >>> [k["block_entries"] for k in km["groups"][0]["keys"]], [k["state_block"] for k in km["groups"][1]["keys"]]
+        ([[0], [1]], [0, 1, 2, 3])
+        """
+        from kvgeom.keys import key_map
+
+        return key_map(self, prefix_tokens)
+
+    def plan_hit(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
+        """Hit length and load plan for a scenario (see :func:`kvgeom.hits.plan_hit`), as the contract dict
+        ``{"hit_tokens", "end_token", "groups": [{"index", "load_keys", "block_entries", "state_block"}]}``.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> scenario = {"num_tokens": 64, "stored": {"0": [32, 64], "1": [16, 32, 48]}}
+        >>> resolve(DEFAULT_CONFIG).plan_hit(scenario)["hit_tokens"]
+        48
+        """
+        from kvgeom.hits import plan_hit
+
+        return plan_hit(self, scenario).to_dict()
+
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
