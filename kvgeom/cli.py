@@ -30,7 +30,9 @@ True
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -514,7 +516,38 @@ def config_schema() -> dict[str, Any]:
     'KVGeomConfig'
     """
     schema = KVGeomConfig.model_json_schema()
+    defs = schema.get("$defs", {})
+    # Two rules of the format that pydantic's generated schema cannot see: the "dense" spelling of a null
+    # retention interval (a before-validator), and "block_size or blocks_per_chunk, not both" (offload_chunk_both).
+    retention = defs.get("CacheConfig", {}).get("properties", {}).get("retention_interval")
+    if retention is not None and "anyOf" in retention:
+        retention["anyOf"].append({"const": "dense"})
+    if "OffloadConfig" in defs:
+        defs["OffloadConfig"]["not"] = {"required": ["block_size", "blocks_per_chunk"]}
+    _layers_inherit_block_size(defs)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def _layers_inherit_block_size(defs: dict[str, Any]) -> None:
+    """A uniform container and its layers may each omit ``block_size`` (one inherits the other's, a
+    before-validator the generated schema does not show): point the layers at copies of the leaf
+    specs without ``block_size`` in ``required``, and drop it from the container's."""
+    uniform = defs.get("UniformSpec")
+    if uniform is None:
+        return
+    uniform["required"] = [r for r in uniform.get("required", []) if r != "block_size"]
+    items = uniform["properties"]["layers"]["items"]
+    renamed: dict[str, str] = {}
+    for option in items.get("oneOf", []):
+        name = option["$ref"].rsplit("/", 1)[-1]
+        layer = copy.deepcopy(defs[name])
+        layer["required"] = [r for r in layer.get("required", []) if r != "block_size"]
+        defs[f"{name}Layer"] = layer
+        renamed[f"#/$defs/{name}"] = f"#/$defs/{name}Layer"
+        option["$ref"] = renamed[f"#/$defs/{name}"]
+    mapping = items.get("discriminator", {}).get("mapping", {})
+    for kind, ref in mapping.items():
+        mapping[kind] = renamed.get(ref, ref)
 
 
 def _cmd_schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -608,3 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in f.lines:
             err.write(line + "\n")
         return f.code
+    except BrokenPipeError:  # e.g. kvgeom schema | head: the reader left; not an error of ours
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK

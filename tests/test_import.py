@@ -18,5 +18,7 @@ def test_import_pulls_in_no_heavy_dependency():
 
 
 def test_python_m_kvgeom_explain_json_prints_default_report():
-    out = subprocess.run([sys.executable, "-m", "kvgeom", "explain", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvgeom", "explain", "--json"], capture_output=True, text=True, check=True
+    )
     assert "scheduler_block_size" in out.stdout
