@@ -136,8 +136,8 @@ def test_restorable_boundaries():
     assert [boundaries.is_restorable(SEED, 1, n) for n in (0, 16, 24, 48)] == [False, True, False, True]
     assert [boundaries.is_restorable(SEED_K4, 1, n) for n in (16, 48, 64)] == [False, False, True]
     # partial tails: only where the geometry supports them (D = 1, k = 1, H < B_m)
-    tail = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
-                           "cache": {"prefix_match_unit": 8}, "offload": {}})
+    hybrid = [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]
+    tail = kvgeom.resolve({"groups": hybrid, "cache": {"prefix_match_unit": 8}, "offload": {}})
     assert boundaries.is_restorable(tail, 1, 24, partial_tail=True)
     assert not boundaries.is_restorable(tail, 1, 24)
     assert not boundaries.is_restorable(SEED, 1, 24, partial_tail=True)
