@@ -29,7 +29,7 @@ def nonneg(name: str, value: Any) -> int:
             name,
             **{name: value},
         )
-    return value
+    return int(value)
 
 
 def positive(name: str, value: Any) -> int:

@@ -45,11 +45,13 @@ from kvgeom.specs import (
     MambaSpec,
     SinkFullAttentionSpec,
     UniformSpec,
+    attention_chunk_size_of,
     family,
     is_dcp_sharded,
     is_prefix_cacheable,
     iter_leaves,
     scheduler_view,
+    sliding_window_of,
 )
 
 __all__ = [
@@ -609,19 +611,19 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
 
 
 def _window_chunks(g: GroupGeometry, chunk: int) -> int | None:
-    """Chunks a lookup needs ending at the hit (``get_sliding_window_size_in_chunks``, first layer decides)."""
-    view = scheduler_view(g.spec)
-    match g.family:
-        case "sliding":
-            sw = view.sliding_window
-            extra = view.extra_retained_tokens
-            return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
-        case "chunked":
-            return cdiv(view.attention_chunk_size, chunk)
-        case "mamba":
-            return 1
-        case "full" | "cross" | "circular":
-            return None
+    """Chunks a lookup needs ending at the hit (``get_sliding_window_size_in_chunks``; first layer decides).
+
+    Sliding window ``max(cdiv(sw, C), cdiv(sw - 1 + extra, C))``, chunked local
+    ``cdiv(attention_chunk_size, C)``, Mamba 1, full attention None (unbounded).
+    """
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        sw, extra = window
+        return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return cdiv(size, chunk)
+    return 1 if g.family == "mamba" else None
 
 
 def _resolve_offload(

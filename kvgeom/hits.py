@@ -27,7 +27,7 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.keys import offload_group
 from kvgeom.masks import reachable_block_mask
-from kvgeom.specs import scheduler_view
+from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
     "GroupLoad",
@@ -105,7 +105,7 @@ def _stored_sets(
         raise QueryError.single(
             "bad_stored", f"stored must map a group index to end tokens, got {type(stored).__name__}", "stored"
         )
-    out = {og.index: frozenset() for og in off.groups}
+    out: dict[int, frozenset[int]] = {og.index: frozenset() for og in off.groups}
     H = geom.hash_block_size
     for key, ends in stored.items():
         try:
@@ -142,15 +142,14 @@ def _stored_sets(
 
 
 def _need_tokens(g: GroupGeometry) -> int | None:
-    """Tokens before a hit end a windowed group must hold (None: not a token window)."""
-    view = scheduler_view(g.spec)
-    match g.family:
-        case "sliding":
-            return int(view.sliding_window) - 1 + int(view.extra_retained_tokens)
-        case "chunked":
-            return int(view.attention_chunk_size) - 1
-        case _:
-            return None
+    """Positions before a hit end that a windowed group must hold (None: Mamba, one key)."""
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        return window[0] - 1 + window[1]
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return size - 1
+    return None
 
 
 def _scan_window(
@@ -323,18 +322,13 @@ def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
     """
     g = geom.group(group)
     N = nonneg("end_token", end_token)
-    view = scheduler_view(g.spec)
-    match g.family:
-        case "full" | "cross" | "circular":
-            return 0
-        case "sliding":
-            w = int(view.sliding_window) - 1 + int(view.extra_retained_tokens)
-            return max(N - w, 0)
-        case "chunked":
-            return rdown(N, int(view.attention_chunk_size))
-        case "mamba":
-            return max(N - 1, 0)
-    raise AssertionError(g.family)  # pragma: no cover
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        return max(N - (window[0] - 1 + window[1]), 0)
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return rdown(N, size)
+    return max(N - 1, 0) if g.family == "mamba" else 0
 
 
 def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:

@@ -29,7 +29,7 @@ from typing import Any, assert_never
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
 from kvgeom.geometry import Geometry
-from kvgeom.specs import scheduler_view
+from kvgeom.specs import sliding_window_of
 
 __all__ = ["default_alignment", "reachable_block_mask"]
 
@@ -102,8 +102,8 @@ def reachable_block_mask(
         case "sliding":
             if R is None or not align or align % span:
                 return None
-            view = scheduler_view(g.spec)
-            tail = cdiv(view.sliding_window - 1, span)
+            window = sliding_window_of(g.spec)
+            tail = cdiv(window[0] - 1, span) if window is not None else 0
             ends = [rdown(t, align) for t in points]
             if R:
                 if R % span:
