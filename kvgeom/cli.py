@@ -1,7 +1,7 @@
 """The ``kvgeom`` command: a thin argparse layer over the library.
 
 Subcommands: ``check``, ``explain``, ``hit``, ``diagram``, ``schema``,
-``presets`` (``docs/cli.md`` is the reference). Every number printed comes from
+``presets`` (``docs/cli.md`` is the reference); no subcommand means ``explain``. Every number printed comes from
 :func:`kvgeom.resolve` and the query modules; nothing here derives a span, a
 chunk or a boundary.
 
@@ -634,8 +634,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
         except SystemExit as e:  # --help and --version
             return e.code if isinstance(e.code, int) else EXIT_OK
-        if args.command is None:
-            raise _Fail(EXIT_USAGE, ["kvgeom: no command given; try 'kvgeom explain' or 'kvgeom --help'"])
+        if args.command is None:  # bare `kvgeom` / `python -m kvgeom`: the main job, explain the default
+            args = parser.parse_args(["explain"])
         return int(args.func(args, out, err))
     except _Fail as f:
         for line in f.lines:

@@ -231,7 +231,6 @@ def test_bad_input_is_one_line_on_stderr(capsys, tmp_path, content, suffix, exit
 @pytest.mark.parametrize(
     "argv",
     [
-        [],  # no command
         ["frobnicate"],  # unknown command
         ["check"],  # check needs a file
         ["explain", "--prefix", "-1"],  # negative prefix
@@ -247,6 +246,11 @@ def test_usage_errors_exit_2_with_one_line(capsys, argv):
     assert code == EXIT_USAGE
     assert out == ""
     assert_one_line_error(err)
+
+
+def test_no_command_is_explain(capsys):
+    # The README's `python -m kvgeom` prints the explained default, like `kvgeom explain`.
+    assert run(capsys) == run(capsys, "explain")
 
 
 def test_help_and_version_exit_0(capsys):
