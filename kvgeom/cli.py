@@ -372,7 +372,7 @@ _MAX_KEYS_SHOWN = 24
 def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
     """The smallest divisor or multiple of ``unit`` that draws ``total`` tokens in at most ``max_cells`` cells,
     so that cells line up with the hash grid."""
-    small = set()
+    small: set[int] = set()
     d = 1
     while d * d <= unit:
         if unit % d == 0:
@@ -381,7 +381,7 @@ def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
     for p in sorted(small):
         if cdiv(total, p) <= max_cells:
             return p
-    return cdiv(cdiv(total, max_cells), unit) * unit
+    return int(cdiv(cdiv(total, max_cells), unit)) * unit
 
 
 def _axis_text(geom: Geometry, prefix: int) -> list[str]:
