@@ -171,6 +171,19 @@ class Geometry:
             )
         return self.groups[index]
 
+    def fingerprint(self) -> str:
+        """A short, versioned, stable digest of everything behind an offload key's bytes.
+
+        See :mod:`kvgeom.fingerprint` (``"kvg1-"`` + 16 hex digits); two layouts
+        share keys safely only when their fingerprints are equal.
+
+        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg1-")
+        True
+        """
+        from kvgeom.fingerprint import fingerprint
+
+        return fingerprint(self)
+
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
@@ -217,6 +230,7 @@ class Geometry:
                 ],
             },
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
+            "fingerprint": self.fingerprint(),
         }
 
 
