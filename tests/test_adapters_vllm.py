@@ -318,7 +318,7 @@ def test_dtype_names():
 
 def test_import_kvgeom_and_adapter_pull_no_vllm_torch_hypothesis():
     code = (
-        "import sys, kvgeom, kvgeom.adapters.vllm, kvgeom.resolution\n"
+        "import sys, kvgeom, kvgeom.adapters.vllm, kvgeom.resolution, kvgeom.compat, kvgeom.fingerprint\n"
         "bad = [m for m in ('vllm', 'torch', 'hypothesis') if m in sys.modules]\n"
         "print(bad)\n"
     )
