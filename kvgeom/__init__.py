@@ -42,6 +42,7 @@ from kvgeom.specs import (
     is_dcp_sharded,
     is_prefix_cacheable,
 )
+
 # isort: split
 # issue 6: pages, block-size resolution, fingerprint, compat (appended for an easy merge)
 from kvgeom.compat import CompatReason, CompatReport, GroupCompat, compat, compat_main_text
