@@ -108,3 +108,11 @@ def test_canonical_json_is_plain_and_sorted():
     text = canonical_json(layout_fields(HYBRID))
     assert " " not in text and text.isascii()
     assert text.index('"blocks_per_chunk"') < text.index('"groups"') < text.index('"hash_block_size"')
+
+
+def test_chunk_written_as_tokens_or_blocks_is_one_layout():
+    # offload.block_size=32 and blocks_per_chunk=2 are the same chunk when both spans are 16 (DCP 1)
+    dcp1 = with_(HYBRID, parallel={"tp": 2, "dcp": 1})
+    assert fingerprint(with_(dcp1, offload={"block_size": 32})) == fingerprint(
+        with_(dcp1, offload={"blocks_per_chunk": 2})
+    )

@@ -301,3 +301,12 @@ def test_report_is_json_serialisable():
     d = json.loads(json.dumps(r.to_dict()))
     assert d["padding"][0]["padding_percent"] == round(r.padding[0].percent, 4)
     assert d["config"] == r.config
+
+
+def test_layered_config_from_a_json_file(tmp_path):
+    import json
+
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(layered([full(), mamba([[16, 64, 64]], ["float32"])])))
+    assert resolve_block_sizes(path).attention_block_size == 256
+    assert resolve_block_sizes(str(path)).config == resolve_block_sizes(json.loads(path.read_text())).config
