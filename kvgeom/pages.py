@@ -147,7 +147,9 @@ def missing_page_fields(spec: AnySpec) -> list[str]:
             | CrossAttentionSpec()
             | CircularBufferSpec()
         ):
-            needed = ("head_size", "dtype") if _is_latent(spec) else ("num_kv_heads", "head_size", "dtype")
+            needed: tuple[str, ...] = ("head_size", "dtype")
+            if not _is_latent(spec):
+                needed = ("num_kv_heads", *needed)
             if spec.dtype == "fp8_ds_mla":
                 needed = ()
             return [name for name in needed if getattr(spec, name) is None]
