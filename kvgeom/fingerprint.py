@@ -67,7 +67,12 @@ FINGERPRINT_VERSION = 1
 
 
 def as_geometry(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> Geometry:
-    """A :class:`Geometry` as is; anything else through :func:`kvgeom.resolve`."""
+    """A :class:`Geometry` as is; anything else through :func:`kvgeom.resolve` (its errors propagate).
+
+    >>> g = as_geometry({"groups": [{"kind": "mla", "block_size": 64}]})
+    >>> as_geometry(g) is g
+    True
+    """
     return source if isinstance(source, Geometry) else resolve(source)
 
 
@@ -180,7 +185,11 @@ def layout_fields(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os
 
 
 def canonical_json(fields: Mapping[str, Any]) -> str:
-    """The byte-stable text that is hashed: sorted keys, no whitespace, ASCII only."""
+    """The byte-stable text that is hashed: sorted keys, no whitespace, ASCII only, no NaN.
+
+    >>> print(canonical_json({"b": [1, None], "a": "x"}))
+    {"a":"x","b":[1,null]}
+    """
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 

@@ -63,6 +63,7 @@ from kvgeom._math import cdiv, rup
 from kvgeom._pydantic import FrozenModel
 from kvgeom.config import CacheConfig, OffloadConfig
 from kvgeom.errors import ConfigError, GeometryError, Problem
+from kvgeom.geometry import Geometry, resolve
 from kvgeom.pages import attention_page_bytes, mamba_state_bytes
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import DType
@@ -274,14 +275,17 @@ class BlockSizeResolution:
     """Pipeline stages holding layers of each group."""
     notes: tuple[str, ...]
 
-    def resolve(self) -> Any:
+    def resolve(self) -> Geometry:
         """``kvgeom.resolve(self.config)``: the full geometry of the resolved config."""
-        from kvgeom.geometry import resolve
-
         return resolve(self.config)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable report (the key set is a stable contract)."""
+        """A JSON-serialisable report (the key set is a stable contract).
+
+        >>> r = resolve_block_sizes({"model": {"layers": [{"kind": "mla", "head_size": 576, "dtype": "fp8"}]}})
+        >>> sorted(r.to_dict())[:4], r.to_dict()["config"]["groups"][0]["block_size"]
+        (['attention_block_size', 'cli_block_size', 'config', 'engine_block_size'], 16)
+        """
         return {
             "config": self.config,
             "cli_block_size": self.cli_block_size,

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgeom.errors import ConfigError, Problem
+from kvgeom.geometry import Geometry, resolve
 
 __all__ = ["SPEC_KINDS", "config_from_vllm", "dtype_name", "geometry_from_vllm"]
 
@@ -328,7 +329,7 @@ def config_from_vllm(
     return out
 
 
-def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any = None, **kwargs: Any) -> Any:
+def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any = None, **kwargs: Any) -> Geometry:
     """``kvgeom.resolve(config_from_vllm(...))``: the resolved :class:`kvgeom.Geometry`.
 
     >>> from types import SimpleNamespace as NS
@@ -337,6 +338,4 @@ def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any = None, **kwargs: 
     >>> geometry_from_vllm(kv).groups[0].span
     16
     """
-    from kvgeom.geometry import resolve
-
     return resolve(config_from_vllm(kv_cache_config, vllm_config, **kwargs))
