@@ -126,7 +126,9 @@ class LayerSpec(FrozenModel):
 
     kind: LayerKind
     name: str | None = Field(default=None, description="A label used in reports.")
-    count: PositiveInt = Field(default=1, description="How many identical layers this entry stands for.")
+    count: Annotated[int, Field(strict=True, gt=0, le=65536)] = Field(
+        default=1, description="How many identical layers this entry stands for (at most 65536)."
+    )
     pp_stage: NonNegativeInt = Field(default=0, description="Pipeline stage owning the layers.")
     dcp_sharded: bool | None = Field(default=None, description="Passed through to the group spec.")
     num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads per TP rank.")
@@ -546,6 +548,16 @@ def resolve_block_sizes(
             if mode == "align" and all(a is not None for a in aligns):
                 k = reduce(math.lcm, (a for a in aligns if a is not None), k)
             per_k = main.raw_page(k)
+            if per_k == 0:
+                raise ConfigError.single(
+                    "block_smaller_than_state",
+                    f"{main.label} compresses tokens_per_state={main.src.tokens_per_state} tokens per state, more "
+                    f"than the {k}-token block vLLM starts from, so a block holds no state: raise model.block_size "
+                    f"to a multiple of {main.src.tokens_per_state}",
+                    f"model.layers[{main.index}].tokens_per_state",
+                    tokens_per_state=main.src.tokens_per_state,
+                    block_size=k,
+                )
             needed = rup(k * cdiv(m, per_k), kb)
             attention_block = max(cli, needed)
             if attention_block > cli:

@@ -281,6 +281,16 @@ ERRORS = [
         "max_model_len_required",
         "cache.max_model_len",
     ),
+    # a compressed main layer whose state spans more tokens than the starting block: no state fits in a block
+    (
+        layered(
+            [{**MLA, "tokens_per_state": 256}, mamba([[4]], ["float32"])],
+        ),
+        "block_smaller_than_state",
+        "model.layers[0].tokens_per_state",
+    ),
+    # absurd layer counts are refused rather than expanded
+    (layered([full(count=10**6)]), "out_of_range", "model.layers[0].count"),
     # groups and model together
     ({"groups": [{"kind": "mla", "block_size": 64}], "model": {"layers": [MLA]}}, "groups_and_model", "groups"),
 ]
