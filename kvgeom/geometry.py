@@ -202,6 +202,20 @@ class Geometry:
 
         return plan_hit(self, scenario).to_dict()
 
+    def fingerprint(self) -> str:
+        """A short, versioned, stable digest of everything behind an offload key's bytes.
+
+        See :mod:`kvgeom.fingerprint` (``"kvg1-"`` + 16 hex digits); two layouts
+        share keys safely only when their fingerprints are equal.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg1-")
+        True
+        """
+        from kvgeom.fingerprint import fingerprint
+
+        return fingerprint(self)
+
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
@@ -249,6 +263,7 @@ class Geometry:
                 ],
             },
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
+            "fingerprint": self.fingerprint(),
         }
 
 
