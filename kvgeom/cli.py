@@ -1,9 +1,9 @@
 """The ``kvgeom`` command: a thin argparse layer over the library.
 
-Subcommands: ``check``, ``explain``, ``hit``, ``diagram``, ``schema``,
-``presets`` (``docs/cli.md`` is the reference); no subcommand means ``explain``. Every number printed comes from
-:func:`kvgeom.resolve` and the query modules; nothing here derives a span, a
-chunk or a boundary.
+Subcommands: ``check``, ``explain``, ``hit``, ``diagram``, ``compat``,
+``schema``, ``presets`` (``docs/cli.md`` is the reference); no subcommand
+means ``explain``. Every number printed comes from :func:`kvgeom.resolve` and
+the query modules; nothing here derives a span, a chunk or a boundary.
 
 A ``CONFIG`` argument is a ``.json``/``.toml`` path or ``preset:NAME``.
 
@@ -18,6 +18,10 @@ Exit codes (stable):
   out-of-range values), or a query that cannot be asked (a
   :class:`kvgeom.QueryError`, e.g. ``hit`` on a config without offloading).
   When ``check`` sees both kinds of file, 2 wins.
+
+``compat A B`` exits 0 when the two layouts' offloaded keys are
+interchangeable, 1 when they are not, and 2 for usage errors or a layout that
+does not resolve.
 
 Errors are printed on stderr, one line per problem (``FILE: field: message
 [code]``), never as a traceback.
@@ -506,6 +510,28 @@ def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+# -------------------------------------------------------------------- compat
+
+
+def _cmd_compat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from kvgeom.compat import compat, compat_main_text
+
+    configs = []
+    for arg in (args.a, args.b):
+        try:
+            configs.append(resolve(_load(arg)))
+        except KVGeomError as e:
+            # A layout that does not resolve cannot be compared: exit 2, since 1 means "not interchangeable".
+            raise _Fail(EXIT_USAGE, [f"{arg}: {_problem_line(p)}" for p in e.problems]) from None
+    report = compat(configs[0], configs[1])
+    if args.json:
+        json.dump(report.to_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(compat_main_text(report) + "\n")
+    return EXIT_OK if report.compatible else EXIT_INVALID
+
+
 # ------------------------------------------------------------ schema, presets
 
 
@@ -609,6 +635,12 @@ def _parser() -> _Parser:
     d.add_argument("-o", "--output", required=True, metavar="FILE.svg", help="output file ('-' for stdout)")
     d.add_argument("--title", help="title line (default: CONFIG)")
     d.set_defaults(func=_cmd_diagram)
+
+    cp = sub.add_parser("compat", help="can two layouts share offloaded keys? exit 0 yes, 1 no")
+    cp.add_argument("a", metavar="A", help="CONFIG of the first deployment")
+    cp.add_argument("b", metavar="B", help="CONFIG of the second deployment")
+    cp.add_argument("--json", action="store_true", help="print the CompatReport as JSON")
+    cp.set_defaults(func=_cmd_compat)
 
     s = sub.add_parser("schema", help="print the JSON Schema of the config format")
     s.set_defaults(func=_cmd_schema)

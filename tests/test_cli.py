@@ -344,6 +344,40 @@ def test_diagram_unwritable_output_exit_2(capsys, tmp_path):
     assert_one_line_error(err)
 
 
+# ------------------------------------------------------------------- compat
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "exit_code"),
+    [
+        ("preset:seed-hybrid", "preset:seed-hybrid", EXIT_OK),  # a layout shares keys with itself
+        ("preset:glm52-dsa-dcp2", "preset:glm52-dsa-dcp8", EXIT_INVALID),  # DCP 2 vs 8: spans 128 vs 512
+        ("preset:seed-hybrid", "preset:kimi-k3-dcp8", EXIT_INVALID),  # different models
+    ],
+)
+def test_compat_exit_code_is_the_report(capsys, a, b, exit_code):
+    report = kvgeom.compat(kvgeom.load_preset(a[7:]), kvgeom.load_preset(b[7:]))
+    code, out, err = run(capsys, "compat", a, b)
+    assert (code, err) == (exit_code, "") and code == report.exit_code
+    assert out == kvgeom.compat_main_text(report) + "\n"
+    code, out, _ = run(capsys, "compat", a, b, "--json")
+    assert code == exit_code and json.loads(out) == report.to_dict()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compat", "preset:seed-hybrid"],  # B missing
+        ["compat", "preset:seed-hybrid", str(INVALID / "offload-both.json")],  # B does not resolve
+        ["compat", str(INVALID / "not-json.json"), "preset:seed-hybrid"],  # A unparsable
+    ],
+)
+def test_compat_usage_and_unresolvable_exit_2(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_USAGE and out == ""
+    assert_one_line_error(err)
+
+
 # ---------------------------------------------------------- schema, presets
 
 
@@ -374,6 +408,7 @@ def test_presets_one_line_each(capsys):
         (["check", str(INVALID / "tp-not-divisible-by-dcp.json")], EXIT_INVALID, ""),
         (["hit", "preset:seed-hybrid", "{scenario}"], EXIT_OK, "hit: 48 tokens"),
         (["diagram", "preset:seed-hybrid", "-o", "-"], EXIT_OK, "<svg"),
+        (["compat", "preset:glm52-dsa-dcp2", "preset:glm52-dsa-dcp8"], EXIT_INVALID, "NOT compatible"),
         (["schema"], EXIT_OK, '"KVGeomConfig"'),
         (["presets"], EXIT_OK, "seed-hybrid"),
     ],
