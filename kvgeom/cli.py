@@ -305,6 +305,8 @@ def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
         )
     )
     lines.append("")
+    lines.append(f"layout fingerprint: {geom.fingerprint()}  (equal fingerprints: offloaded keys are interchangeable)")
+    lines.append("")
     if off is None:
         lines.append('offload: none (no offloading connector; add an "offload" section, {} means k = 1)')
     else:
