@@ -1,5 +1,5 @@
 """The docs stay true: case-study diagrams are up to date, and every `$ kvgeom ...` transcript in docs/
-prints what it shows. (`mkdocs build --strict` runs in .ci/run with the docs extra.)"""
+prints what it shows, and the docs site builds with `mkdocs build --strict`."""
 
 from __future__ import annotations
 
@@ -80,3 +80,19 @@ def test_doc_transcript_is_what_kvgeom_prints(capsys, monkeypatch, page, command
         assert all(any(line == a for a in it) for line in shown), (shown, actual)
     else:
         assert actual == expected
+
+
+def test_docs_site_builds_strict(tmp_path):
+    # --strict fails on broken links and pages missing from the nav
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
