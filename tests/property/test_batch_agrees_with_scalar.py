@@ -8,6 +8,7 @@ int64) and the batch raises QueryError.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -220,6 +221,8 @@ KEY_FUNCS = [
     (batch.restore_read_block, boundaries.restore_read_block, None, lambda v: v),
     (batch.max_restorable_tokens, boundaries.max_restorable_tokens, 0, lambda v: v),
     (batch.is_restorable, boundaries.is_restorable, 0, lambda v: v),
+    (functools.partial(batch.is_restorable, partial_tail=True),
+     functools.partial(boundaries.is_restorable, partial_tail=True), 0, lambda v: v),
     (batch.skipped_tokens, hits.skipped_tokens, 0, lambda v: v),
 ]
 
@@ -232,8 +235,8 @@ def _scalar_key(fn):
     return fn
 
 
-@pytest.mark.parametrize("batch_fn, scalar_fn, probe, _", KEY_FUNCS, ids=lambda f: getattr(f, "__name__", ""))
-@given(geom=geometries(), items=value_lists(), data=st.data())
+@pytest.mark.parametrize("batch_fn, scalar_fn, probe, _", KEY_FUNCS, ids=lambda f: getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", "") + "_tail")
+@given(geom=st.one_of(geometries(), tail_geometries()), items=value_lists(), data=st.data())
 def test_key_and_boundary_maps_agree(batch_fn, scalar_fn, probe, _, geom, items, data):
     group = group_of(geom, data)
     sfn = _scalar_key(scalar_fn)
