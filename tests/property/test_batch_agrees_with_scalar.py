@@ -227,6 +227,12 @@ KEY_FUNCS = [
 ]
 
 
+def _name(f):
+    if isinstance(f, functools.partial):
+        return f.func.__name__ + "_partial_tail"
+    return getattr(f, "__name__", "")
+
+
 def _scalar_key(fn):
     if fn is keys.chunk_block_entries:
         return lambda geom, group, x: (lambda r: r.start if r.stop - 1 <= INT64_MAX else r.stop)(fn(geom, group, x))
@@ -235,7 +241,7 @@ def _scalar_key(fn):
     return fn
 
 
-@pytest.mark.parametrize("batch_fn, scalar_fn, probe, _", KEY_FUNCS, ids=lambda f: getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", "") + "_tail")
+@pytest.mark.parametrize("batch_fn, scalar_fn, probe, _", KEY_FUNCS, ids=_name)
 @given(geom=st.one_of(geometries(), tail_geometries()), items=value_lists(), data=st.data())
 def test_key_and_boundary_maps_agree(batch_fn, scalar_fn, probe, _, geom, items, data):
     group = group_of(geom, data)
