@@ -332,8 +332,8 @@ def slot_mapping(
             "group",
             group=group,
         )
-    p = _ints("positions", positions)
-    req = _ints("request_index", request_index)
+    p = _int64_view("positions", positions)
+    req = _int64_view("request_index", request_index)
     table = _ints("block_table", block_table, ndim=2, signed=True)
     if req.shape != p.shape:
         raise QueryError.single(
@@ -354,25 +354,115 @@ def slot_mapping(
     if p.size == 0:
         return np.zeros(0, dtype=np.int64)
     rows, width = table.shape
-    if _max(req) >= rows:
+    # One max reduction each over the unsigned view catches negatives (they read as values >= 2**63)
+    # and gives the upper bound; the slow path only runs to name the problem.
+    pmax = int(p.view(np.uint64).max())
+    if pmax > INT64_MAX:
+        _ints("positions", p)
+    rmax = int(req.view(np.uint64).max())
+    if rmax > INT64_MAX:
+        _ints("request_index", req)
+    if rmax >= rows:
         raise QueryError.single(
             "no_such_request",
-            f"request_index holds {_max(req)}, but block_table has {rows} rows",
+            f"request_index holds {rmax}, but block_table has {rows} rows",
             "request_index",
-            request_index=_max(req),
+            request_index=rmax,
             rows=rows,
         )
-    want_rank = rank is not None
-    col, owner, off = _deal(geom, g, p, want_rank=want_rank)
-    top = _max(col)
+    dealt = _dealt(geom, g)
+    top = pmax // (g.span if dealt else g.block_size)
     if top >= width:
         raise QueryError.single(
             "row_too_short",
-            f"position {_max(p)} needs block-table column {top}, but the rows have {width} entries",
+            f"position {pmax} needs block-table column {top}, but the rows have {width} entries",
             "block_row",
             column=top,
             row_length=width,
         )
+    B = g.block_size
+    if table.size and int(table.min()) >= 0 and int(table.max()) <= (INT64_MAX - (B - 1)) // B:
+        # Every slot fits: gather from the table pre-multiplied by B (one pass over the small table).
+        scaled = np.ascontiguousarray(table).ravel() * B
+        return _slots_blocked(geom, g, p, req, scaled, width, rank)
+    return _slots_checked(geom, g, p, req, table, rank)
+
+
+def _int64_view(name: str, x: Any) -> I64:
+    """``x`` as a 1-D int64 array without a value check (the caller checks with one max reduction)."""
+    if isinstance(x, np.ndarray) and x.dtype == np.int64 and x.ndim == 1:
+        return x
+    return _ints(name, x)
+
+
+_BLOCK = 1 << 15
+"""Elements per block of the slot-mapping kernel: the temporaries stay in the CPU cache."""
+
+
+def _slots_blocked(
+    geom: Geometry, g: GroupGeometry, p: I64, req: I64, scaled: I64, width: int, rank: int | None
+) -> I64:
+    """Slots in cache-sized blocks: every index is checked, so the gather may skip bounds checks."""
+    B = g.block_size
+    D = geom.kv_shards
+    interleave = geom.config.parallel.cp_interleave
+    dealt = _dealt(geom, g)
+    S = g.span if dealt else B
+    sS, sB, sD, sI = (_pow2_shift(v) for v in (S, B, D, interleave))
+    pow2 = None not in (sS, sB, sD, sI)
+    n = p.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    size = min(_BLOCK, n)
+    i64 = np.int64
+    W, mask_b = i64(width), i64(B - 1)
+    t1 = np.empty(size, dtype=np.int64)
+    t2 = np.empty(size, dtype=np.int64)
+    other = np.empty(size, dtype=np.bool_)
+    for lo in range(0, n, size):
+        hi = min(lo + size, n)
+        pb, rb, ob = p[lo:hi], req[lo:hi], out[lo:hi]
+        a, b = t1[: hi - lo], t2[: hi - lo]
+        # flat index of (request, column) into the pre-multiplied table
+        if pow2:
+            np.right_shift(pb, i64(sS), out=a)
+        else:
+            np.floor_divide(pb, i64(S), out=a)
+        np.multiply(rb, W, out=b)
+        a += b
+        np.take(scaled, a, out=ob, mode="clip")
+        # offset inside the owner's page
+        if not dealt:
+            np.bitwise_and(pb, mask_b, out=a) if pow2 else np.remainder(pb, i64(B), out=a)
+        elif pow2 and interleave == 1:
+            np.right_shift(pb, i64(sD), out=a)
+            a &= mask_b
+        elif pow2 and interleave == B:
+            np.bitwise_and(pb, mask_b, out=a)
+        else:
+            o = np.remainder(pb, S, out=a)
+            np.floor_divide(o, interleave * D, out=b)
+            b *= interleave
+            o %= interleave
+            a += b
+        ob += a
+        if rank is not None and dealt:
+            # owner = (p % S // I) % D; positions other ranks own get the pad slot -1
+            if pow2:
+                np.right_shift(pb, i64(sI), out=a)
+                a &= i64(D - 1)
+            else:
+                np.remainder(pb, i64(S), out=a)
+                a //= i64(interleave)
+                a %= i64(D)
+            np.not_equal(a, i64(rank), out=other[: hi - lo])
+            np.copyto(ob, i64(-1), where=other[: hi - lo])
+    return out
+
+
+def _slots_checked(geom: Geometry, g: GroupGeometry, p: I64, req: I64, table: I64, rank: int | None) -> I64:
+    """Slots with an exact check of every gathered entry (negative entries elsewhere, or int64-sized ids)."""
+    width = table.shape[1]
+    col, owner, off = _deal(geom, g, p, want_rank=rank is not None)
     B = g.block_size
     entries = table.ravel()[req * width + col] if table.flags.c_contiguous else table[req, col]
     lo = int(entries.min())
@@ -381,18 +471,12 @@ def slot_mapping(
             "negative", f"block_row entry={lo} is negative; block ids are >= 0", "block_row entry", value=lo
         )
     if int(entries.max()) > (INT64_MAX - (B - 1)) // B:
-        # Exact check only when the cheap bound fails.
         bad = entries > (INT64_MAX - off) // B
         if bad.any():
             i = int(np.argmax(bad))
             raise _overflow("slot", int(entries[i]) * B + int(off[i]))
-    shift = _pow2_shift(B)
-    if shift is not None:
-        slots = np.left_shift(entries, shift)
-        slots |= off
-    else:
-        slots = entries * B
-        slots += off
+    slots = entries * B
+    slots += off
     if owner is not None:
         slots[owner != rank] = -1
     return slots

@@ -311,3 +311,35 @@ def test_lookup_hits_refuses(kwargs, code):
     with pytest.raises(kvgeom.QueryError) as e:
         batch.lookup_hits(g, [64], **args)
     assert e.value.code == code
+
+
+@pytest.mark.parametrize(
+    "block, dcp, interleave, rank",
+    [
+        # powers of two, token round robin, the owner's slots (the shift kernel)
+        (16, 2, 1, None),
+        # block-level dealing (I = B), rank 1's view with pads
+        (16, 8, 16, 1),
+        # general interleave I = 4 under D = 4, rank 3's view
+        (16, 4, 4, 3),
+        # B = 24: the division kernel, rank 0's view
+        (24, 2, 8, 0),
+        # replicated group (D = 1): column p // B, every rank holds every slot
+        (48, 1, 1, 0),
+    ],
+)
+def test_slot_mapping_blocked_kernel_spans_several_blocks(block, dcp, interleave, rank):
+    # more positions than one kernel block (2**15), shuffled, against the exact path and the scalar
+    g = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": block}],
+                        "parallel": {"tp": dcp, "dcp": dcp, "cp_interleave": interleave}})
+    rng = np.random.default_rng(block * 100 + dcp)
+    rows, width = 7, 300
+    table = rng.integers(0, 1 << 40, size=(rows, width))
+    n = (1 << 16) + 5
+    req = rng.integers(0, rows, size=n)
+    pos = rng.integers(0, width * g.groups[0].span, size=n)
+    got = batch.slot_mapping(g, 0, pos, table, req, rank=rank)
+    assert got.tolist() == batch._slots_checked(g, g.groups[0], pos, req, table, rank).tolist()
+    for i in range(0, n, 97):
+        owner, slot = ranks.dcp_slot(g, 0, int(pos[i]), table[req[i]].tolist())
+        assert got[i] == (slot if rank is None or owner is None or owner == rank else -1)
