@@ -18,8 +18,10 @@ Input rules (all raise :class:`kvgeom.QueryError`):
 
 Scalar functions without a batch twin, and why:
 
-* :func:`kvgeom.keys.key_map`, :meth:`kvgeom.Geometry.plan_hit`: they build
-  the JSON contract for one request; batch callers use the arrays below;
+* :meth:`kvgeom.Geometry.plan_hit`: it builds the JSON contract for one
+  request from a scenario dict; its batch form is :func:`lookup_hits` then
+  :func:`plan_loads` (``LoadPlans.plan(i)`` gives the scalar plan back);
+  :func:`kvgeom.keys.key_map`'s twin is :func:`key_maps`;
 * :func:`kvgeom.keys.offload_group`, :func:`kvgeom.boundaries.mamba_chunk_tokens`,
   :func:`kvgeom.masks.default_alignment`: per-group constants, no per-element
   argument;
@@ -49,7 +51,9 @@ from kvgeom.masks import default_alignment
 from kvgeom.specs import scheduler_view
 
 __all__ = [
+    "GroupKeys",
     "GroupLoads",
+    "KeyMaps",
     "GroupStores",
     "Hits",
     "LoadPlans",
@@ -63,6 +67,7 @@ __all__ = [
     "chunk_of_entry",
     "chunk_state_block",
     "is_restorable",
+    "key_maps",
     "lookup_hits",
     "max_restorable_tokens",
     "num_keys",
@@ -764,6 +769,101 @@ def _skipped(g: GroupGeometry, N: I64) -> I64:
         case "mamba":
             return np.maximum(N - 1, 0)
     raise AssertionError(g.family)  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """One group's keys for many requests, as CSR arrays sorted by request (see :func:`key_maps`)."""
+
+    index: int
+    kind: str
+    align_mamba: bool
+    blocks_per_chunk: int
+    indptr: I64
+    request: I64
+    chunk: I64
+    hash_index: I64
+    end_token: I64
+    block: I64
+    """First block-table entry of the chunk (positional groups) or its state block (align Mamba)."""
+    rank_lengths: I64 | None
+    """Per-rank lengths of each prefix, shape (requests, kv_shards), for a DCP-dealt group."""
+
+
+@dataclass(frozen=True)
+class KeyMaps:
+    """Key maps of many prefixes: one :class:`GroupKeys` per offloaded group."""
+
+    prefix_tokens: I64
+    groups: tuple[GroupKeys, ...]
+
+    def __len__(self) -> int:
+        return int(self.prefix_tokens.shape[0])
+
+    def key_map(self, i: int) -> dict[str, Any]:
+        """Prefix ``i``'s map in the :meth:`kvgeom.Geometry.key_map` contract (compare with ``==``)."""
+        groups = []
+        for g in self.groups:
+            lo, hi = int(g.indptr[i]), int(g.indptr[i + 1])
+            keys = []
+            for j in range(lo, hi):
+                entry: dict[str, Any] = {
+                    "chunk": int(g.chunk[j]),
+                    "hash_index": int(g.hash_index[j]),
+                    "end_token": int(g.end_token[j]),
+                }
+                b = int(g.block[j])
+                if g.align_mamba:
+                    entry["state_block"] = b
+                else:
+                    entry["block_entries"] = list(range(b, b + g.blocks_per_chunk))
+                keys.append(entry)
+            item: dict[str, Any] = {"index": g.index, "kind": g.kind, "keys": keys}
+            if g.rank_lengths is not None:
+                item["rank_lengths"] = g.rank_lengths[i].tolist()
+            groups.append(item)
+        return {"prefix_tokens": int(self.prefix_tokens[i]), "groups": groups}
+
+
+def key_maps(geom: Geometry, prefix_tokens: Any) -> KeyMaps:
+    """:func:`kvgeom.keys.key_map` for many prefixes: every complete chunk's key, per offloaded group.
+
+    Per group, CSR arrays over all prefixes: request ``i``'s keys are
+    ``[indptr[i], indptr[i+1])`` with chunk, hash index, end token and first
+    block entry (align Mamba: state block), and for a DCP-dealt group the
+    per-rank lengths. ``KeyMaps.key_map(i) == key_map(geom, prefix_tokens[i])``.
+
+    >>> import kvgeom
+    >>> km = key_maps(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), [64, 40])
+    >>> km.groups[1].request.tolist(), km.groups[1].block.tolist()
+    ([0, 0, 0, 0, 1, 1], [0, 1, 2, 3, 0, 1])
+    >>> km.key_map(1)["groups"][0]["rank_lengths"]
+    [20, 20]
+    """
+    off = _offload(geom)
+    n = _ints("prefix_tokens", prefix_tokens)
+    size = n.shape[0]
+    keyed = _div(n, geom.hash_block_size)
+    out = []
+    for og in off.groups:
+        g = geom.groups[og.index]
+        C, hpc = og.tokens_per_chunk, og.hashes_per_chunk
+        k = C // og.tokens_per_block
+        counts = _div(keyed, hpc)
+        indptr = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        total = int(indptr[-1])
+        req = np.repeat(np.arange(size, dtype=np.int64), counts)
+        chunk = np.arange(total, dtype=np.int64)
+        chunk -= np.repeat(indptr[:-1], counts)
+        top = chunk + 1
+        end = top * C
+        block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
+        lengths = rank_lengths(geom, og.index, n) if _dealt(geom, g) else None
+        out.append(
+            GroupKeys(og.index, g.kind, g.is_align_mamba, k, indptr, req, chunk, top * hpc - 1, end, block, lengths)
+        )
+    return KeyMaps(n, tuple(out))
 
 
 # --------------------------------------------------------------------------------------------------

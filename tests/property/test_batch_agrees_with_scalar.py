@@ -280,6 +280,12 @@ def test_running_state_block_agrees(geom, computed, data):
           lambda a: a.tolist(), probe=(1, 0))
 
 
+@given(geometries(offload=True), st.lists(st.integers(0, 400), max_size=6))
+def test_key_maps_agree_with_key_map(geom, prefixes):
+    km = batch.key_maps(geom, prefixes)
+    assert [km.key_map(i) for i in range(len(prefixes))] == [keys.key_map(geom, n) for n in prefixes]
+
+
 # ---------------------------------------------------------------------------------------------
 # Store plans
 # ---------------------------------------------------------------------------------------------
