@@ -1058,17 +1058,17 @@ def _chunk_kept(
                     step = R // span
                     keep |= (lo + k) // step > lo // step
             if align and points.shape[1]:
-                nb = num_blocks[req]
+                # per request first: the block each reachable boundary keeps (-1: none), then one gather
+                b = _rdown(np.maximum(points, 0), align)
+                pblock = b // span - 1
+                ok = (points >= 0) & (b > 0) & (b % span == 0) & (pblock < num_blocks[:, None])
+                pblock = np.where(ok, pblock, -1)
                 for col in range(points.shape[1]):
-                    t = points[req, col]
-                    b = _rdown(t, align)
-                    ok = (t >= 0) & (b > 0) & (b % span == 0)
-                    pblock = b // span - 1
-                    ok &= pblock < nb
+                    pb = pblock[:, col][req]
                     if g.is_align_mamba:
-                        keep |= ok & (pblock == top - 1)
+                        keep |= pb == top - 1
                     else:
-                        keep |= ok & (pblock // k == chunk)
+                        keep |= (pb >= 0) & (_div(pb, k) == chunk)
             return keep
         case "sliding":
             if R is None or not align or align % span:
@@ -1082,16 +1082,17 @@ def _chunk_kept(
                 return keep
             lo = chunk * k
             hi = lo + k
-            nb = num_blocks[req]
-            for col in range(points.shape[1]):
-                t = points[req, col]
-                stop = np.minimum(_rdown(np.maximum(t, 0), align) // span, nb)
+            if points.shape[1]:
+                # per request first: the kept interval [start, stop) of each reachable boundary, then gathers
+                stop = np.minimum(_rdown(np.maximum(points, 0), align) // span, num_blocks[:, None])
                 start = np.maximum(stop - tail, 0)
-                keep |= (t >= 0) & (np.maximum(start, lo) < np.minimum(stop, hi))
+                stop = np.where(points >= 0, stop, 0)
+                for col in range(points.shape[1]):
+                    keep |= np.maximum(start[:, col][req], lo) < np.minimum(stop[:, col][req], hi)
             if R:
                 r = R // span
                 m0 = lo // r + 1
-                keep |= (m0 <= nb // r) & (m0 * r < hi + tail)
+                keep |= (m0 <= (num_blocks // r)[req]) & (m0 * r < hi + tail)
             return keep
     raise AssertionError(g.family)  # pragma: no cover
 
@@ -1157,23 +1158,42 @@ def _stored_matrices(geom: Geometry, off: OffloadGeometry, stored: Any, size: in
     return out
 
 
-def _gather(hc: Bools, rows: I64, cols: I64) -> Bools:
-    """``hc[rows, cols]`` with columns past the matrix (or negative) reading as not held."""
-    width = hc.shape[1]
+class _Held:
+    """A group's stored-key matrix viewed by chunk: chunk ``j`` is column ``(j + 1) * hpc - 1``."""
+
+    def __init__(self, matrix: Bools, hashes_per_chunk: int) -> None:
+        self.flat = np.ascontiguousarray(matrix).ravel()
+        self.width = matrix.shape[1]
+        self.hpc = hashes_per_chunk
+        self.chunks = self.width // hashes_per_chunk
+
+    def __call__(self, rows: I64, chunks: I64) -> Bools:
+        """Whether chunk ``chunks`` of request ``rows`` is held (chunks past the matrix are not)."""
+        return _gather_flat(self.flat, self.width, rows, (chunks + 1) * self.hpc - 1)
+
+
+def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
+    """``matrix[rows, cols]`` of a row-major bool matrix; columns outside ``[0, width)`` read as False."""
+    shape = np.broadcast_shapes(rows.shape, cols.shape)
     if width == 0:
-        return np.zeros(np.broadcast_shapes(rows.shape, cols.shape), dtype=np.bool_)
+        return np.zeros(shape, dtype=np.bool_)
     inside = (cols >= 0) & (cols < width)
-    return hc[rows, np.clip(cols, 0, width - 1)] & inside
+    idx = rows * width + np.where(inside, cols, 0)
+    return np.take(flat, idx, mode="clip") & inside
 
 
-def _forward_run(hc: Bools, rows: I64, start: I64, limit: I64) -> I64:
+def _gather(matrix: Bools, rows: I64, cols: I64) -> Bools:
+    return _gather_flat(np.ascontiguousarray(matrix).ravel(), matrix.shape[1], rows, cols)
+
+
+def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
     """Consecutive held chunks from ``start`` upwards, capped at ``limit`` (the full-attention prefix scan)."""
     out = np.zeros(rows.shape, dtype=np.int64)
     active = np.flatnonzero(limit > 0)
     width = 16
     while active.size:
         steps = np.arange(width, dtype=np.int64)
-        vals = _gather(hc, rows[active, None], start[active, None] + out[active, None] + steps)
+        vals = hc(rows[active, None], start[active, None] + out[active, None] + steps)
         full = vals.all(axis=1)
         got = np.where(full, width, np.argmin(vals, axis=1))
         out[active] = np.minimum(out[active] + got, limit[active])
@@ -1183,7 +1203,7 @@ def _forward_run(hc: Bools, rows: I64, start: I64, limit: I64) -> I64:
 
 
 def _scan_windows(
-    g: GroupGeometry, og: OffloadGroupGeometry, hc: Bools, rows: I64, end: I64, start_chunk: I64
+    g: GroupGeometry, og: OffloadGroupGeometry, hc: _Held, rows: I64, end: I64, start_chunk: I64
 ) -> tuple[I64, Bools]:
     """:func:`kvgeom.hits._scan_window` for many requests: ``(found, has)``.
 
@@ -1221,7 +1241,7 @@ def _scan_windows(
         ja, sa = j[active], start_chunk[active]
         x = ja[:, None] - steps
         valid = x >= sa[:, None]
-        miss = valid & ~_gather(hc, rows[active, None], x)
+        miss = valid & ~hc(rows[active, None], x)
         acc = np.maximum.accumulate(np.where(miss, steps, -1), axis=1)
         before = np.empty_like(acc)
         before[:, 0] = -1
@@ -1340,7 +1360,7 @@ def lookup_hits(
     full = [og for og in off.groups if og.window_chunks is None]
     if windowed:
         M = realign(np.maximum(M - 1, 0))
-    chunk_held = {og.index: held[og.index][:, og.hashes_per_chunk - 1 :: og.hashes_per_chunk] for og in off.groups}
+    chunk_held = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
     keyed = _div(n, H)
 
     def clamp(og: OffloadGroupGeometry, m: I64, rows: I64) -> I64:
