@@ -193,15 +193,21 @@ def hit_cases(n_req: int, max_tokens: int, *, repeat: int, sample: int) -> None:
 
 
 def scalar_query_cases(*, repeat: int, number: int) -> None:
+    """Per-call time of the scalar reference queries (timeit statements: no wrapper call is counted)."""
+    import timeit
+
     geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    env = {"geom": geom, "keys": keys, "boundaries": boundaries}
     queries = {
-        "span (geom.group(0).span)": lambda: geom.group(0).span,
-        "key -> blocks (chunk_block_entries)": lambda: keys.chunk_block_entries(geom, 0, 5),
-        "Mamba state block (state_block_for_boundary)": lambda: boundaries.state_block_for_boundary(geom, 1, 64),
-        "restore block (restore_read_block)": lambda: boundaries.restore_read_block(geom, 1, 65),
+        "span (geom.group(0).span)": "geom.group(0).span",
+        "key -> blocks (chunk_block_entries)": "keys.chunk_block_entries(geom, 0, 5)",
+        "Mamba state block (state_block_for_boundary)": "boundaries.state_block_for_boundary(geom, 1, 64)",
+        "restore block (restore_read_block)": "boundaries.restore_read_block(geom, 1, 65)",
     }
-    for name, fn in queries.items():
-        t = median_time(fn, repeat=repeat, number=number, warmup=number)
+    for name, stmt in queries.items():
+        timer = timeit.Timer(stmt, globals=env)
+        timer.timeit(number)  # warm-up
+        t = statistics.median(timer.repeat(repeat=repeat, number=number)) / number
         record(f"scalar query: {name}", n=1, batch_s=t, target="<=1 us/call", met=t <= 1e-6, us_per_call=t * 1e6)
 
 
