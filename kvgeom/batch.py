@@ -459,8 +459,11 @@ def _slots_blocked(
                 np.remainder(pb, i64(S), out=a)
                 a //= i64(interleave)
                 a %= i64(D)
-            np.not_equal(a, i64(rank), out=other[: hi - lo])
-            np.copyto(ob, i64(-1), where=other[: hi - lo])
+            # branch-free blend (a masked copy mispredicts on I = 1's alternating owners): -1 is all ones
+            ne = other[: hi - lo]
+            np.not_equal(a, i64(rank), out=ne)
+            np.negative(ne.view(np.int8), out=a)
+            ob |= a
     return out
 
 
@@ -1004,20 +1007,84 @@ def plan_stores(
             _same_length(f"stored_chunks[{og.index}]", start, size)
         else:
             start = np.zeros(size, dtype=np.int64)
-        counts = np.maximum(storable - start, 0)
         indptr = np.zeros(size + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        total = int(indptr[-1])
-        req = np.repeat(np.arange(size, dtype=np.int64), counts)
-        chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - start, counts)
-        keep = _chunk_kept(geom, og, g, chunk, req, storable * k, points)
-        if keep is not None:
-            req, chunk = req[keep], chunk[keep]
-            indptr[1:] = np.cumsum(np.bincount(req, minlength=size)) if size else indptr[1:]
+        direct = _kept_from_points(geom, og, g, start, storable, points)
+        if direct is not None:
+            req, chunk = direct
+            np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
+        else:
+            counts = np.maximum(storable - start, 0)
+            np.cumsum(counts, out=indptr[1:])
+            total = int(indptr[-1])
+            req = np.repeat(np.arange(size, dtype=np.int64), counts)
+            chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - start, counts)
+            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, points)
+            if keep is not None:
+                req, chunk = req[keep], chunk[keep]
+                np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
         end = (chunk + 1) * C
         block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
         groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block))
     return StorePlans(offloadable, tuple(groups))
+
+
+def _kept_from_points(
+    geom: Geometry, og: OffloadGroupGeometry, g: GroupGeometry, start: I64, storable: I64, points: I64
+) -> tuple[I64, I64] | None:
+    """The surviving ``(request, chunk)`` pairs when a mask keeps only reachable boundaries (retention 0).
+
+    Same conditions as :func:`_chunk_kept`, but the few kept chunks are generated from the boundaries
+    directly instead of filtering every candidate chunk. ``None`` when the mask is dense or has
+    periodic (R > 0) terms: the caller filters the candidates then.
+    """
+    if geom.config.cache.retention_interval != 0 or g.family not in ("mamba", "sliding"):
+        return None
+    align = default_alignment(geom, og.index)
+    span = g.span
+    k = og.tokens_per_chunk // og.tokens_per_block
+    num_blocks = storable * k
+    size, width = points.shape
+    if g.family == "sliding" and (not align or align % span):
+        return None  # dense
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    if not align or width == 0:
+        return empty
+    base = _rdown(np.maximum(points, 0), align)
+    lo: I64
+    hi: I64
+    if g.family == "mamba":
+        pblock = base // span - 1
+        ok = (points >= 0) & (base > 0) & (base % span == 0) & (pblock < num_blocks[:, None])
+        if g.is_align_mamba:  # chunk j holds state block (j+1)*k - 1
+            ok &= (pblock + 1) % k == 0
+            lo = (pblock + 1) // k - 1
+        else:  # chunk j covers blocks [j*k, (j+1)*k)
+            lo = np.where(pblock >= 0, pblock // k, -1)
+        hi = lo + 1
+    else:
+        view = scheduler_view(g.spec)
+        tail = -(-(int(view.sliding_window) - 1) // span)
+        if tail == 0:
+            return empty
+        stop = np.minimum(base // span, num_blocks[:, None])
+        first = np.maximum(stop - tail, 0)
+        ok = (points >= 0) & (first < stop)
+        lo = first // k
+        hi = (np.maximum(stop, 1) - 1) // k + 1
+    lo = np.maximum(lo, start[:, None])
+    hi = np.minimum(hi, storable[:, None])
+    counts = np.where(ok & (lo < hi), hi - lo, 0).ravel()
+    total = int(counts.sum())
+    rows = np.repeat(np.repeat(np.arange(size, dtype=np.int64), width), counts)
+    offsets = np.cumsum(counts) - counts
+    chunk = np.arange(total, dtype=np.int64) - np.repeat(offsets - lo.ravel(), counts)
+    if width > 1 and total:
+        order = np.lexsort((chunk, rows))
+        rows, chunk = rows[order], chunk[order]
+        fresh = np.ones(total, dtype=np.bool_)
+        fresh[1:] = (rows[1:] != rows[:-1]) | (chunk[1:] != chunk[:-1])
+        rows, chunk = rows[fresh], chunk[fresh]
+    return rows, chunk
 
 
 def _chunk_kept(

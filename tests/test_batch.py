@@ -343,3 +343,33 @@ def test_slot_mapping_blocked_kernel_spans_several_blocks(block, dcp, interleave
     for i in range(0, n, 97):
         owner, slot = ranks.dcp_slot(g, 0, int(pos[i]), table[req[i]].tolist())
         assert got[i] == (slot if rank is None or owner is None or owner == rank else -1)
+
+
+def test_sliding_scan_falls_back_to_the_run_below_a_miss():
+    # §3.6 windowed scan (fine print 9): sliding window 33 tokens -> a run needs cdiv(32, 16) = 2 chunks.
+    # M = 161 - 1 = 160; chunk 9 (tokens 144..160) is missing, so the first candidate fails; the run below
+    # the miss (chunks 8, 7) is long enough: the hit ends at 144 (chunk 6 missing does not matter)
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}],
+                        "offload": {}})
+    full = np.ones((1, 12), dtype=bool)
+    sliding = np.zeros((1, 12), dtype=bool)
+    sliding[0, [0, 1, 2, 3, 4, 5, 7, 8]] = True
+    h = batch.lookup_hits(g, [161], stored={0: full, 1: sliding})
+    assert h.end_token.tolist() == [144]
+    scalar = hits.lookup_hit(g, 161, stored={0: [16 * (j + 1) for j in range(12)],
+                                             1: [16 * (j + 1) for j in (0, 1, 2, 3, 4, 5, 7, 8)]})
+    assert h.hit(0) == scalar
+    assert batch.plan_loads(g, h).plan(0) == hits.plan_load(g, scalar)
+
+
+def test_positional_mamba_retention_keeps_one_state_per_interval():
+    # legacy "all" mode (positional Mamba blocks), R = 64: blocks 3 and 7 by retention, block 6 by the
+    # replay boundary 127 (rdown(127, 16) = 112 -> block 6): chunks 3, 6, 7 of a 128-token prefix
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
+                        "cache": {"retention_interval": 64}, "offload": {}})
+    sp = batch.plan_stores(g, num_tokens=[128, 70], num_computed_tokens=[128, 70])
+    assert sp.plan(0).groups[1].chunks == (3, 6, 7)
+    for i, n in enumerate((128, 70)):
+        assert sp.plan(i) == hits.plan_store(g, num_tokens=n, num_computed_tokens=n)

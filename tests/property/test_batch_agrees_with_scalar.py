@@ -29,7 +29,7 @@ BLOCKS = st.sampled_from([8, 16, 16, 24, 32, 48, 64])
 
 
 @st.composite
-def configs(draw, *, offload=None):
+def configs(draw, *, offload=None, retention=None):
     dcp = draw(st.sampled_from([1, 1, 2, 4]))
     groups = []
     for _ in range(draw(st.integers(1, 3))):
@@ -43,7 +43,8 @@ def configs(draw, *, offload=None):
         if kind in ("sliding_window", "chunked_local") and dcp > 1:
             g["dcp_sharded"] = False
         if kind == "mamba":
-            g["mamba_cache_mode"] = "align"
+            # "all" (legacy, positional Mamba blocks) now and then; "align" is vLLM 0.33's mode
+            g["mamba_cache_mode"] = draw(st.sampled_from(["align", "align", "align", "all"]))
         groups.append(g)
     cfg = {
         "groups": groups,
@@ -56,7 +57,10 @@ def configs(draw, *, offload=None):
     spans = [g["block_size"] * (dcp if g.get("dcp_sharded", g["kind"] in ("full_attention", "mla")) else 1)
              for g in groups]
     unit = math.lcm(*spans) * k
-    retention = draw(st.sampled_from([None, 0, 0, unit, 2 * unit]))
+    if retention is None:
+        retention = draw(st.sampled_from([None, 0, 0, unit, 2 * unit]))
+    elif retention == "periodic":
+        retention = draw(st.sampled_from([unit, 2 * unit, 3 * unit]))
     cfg["cache"] = {"retention_interval": retention}
     unit_h = draw(st.sampled_from([None, None, 8, 16]))  # a hash unit below the spans: partial tails, H != span
     if unit_h is not None:
@@ -65,8 +69,8 @@ def configs(draw, *, offload=None):
 
 
 @st.composite
-def geometries(draw, *, offload=None):
-    cfg = draw(configs(offload=offload))
+def geometries(draw, *, offload=None, retention=None):
+    cfg = draw(configs(offload=offload, retention=retention))
     try:
         return kvgeom.resolve(cfg)
     except KVGeomError:
@@ -293,14 +297,15 @@ def test_key_maps_agree_with_key_map(geom, prefixes):
 
 @given(geometries(offload=True), st.data())
 def test_store_plans_agree_with_plan_store(geom, data):
-    size = data.draw(st.integers(0, 8), label="requests")
+    size = data.draw(st.integers(0, 8) | st.integers(3, 8), label="requests")
     # int64-sized counts only without periodic retention: the scalar mask lists every retained block
     # (a set of num_blocks / step entries), which for int64-sized counts does not fit in memory.
     big = not geom.config.cache.retention_interval and data.draw(st.booleans(), label="int64-sized")
     lo = INT64_MAX - (1 << 20) if big else 0
-    hi = INT64_MAX if big else 400
+    hi = INT64_MAX if big else 6 * max(og.tokens_per_chunk for og in geom.offload.groups) + 40
     n = data.draw(st.lists(st.integers(lo, hi), min_size=size, max_size=size), label="num_tokens")
-    computed = [data.draw(st.integers(lo, hi), label="computed") for _ in n]
+    # usually everything is computed (a prefill that finished), else a random count
+    computed = [x if data.draw(st.booleans()) else data.draw(st.integers(lo, hi), label="computed") for x in n]
     prompt = [data.draw(st.integers(0, x), label="prompt") if data.draw(st.booleans()) else x for x in n]
     if not big and size and data.draw(st.booleans(), label="zero request"):
         n[0], computed[0], prompt[0] = 0, 0, 0
@@ -354,9 +359,33 @@ def test_store_plans_agree_with_plan_store(geom, data):
 
     def plans(sp):
         event(f"chunks stored: {any(g.chunk.size > 0 for g in sp.groups)}")
+        sparse = [g for g in sp.groups if geom.groups[g.index].family in ("mamba", "sliding")]
+        event(f"retention {geom.config.cache.retention_interval!r:.4}, thinned group stores: "
+              f"{any(g.chunk.size > 0 for g in sparse)}")
         return [sp.plan(i) for i in range(len(sp))]
 
     check(run, scalar, list(range(size)), plans)
+
+
+@given(st.one_of(geometries(offload=True, retention=0), geometries(offload=True, retention="periodic")), st.data())
+def test_store_masks_agree_near_boundaries(geom, data):
+    """Masks (retention 0: reachable boundaries only; R > 0: periodic) with boundaries on and next to chunk ends."""
+    C = max(og.tokens_per_chunk for og in geom.offload.groups)
+    size = data.draw(st.integers(1, 6), label="requests")
+    near = st.builds(lambda j, d: max(j * C + d, 0), st.integers(0, 8), st.integers(-2, 2))
+    n = [data.draw(near, label="num_tokens") for _ in range(size)]
+    width = data.draw(st.integers(0, 3), label="points per request")
+    reach = [[data.draw(st.one_of(st.just(-1), near)) for _ in range(width)] for _ in range(size)]
+    use_default = data.draw(st.booleans(), label="default reachable")
+    start = {og.index: [data.draw(st.integers(0, 3)) for _ in range(size)] for og in geom.offload.groups}
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, stored_chunks=start,
+                           reachable=None if use_default else np.array(reach, dtype=np.int64).reshape(size, width))
+    thinned = [g for g in sp.groups if geom.groups[g.index].family in ("mamba", "sliding")]
+    event(f"thinned group stores: {any(g.chunk.size > 0 for g in thinned)}")
+    for i in range(size):
+        pts = None if use_default else tuple(t for t in reach[i] if t >= 0)
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i],
+                                             stored_chunks={g: v[i] for g, v in start.items()}, reachable=pts)
 
 
 # ---------------------------------------------------------------------------------------------
