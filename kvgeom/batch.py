@@ -16,21 +16,42 @@ Input rules (all raise :class:`kvgeom.QueryError`):
   reduction before it computes, so no result ever wraps around;
 * per-request arrays of one call must have the same length.
 
+Twins (scalar -> batch):
+
+* :mod:`kvgeom.ranks`: ``dcp_placement`` -> :func:`placements` (rank ``-1``
+  for "every rank"), ``dcp_slot`` -> :func:`slot_mapping`, ``rank_lengths``
+  -> :func:`rank_lengths`;
+* :mod:`kvgeom.keys`: ``chunk_hash_index``, ``chunk_end_token``,
+  ``chunk_state_block``, ``chunk_of_entry``, ``boundary_hash_index``,
+  ``num_keys`` -> same names; ``chunk_for_end_token`` -> same name with ``-1``
+  for ``None``; ``chunk_block_entries`` -> :func:`chunk_first_entry` (the
+  range is ``[first, first + k)``); ``key_map`` -> :func:`key_maps`;
+* :mod:`kvgeom.boundaries`: ``state_block_for_boundary``,
+  ``restore_read_block``, ``running_state_block``, ``is_restorable``,
+  ``max_restorable_tokens`` -> same names;
+* :mod:`kvgeom.hits`: ``lookup_hit`` -> :func:`lookup_hits`, ``plan_load`` ->
+  :func:`plan_loads`, ``plan_store`` -> :func:`plan_stores`,
+  ``skipped_tokens`` -> same name. Each result object gives the scalar value
+  of one element back (``Hits.hit(i)``, ``LoadPlans.plan(i)``,
+  ``StorePlans.plan(i)``, ``KeyMaps.key_map(i)``) for comparison.
+
 Scalar functions without a batch twin, and why:
 
-* :meth:`kvgeom.Geometry.plan_hit`: it builds the JSON contract for one
-  request from a scenario dict; its batch form is :func:`lookup_hits` then
-  :func:`plan_loads` (``LoadPlans.plan(i)`` gives the scalar plan back);
-  :func:`kvgeom.keys.key_map`'s twin is :func:`key_maps`;
+* :meth:`kvgeom.Geometry.plan_hit` / :func:`kvgeom.hits.plan_hit`: they parse
+  one scenario dict into the JSON contract; the batch form is
+  :func:`lookup_hits` then :func:`plan_loads`;
 * :func:`kvgeom.keys.offload_group`, :func:`kvgeom.boundaries.mamba_chunk_tokens`,
   :func:`kvgeom.masks.default_alignment`: per-group constants, no per-element
   argument;
-* :func:`kvgeom.keys.chunk_block_entries` returns a range of ``k`` entries:
-  its twin :func:`chunk_first_entry` returns the first one (the range is
-  ``[first, first + k)``);
 * :func:`kvgeom.masks.reachable_block_mask` returns a set per call; its
   conditions are evaluated per chunk, vectorised, inside :func:`plan_stores`
-  (the store plan is the only consumer of a mask).
+  (the store plan is the only consumer of a mask), and the agreement
+  property compares the resulting store plans.
+
+Where the scalar accepts a result past int64 as a Python int (a slot, hash
+index, end token or block entry of an int64-sized input; ``computed +
+scheduled`` in ``running_state_block``), the batch function raises
+``int64_overflow`` instead: it never wraps.
 """
 
 from __future__ import annotations
@@ -226,13 +247,15 @@ def _div(a: I64, d: int) -> I64:
     s = _pow2_shift(d)
     if s == 0:
         return a
-    return np.right_shift(a, s) if s is not None else np.floor_divide(a, d)
+    out: I64 = np.right_shift(a, s) if s is not None else np.floor_divide(a, d)
+    return out
 
 
 def _cdiv(a: I64, d: int) -> I64:
     """Ceiling division for non-negative ``a`` (no overflow: ``a // d + (a % d != 0)``)."""
     q, r = np.divmod(a, d)
-    return q + (r != 0)
+    out: I64 = q + (r != 0)
+    return out
 
 
 def _rdown(a: I64, d: int) -> I64:
@@ -413,8 +436,9 @@ def _slots_blocked(
     interleave = geom.config.parallel.cp_interleave
     dealt = _dealt(geom, g)
     S = g.span if dealt else B
-    sS, sB, sD, sI = (_pow2_shift(v) for v in (S, B, D, interleave))
-    pow2 = None not in (sS, sB, sD, sI)
+    shifts = [_pow2_shift(v) for v in (S, B, D, interleave)]
+    pow2 = None not in shifts
+    sS, _, sD, sI = (s or 0 for s in shifts)  # used only when pow2
     n = p.shape[0]
     out = np.empty(n, dtype=np.int64)
     size = min(_BLOCK, n)
@@ -725,10 +749,11 @@ def is_restorable(geom: Geometry, group: int, num_tokens: Any, *, partial_tail: 
 
     chunk = mamba_chunk_tokens(geom, group)
     n = _ints("num_tokens", num_tokens)
-    ok = (n % chunk) == 0
+    ok: Bools = (n % chunk) == 0
     if partial_tail and geom.offload is not None and geom.offload.supports_partial_tail:
         ok |= (n % geom.hash_block_size) == 0
-    return ok & (n != 0)
+    ok &= n != 0
+    return ok
 
 
 def max_restorable_tokens(geom: Geometry, group: int, num_tokens: Any) -> I64:
@@ -760,7 +785,7 @@ def skipped_tokens(geom: Geometry, group: int, end_tokens: Any) -> I64:
 
 
 def _skipped(g: GroupGeometry, N: I64) -> I64:
-    view = scheduler_view(g.spec)
+    view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
     match g.family:
         case "full" | "cross" | "circular":
             return np.zeros_like(N)
@@ -1062,7 +1087,7 @@ def _kept_from_points(
             lo = np.where(pblock >= 0, pblock // k, -1)
         hi = lo + 1
     else:
-        view = scheduler_view(g.spec)
+        view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
         tail = -(-(int(view.sliding_window) - 1) // span)
         if tail == 0:
             return empty
@@ -1142,7 +1167,7 @@ def _chunk_kept(
                 return None
             if R and R % span:
                 return None
-            view = scheduler_view(g.spec)
+            view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
             tail = -(-(int(view.sliding_window) - 1) // span)
             keep = np.zeros(chunk.shape, dtype=np.bool_)
             if tail == 0:
