@@ -214,6 +214,22 @@ def _fits(name: str, max_result: int) -> None:
         raise _overflow(name, max_result, " in the result")
 
 
+_MAX_RESULT = 1 << 36
+"""Most elements a CSR result may hold (2**36 int64 = 512 GiB per array): beyond it, refuse up front."""
+
+
+def _check_total(what: str, total: int) -> None:
+    """Refuse a result too large to build, before numpy tries to allocate it."""
+    if total > _MAX_RESULT:
+        raise QueryError.single(
+            "result_too_large",
+            f"{what} would hold {total} entries (more than {_MAX_RESULT}); ask for fewer requests or shorter "
+            "prefixes at a time",
+            what,
+            total=total,
+        )
+
+
 def _max(a: I64) -> int:
     return int(a.max()) if a.size else 0
 
@@ -879,6 +895,7 @@ def key_maps(geom: Geometry, prefix_tokens: Any) -> KeyMaps:
         k = C // og.tokens_per_block
         counts = _div(keyed, hpc)
         indptr = np.zeros(size + 1, dtype=np.int64)
+        _check_total("key_maps", int(counts.sum(dtype=np.float64)) if size else 0)
         np.cumsum(counts, out=indptr[1:])
         total = int(indptr[-1])
         req = np.repeat(np.arange(size, dtype=np.int64), counts)
@@ -1039,6 +1056,7 @@ def plan_stores(
             np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
         else:
             counts = np.maximum(storable - start, 0)
+            _check_total("plan_stores candidate chunks", int(counts.sum(dtype=np.float64)) if size else 0)
             np.cumsum(counts, out=indptr[1:])
             total = int(indptr[-1])
             req = np.repeat(np.arange(size, dtype=np.int64), counts)
@@ -1327,6 +1345,27 @@ def _scan_windows(
     run_end = end.copy()
     cur = need(end)
     active = np.arange(size)
+    # Chunks at or past the stored matrix are never held: a scan starting there meets misses only, so
+    # jump over them at once (the scalar walks them one by one, which for int64-sized requests with a
+    # short matrix never ends). Starting at chunk j > last = matrix chunks: the first candidate
+    # succeeds iff it needs no chunk; after the miss at j, the run below succeeds at once iff a run
+    # needs no chunk (qm <= 0); otherwise every chunk down to max(last, start) is a miss.
+    last = hc.chunks
+    far = np.flatnonzero((j > last) & (j >= start_chunk))
+    if far.size:
+        now = cur[far] <= 0
+        found[far[now]], has[far[now]] = run_end[far[now]], True
+        rest = far[~now]
+        if qm <= 0:
+            found[rest], has[rest] = j[rest] * C, True
+            settled = far
+        else:
+            low = np.maximum(start_chunk[rest], last)
+            run[rest], cur[rest], run_end[rest], j[rest] = 0, qm, low * C, low - 1
+            settled = far[now]
+        keep_rows = np.ones(size, dtype=np.bool_)
+        keep_rows[settled] = False
+        active = active[keep_rows]
     width = 8
     while active.size:
         steps = np.arange(width, dtype=np.int64)

@@ -373,3 +373,34 @@ def test_positional_mamba_retention_keeps_one_state_per_interval():
     assert sp.plan(0).groups[1].chunks == (3, 6, 7)
     for i, n in enumerate((128, 70)):
         assert sp.plan(i) == hits.plan_store(g, num_tokens=n, num_computed_tokens=n)
+
+
+@pytest.mark.parametrize(
+    "n",
+    [
+        # a request far past the stored matrix: the scan jumps over the unheld chunks, then finds chunk 4
+        # (the key ending at 80) held below the last column; chunk 3 is missing and must not be skipped to
+        1000,
+        # int64-sized: the scalar would walk ~5.8e17 chunks one by one; the batch answers the same way
+        INT64_MAX,
+    ],
+)
+def test_scan_jumps_over_chunks_past_the_stored_matrix(n):
+    g = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}], "offload": {}})
+    held = np.array([[True, True, True, False, True]])  # keys ending at 16, 32, 48, 80
+    h = batch.lookup_hits(g, [n], stored={0: held})
+    assert h.end_token.tolist() == [80]
+    if n < 10_000:
+        assert h.hit(0) == hits.lookup_hit(g, n, stored={0: [16, 32, 48, 80]})
+
+
+def test_results_too_large_to_build_are_refused():
+    # an int64-sized prefix has ~2**59 keys: refused with a QueryError instead of a MemoryError
+    g = geom()
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.key_maps(g, [INT64_MAX])
+    assert e.value.code == "result_too_large"
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.plan_stores(g, num_tokens=[INT64_MAX], num_computed_tokens=[INT64_MAX],
+                          offload_prompt_only=False, reachable=np.zeros((1, 0), dtype=np.int64))
+    assert e.value.code == "result_too_large"
