@@ -1028,10 +1028,7 @@ def plan_stores(
         points = np.where(prompt > 0, prompt - 1, -1)[:, None]
     else:
         points = _ints("reachable", reachable, ndim=2, allow_minus_one=True)
-        if points.shape[0] != size and points.size:
-            _same_length("reachable", points, size)
-        if points.size == 0:
-            points = np.zeros((size, 0), dtype=np.int64)
+        _same_length("reachable", points, size)
     H = geom.hash_block_size
     keyed_n = _div(n, H)
     groups = []
@@ -1292,10 +1289,6 @@ def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
     return np.take(flat, idx, mode="clip") & inside
 
 
-def _gather(matrix: Bools, rows: I64, cols: I64) -> Bools:
-    return _gather_flat(np.ascontiguousarray(matrix).ravel(), matrix.shape[1], rows, cols)
-
-
 def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
     """Consecutive held chunks from ``start`` upwards, capped at ``limit`` (the full-attention prefix scan)."""
     out = np.zeros(rows.shape, dtype=np.int64)
@@ -1550,7 +1543,8 @@ def lookup_hits(
             col = b[rows] // H - 1
             all_held = np.ones(rows.shape, dtype=np.bool_)
             for og in off.groups:
-                all_held &= _gather(held[og.index], rows, col)
+                ch = chunk_held[og.index]
+                all_held &= _gather_flat(ch.flat, ch.width, rows, col)
             tail[rows[all_held]] = True
             done[rows[all_held]] = b[rows[all_held]]
             rows = rows[~all_held]
