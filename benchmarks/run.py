@@ -271,9 +271,11 @@ def scaling_case(max_exp: int, *, repeat: int) -> None:
     slope_all = float(np.polyfit(x, y, 1)[0])
     big = x >= 16
     slope_big = float(np.polyfit(x[big], y[big], 1)[0]) if big.sum() >= 2 else math.nan
+    # "linear": the fitted exponent from 2**16 on (past the fixed per-call overhead) within 0.8..1.2
     record(f"scaling slot_mapping 2^10..2^{max_exp}", n=sizes[-1], batch_s=times[-1],
-           target="linear (exponent ~1)", met=abs(slope_big - 1) <= 0.15, exponent_all=slope_all,
-           exponent_from_2_16=slope_big)
+           target="linear (exponent 0.8..1.2 from 2^16)", met=abs(slope_big - 1) <= 0.2, exponent_all=slope_all,
+           exponent_from_2_16=slope_big,
+           ns_per_position=[round(t / n * 1e9, 2) for t, n in zip(times, sizes, strict=True)])
 
 
 def main(argv: list[str] | None = None) -> int:
