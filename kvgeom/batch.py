@@ -69,7 +69,7 @@ from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGro
 from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group
 from kvgeom.masks import default_alignment
-from kvgeom.specs import scheduler_view
+from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
     "GroupKeys",
@@ -801,18 +801,13 @@ def skipped_tokens(geom: Geometry, group: int, end_tokens: Any) -> I64:
 
 
 def _skipped(g: GroupGeometry, N: I64) -> I64:
-    view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
-    match g.family:
-        case "full" | "cross" | "circular":
-            return np.zeros_like(N)
-        case "sliding":
-            w = int(view.sliding_window) - 1 + int(view.extra_retained_tokens)
-            return np.maximum(N - w, 0)
-        case "chunked":
-            return _rdown(N, int(view.attention_chunk_size))
-        case "mamba":
-            return np.maximum(N - 1, 0)
-    raise AssertionError(g.family)  # pragma: no cover
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        return np.maximum(N - (window[0] - 1 + window[1]), 0)
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return _rdown(N, size)
+    return np.maximum(N - 1, 0) if g.family == "mamba" else np.zeros_like(N)
 
 
 @dataclass(frozen=True)
@@ -1102,8 +1097,8 @@ def _kept_from_points(
             lo = np.where(pblock >= 0, pblock // k, -1)
         hi = lo + 1
     else:
-        view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
-        tail = -(-(int(view.sliding_window) - 1) // span)
+        window = sliding_window_of(g.spec)
+        tail = -(-(window[0] - 1) // span) if window is not None else 0
         if tail == 0:
             return empty
         stop = np.minimum(base // span, num_blocks[:, None])
@@ -1182,8 +1177,8 @@ def _chunk_kept(
                 return None
             if R and R % span:
                 return None
-            view: Any = scheduler_view(g.spec)  # the family below decides which window field exists
-            tail = -(-(int(view.sliding_window) - 1) // span)
+            window = sliding_window_of(g.spec)
+            tail = -(-(window[0] - 1) // span) if window is not None else 0
             keep = np.zeros(chunk.shape, dtype=np.bool_)
             if tail == 0:
                 return keep
