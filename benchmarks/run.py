@@ -230,24 +230,48 @@ def resolve_case(*, repeat: int) -> None:
 
 
 def import_case(*, runs: int) -> None:
-    """`import kvgeom` after numpy and pydantic, in fresh interpreters (median of ``runs``)."""
-    code = (
-        "import time, numpy, pydantic, typing_extensions\n"
-        "t0 = time.perf_counter()\nimport kvgeom\nprint(time.perf_counter() - t0)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    extra = []
-    for _ in range(runs):
+    """`import kvgeom` in fresh interpreters (median of ``runs``), bytecode cached as after a pip install.
+
+    Two baselines: the literal one of issue 7 (after ``import numpy, pydantic``; pydantic v2 imports
+    lazily, so its model machinery is then paid by kvgeom's first model class), and after
+    ``from pydantic import BaseModel`` (what any pydantic-based library pays), which isolates kvgeom's
+    own cost. The machine sets PYTHONDONTWRITEBYTECODE; the subprocesses get a private pycache prefix
+    and one warm-up run instead, since an installed wheel ships compiled bytecode.
+    """
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="kvgeom-pycache-")
+
+    def timed(pre: str) -> tuple[float, float]:
+        code = (
+            f"import time\n{pre}\nt0 = time.perf_counter()\nimport kvgeom\nt1 = time.perf_counter()\n"
+            "kvgeom.resolve(kvgeom.DEFAULT_CONFIG)\nprint(t1 - t0, time.perf_counter() - t1)\n"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-        extra.append(float(out.stdout.strip()))
-    base = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import numpy, pydantic"], check=True, env=env)
-        base.append(time.perf_counter() - t0)
-    t = statistics.median(extra)
-    record("import kvgeom (after numpy + pydantic)", n=runs, batch_s=t, target="<=60 ms", met=t <= 0.060,
-           numpy_pydantic_process_ms=statistics.median(base) * 1e3)
+        a, b = out.stdout.split()
+        return float(a), float(b)
+
+    literal_pre = "import numpy, pydantic, typing_extensions"
+    # the pydantic names kvgeom's modules import: pydantic's own machinery, loaded lazily by pydantic
+    model_pre = (
+        "import numpy, pydantic, typing_extensions\n"
+        "from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator"
+    )
+    timed(model_pre)  # warm-up: writes the bytecode cache
+    literal = [timed(literal_pre) for _ in range(runs)]
+    own = [timed(model_pre) for _ in range(runs)]
+    lit_import = statistics.median(t for t, _ in literal)
+    own_import = statistics.median(t for t, _ in own)
+    first = statistics.median(r for _, r in own)
+    record("import kvgeom (after import numpy, pydantic)", n=runs, batch_s=lit_import, target="<=60 ms",
+           met=lit_import <= 0.060)
+    record("import kvgeom (after pydantic's public API is loaded)", n=runs, batch_s=own_import,
+           target="<=60 ms", met=own_import <= 0.060)
+    # models are built on first use (defer_build): say what that first use costs
+    record("first resolve() in a fresh process (builds the validators)", n=runs, batch_s=first, target="(info)",
+           met=True)
 
 
 def scaling_case(max_exp: int, *, repeat: int) -> None:
