@@ -49,3 +49,17 @@ def multiple(name: str, value: int, unit: int, what: str) -> None:
             name,
             **{name: value, "unit": unit},
         )
+
+
+def result(name: str, value: int) -> int:
+    """``value`` unchanged, or :class:`QueryError` ``int64_overflow`` when an answer would not fit an int64
+    (the batch paths compute in int64, so the scalar path refuses the same inputs)."""
+    if value > INT64_MAX:
+        raise QueryError.single(
+            "int64_overflow",
+            f"the {name} for these arguments is {value}, past what int64 holds ({INT64_MAX}); no cache has that "
+            "many tokens or blocks",
+            name,
+            **{name: value},
+        )
+    return value

@@ -11,7 +11,7 @@ partial-tail boundary). Mamba is replicated, so none of this depends on DCP:
 
 from __future__ import annotations
 
-from kvgeom._check import nonneg, positive
+from kvgeom._check import nonneg, positive, result
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
@@ -100,7 +100,10 @@ def running_state_block(geom: Geometry, group: int, num_computed_tokens: int, nu
     2
     """
     g = _mamba(geom, group)
-    total = nonneg("num_computed_tokens", num_computed_tokens) + nonneg("num_scheduled_tokens", num_scheduled_tokens)
+    total = result(
+        "computed + scheduled tokens",
+        nonneg("num_computed_tokens", num_computed_tokens) + nonneg("num_scheduled_tokens", num_scheduled_tokens),
+    )
     if total == 0:
         raise QueryError.single("zero", "a step with no tokens has no running state", "num_scheduled_tokens")
     return cdiv(total, g.block_size) - 1

@@ -17,6 +17,7 @@ tokens, SimpleCPUOffloadConnector's lazy mode.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.keys import offload_group
-from kvgeom.masks import reachable_block_mask
+from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
@@ -171,6 +172,7 @@ def _scan_window(
         n = cdiv(w + (-at) % C, C)
         return max(n, window) if g.family == "chunked" else n
 
+    held_chunks = sorted(e // C - 1 for e in held if e % C == 0)
     run_end = end
     cur = need(run_end)
     run = 0
@@ -180,11 +182,21 @@ def _scan_window(
             return run_end
         if (j + 1) * C in held:
             run += 1
-        else:
-            run = 0
-            run_end = j * C
+            j -= 1
+            continue
+        run = 0
+        run_end = j * C
+        cur = need(run_end)
+        if cur <= 0:
+            return run_end
+        # Every chunk down to the next held one is a miss too, and a miss on the chunk grid always needs
+        # the same run: jump there instead of stepping (a long request with few keys stays cheap).
+        below = bisect_right(held_chunks, j - 1) - 1
+        nxt = max(held_chunks[below] if below >= 0 else start_chunk - 1, start_chunk - 1)
+        if nxt < j - 1:
+            run_end = (nxt + 1) * C
             cur = need(run_end)
-        j -= 1
+        j = nxt
     if run >= cur or run > 0:
         return run_end
     return None
@@ -482,7 +494,8 @@ def plan_store(
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
-        mask = reachable_block_mask(geom, og.index, storable * k, reachable=points)
+        _fits(storable - start)
+        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=points)
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.

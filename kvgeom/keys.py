@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from kvgeom._check import nonneg, positive
+from kvgeom._check import nonneg, positive, result
 from kvgeom.boundaries import state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
@@ -84,7 +84,7 @@ def chunk_hash_index(geom: Geometry, group: int, chunk: int) -> int:
     ([1, 3], [0, 1, 2, 3])
     """
     og = offload_group(geom, group)
-    return (nonneg("chunk", chunk) + 1) * og.hashes_per_chunk - 1
+    return result("hash_index", (nonneg("chunk", chunk) + 1) * og.hashes_per_chunk - 1)
 
 
 def chunk_end_token(geom: Geometry, group: int, chunk: int) -> int:
@@ -95,7 +95,7 @@ def chunk_end_token(geom: Geometry, group: int, chunk: int) -> int:
     64
     """
     og = offload_group(geom, group)
-    return (nonneg("chunk", chunk) + 1) * og.tokens_per_chunk
+    return result("end_token", (nonneg("chunk", chunk) + 1) * og.tokens_per_chunk)
 
 
 def chunk_block_entries(geom: Geometry, group: int, chunk: int) -> range:
@@ -121,7 +121,7 @@ def chunk_block_entries(geom: Geometry, group: int, chunk: int) -> range:
         )
     j = nonneg("chunk", chunk)
     k = og.tokens_per_chunk // og.tokens_per_block
-    return range(j * k, (j + 1) * k)
+    return range(j * k, result("block entry", (j + 1) * k))
 
 
 def chunk_state_block(geom: Geometry, group: int, chunk: int) -> int:

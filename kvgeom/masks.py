@@ -28,12 +28,29 @@ from typing import Any, assert_never
 
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
+from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.specs import sliding_window_of
 
-__all__ = ["default_alignment", "reachable_block_mask"]
+__all__ = ["MAX_SCALAR_RESULT", "default_alignment", "reachable_block_mask"]
 
 _UNSET: Any = object()
+
+
+#: The most block indices a scalar mask or plan lists; past it the scalar path refuses
+#: (``result_too_large``) and :mod:`kvgeom.batch` is the tool.
+MAX_SCALAR_RESULT = 1 << 24
+
+
+def _fits(count: int) -> None:
+    if count > MAX_SCALAR_RESULT:
+        raise QueryError.single(
+            "result_too_large",
+            f"the answer lists {count} blocks, more than the scalar path builds ({MAX_SCALAR_RESULT}); use "
+            "kvgeom.batch for counts this large, or narrow the range (first_block / stored_chunks)",
+            "num_blocks",
+            count=count,
+        )
 
 
 def default_alignment(geom: Geometry, group: int) -> int | None:
@@ -54,15 +71,18 @@ def reachable_block_mask(
     group: int,
     num_blocks: int,
     *,
+    first_block: int = 0,
     reachable: Iterable[int] = (),
     retention: int | None = _UNSET,
     alignment: int | None = _UNSET,
 ) -> frozenset[int] | None:
-    """Blocks ``< num_blocks`` of ``group`` worth storing, or ``None`` for all of them.
+    """Blocks in ``[first_block, num_blocks)`` of ``group`` worth storing, or ``None`` for all of them.
 
     ``retention`` defaults to the config's ``retention_interval`` and
-    ``alignment`` to :func:`default_alignment`. Postcondition: every returned
-    index is in ``[0, num_blocks)``, and for Mamba each kept block ``i`` ends on
+    ``alignment`` to :func:`default_alignment`. A mask of more than
+    :data:`MAX_SCALAR_RESULT` blocks is refused with :class:`kvgeom.QueryError`
+    ``result_too_large`` (use :mod:`kvgeom.batch`). Postcondition: every returned
+    index is in ``[first_block, num_blocks)``, and for Mamba each kept block ``i`` ends on
     a boundary ``(i+1)*B_m`` that is a multiple of R or an aligned reachable
     boundary.
 
@@ -75,6 +95,7 @@ def reachable_block_mask(
     """
     g = geom.group(group)
     n = nonneg("num_blocks", num_blocks)
+    lo = nonneg("first_block", first_block)
     R = geom.config.cache.retention_interval if retention is _UNSET else retention
     align = default_alignment(geom, group) if alignment is _UNSET else alignment
     points = [nonneg("reachable boundary", t) for t in reachable]
@@ -92,11 +113,13 @@ def reachable_block_mask(
                 step = R // span if R % span == 0 else None
                 if step is None:
                     return None  # R off the block grid: resolve() rejects this with offloading; stay dense
-                keep.update(range(step - 1, n, step))
+                first = step - 1 + cdiv(max(lo - step + 1, 0), step) * step
+                _fits(max(n - first, 0) // step)
+                keep.update(range(first, n, step))
             if align:
                 for t in points:
                     b = rdown(t, align)
-                    if b > 0 and b % span == 0 and b // span - 1 < n:
+                    if b > 0 and b % span == 0 and lo <= b // span - 1 < n:
                         keep.add(b // span - 1)
             return frozenset(keep)
         case "sliding":
@@ -108,10 +131,13 @@ def reachable_block_mask(
             if R:
                 if R % span:
                     return None
-                ends.extend(range(R, n * span + 1, R))
+                # segment ends whose tail reaches [lo, n)
+                first_end = max(R, cdiv(lo * span, R) * R)
+                _fits((n * span - first_end) // R * tail)
+                ends.extend(range(first_end, n * span + 1, R))
             keep = set()
             for e in ends:
                 stop = min(e // span, n)
-                keep.update(range(max(stop - tail, 0), stop))
+                keep.update(range(max(stop - tail, lo), stop))
             return frozenset(keep)
     assert_never(g.family)

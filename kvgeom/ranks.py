@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from kvgeom._check import nonneg
+from kvgeom._check import nonneg, result
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 
@@ -88,7 +88,7 @@ def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]
             column=col,
             row_length=len(block_row),
         )
-    return rank, nonneg("block_row entry", block_row[col]) * g.block_size + offset
+    return rank, result("slot", nonneg("block_row entry", block_row[col]) * g.block_size + offset)
 
 
 def rank_lengths(geom: Geometry, group: int, num_tokens: int) -> tuple[int, ...]:

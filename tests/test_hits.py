@@ -208,3 +208,25 @@ def test_bad_scenarios(scenario, code):
     with pytest.raises(QueryError) as info:
         SEED.plan_hit(scenario)
     assert info.value.code == code
+
+
+def test_long_request_with_few_keys_scans_fast():
+    # the window scan jumps over missing chunks: an int64-sized request with a handful of keys is cheap
+    stored = {"0": [16, 32, 48, 64], "1": [16, 32, 48, 64]}
+    hit = lookup_hit(SWA, 2**62, stored=stored)
+    assert hit.end_token == 64
+
+
+def test_store_plan_too_large_for_the_scalar_path():
+    from kvgeom.masks import MAX_SCALAR_RESULT
+
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
+    with pytest.raises(QueryError) as info:
+        plan_store(geom, num_tokens=2**40, num_computed_tokens=2**40)
+    assert info.value.code == "result_too_large"
+    # narrowing the range with stored_chunks keeps it small
+    n = 2**40
+    plan = plan_store(geom, num_tokens=n, num_computed_tokens=n, stored_chunks={0: n // 32 - 2, 1: n // 16 - 4})
+    assert plan.groups[0].chunks == (n // 32 - 2, n // 32 - 1)
+    assert plan.groups[1].end_tokens == (n - 32, n)  # one state per 32 tokens
+    assert MAX_SCALAR_RESULT < n // 16

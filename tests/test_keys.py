@@ -162,3 +162,18 @@ def test_boundary_errors():
     assert info.value.code == "not_align_mamba"
     with pytest.raises(QueryError):
         boundaries.restore_read_block(SEED, 1, 0)
+
+
+def test_answers_past_int64_are_refused():
+    # the batch paths compute in int64; the scalar path refuses the same inputs instead of returning bigger ints
+    from kvgeom import ranks
+
+    with pytest.raises(QueryError) as info:
+        keys.chunk_end_token(SEED, 0, 2**62)
+    assert info.value.code == "int64_overflow"
+    with pytest.raises(QueryError) as info:
+        ranks.dcp_slot(SEED, 0, 0, [2**62])
+    assert info.value.code == "int64_overflow"
+    with pytest.raises(QueryError) as info:
+        boundaries.running_state_block(SEED, 1, 2**62, 2**62)
+    assert info.value.code == "int64_overflow"
