@@ -52,6 +52,7 @@ from kvgeom.specs import (
     iter_leaves,
     scheduler_view,
     sliding_window_of,
+    tokens_per_state_of,
 )
 
 __all__ = [
@@ -312,8 +313,11 @@ def _resolve_mamba_mode(spec: AnySpec, prefix_caching: bool) -> MambaMode | None
     return "align" if prefix_caching else "none"
 
 
-def _check_group(i: int, spec: AnySpec, cfg: KVGeomConfig, out: _Collector) -> bool | None:
-    """Per-group rules; returns whether the group is sharded (None when undecidable)."""
+def _check_group(
+    i: int, spec: AnySpec, cfg: KVGeomConfig, out: _Collector
+) -> tuple[bool | None, Family, MambaMode | None]:
+    """Per-group rules; returns whether the group is sharded (None when undecidable), its family and
+    its resolved Mamba mode."""
     where = f"groups[{i}]"
     kind = spec.kind
     try:
@@ -416,7 +420,7 @@ def _check_group(i: int, spec: AnySpec, cfg: KVGeomConfig, out: _Collector) -> b
                 sink_len=spec.sink_len,
                 span=span,
             )
-    return sharded
+    return sharded, fam, mode
 
 
 def _row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | None) -> int:
@@ -463,15 +467,14 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
 
     groups: list[GroupGeometry] = []
     for i, spec in enumerate(cfg.groups):
-        sharded = _check_group(i, spec, cfg, out)
+        sharded, fam, mode = _check_group(i, spec, cfg, out)
         factor = shards if sharded else 1
-        mode = _resolve_mamba_mode(spec, cache.prefix_caching)
         groups.append(
             GroupGeometry(
                 index=i,
                 kind=spec.kind,
                 spec=spec,
-                family=family(spec),
+                family=fam,
                 block_size=spec.block_size,
                 dcp_sharded=bool(sharded),
                 prefix_cacheable=is_prefix_cacheable(spec),
@@ -572,7 +575,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
     A = H if partial else L
     for g in groups:
         for j, leaf in enumerate(iter_leaves(g.spec)):
-            tps = getattr(leaf, "tokens_per_state", None)
+            tps = tokens_per_state_of(leaf)
             if tps is not None and tps > 1 and A % tps:
                 field = f"groups[{g.index}]" + (f".layers[{j}]" if isinstance(g.spec, UniformSpec) else "")
                 out.add(

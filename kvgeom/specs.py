@@ -66,6 +66,7 @@ __all__ = [
     "scheduler_view",
     "sliding_window_of",
     "attention_chunk_size_of",
+    "tokens_per_state_of",
 ]
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -449,3 +450,12 @@ def attention_chunk_size_of(spec: AnySpec) -> int | None:
             return view.attention_chunk_size
         case _:
             return None
+
+
+def tokens_per_state_of(spec: AnyLeaf | CircularBufferSpec) -> int | None:
+    """``tokens_per_state`` of an attention layer (compressed attention when > 1); None for Mamba."""
+    match spec:
+        case MambaSpec():
+            return None
+        case _:
+            return spec.tokens_per_state
