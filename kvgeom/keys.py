@@ -121,7 +121,7 @@ def chunk_block_entries(geom: Geometry, group: int, chunk: int) -> range:
         )
     j = nonneg("chunk", chunk)
     k = og.tokens_per_chunk // og.tokens_per_block
-    return range(j * k, result("block entry", (j + 1) * k))
+    return range(j * k, result("block entry", (j + 1) * k - 1) + 1)  # the last entry must fit int64
 
 
 def chunk_state_block(geom: Geometry, group: int, chunk: int) -> int:
