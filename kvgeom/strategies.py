@@ -1,0 +1,641 @@
+"""Hypothesis strategies for kvgeom geometries (needs the ``strategies`` extra).
+
+``import kvgeom`` never imports this module (nor Hypothesis); import it
+explicitly in a test suite::
+
+    from hypothesis import given
+    from kvgeom.strategies import geometries
+
+    @given(geometries(max_dcp=16))
+    def test_my_connector_uses_the_span(g):
+        ...
+
+The strategies follow Hypothesis's own API conventions: plural names,
+keyword-only arguments, ``min_value``/``max_value`` for bounds, and
+:class:`hypothesis.errors.InvalidArgument` for arguments that make no sense.
+Values are **valid by construction**: every dict :func:`configs` draws resolves
+with :func:`kvgeom.resolve` without error (``tests/property`` checks it as a
+law), so nothing is filtered away. Everything shrinks towards the simplest
+geometry: a single ``full_attention`` group of block size ``min_block_size``
+with every parallel size 1.
+
+Construction never re-derives a geometry rule. Whether a group is sharded is
+asked of :func:`kvgeom.specs.is_dcp_sharded`; the numbers that later choices
+depend on (spans, L, H, offload chunks) are read from a first
+:func:`kvgeom.resolve` of the config without those choices, then the dependent
+fields (``sink_len``, ``prefix_match_unit``, ``tokens_per_state``, the offload
+``block_size`` and ``retention_interval``) are picked as multiples or divisors
+of what the geometry says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from kvgeom.geometry import Geometry, resolve
+from kvgeom.parallel import ParallelConfig
+from kvgeom.specs import (
+    AnySpec,
+    ChunkedLocalSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    MLASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformSpec,
+    family,
+    is_dcp_sharded,
+)
+
+__all__ = [
+    "ALL_KINDS",
+    "block_sizes",
+    "chunked_local_specs",
+    "circular_buffer_specs",
+    "configs",
+    "cross_attention_specs",
+    "dcp_sizes",
+    "full_attention_specs",
+    "geometries",
+    "group_specs",
+    "mamba_specs",
+    "mla_specs",
+    "parallel_configs",
+    "sink_full_attention_specs",
+    "sliding_window_mla_specs",
+    "sliding_window_specs",
+    "uniform_specs",
+]
+
+#: Group kinds :func:`configs` can draw, simplest first (shrinking goes left).
+ALL_KINDS: tuple[str, ...] = (
+    "full_attention",
+    "mla",
+    "mamba",
+    "uniform",
+    "sliding_window",
+    "sink_full_attention",
+    "sliding_window_mla",
+    "chunked_local",
+    "cross_attention",
+    "circular_buffer",
+)
+
+#: Block multipliers: group blocks are ``unit * m``, so L = lcm(spans) stays
+#: bounded (at most ``unit * kv_shards * 24``) while spans still differ.
+_MULTIPLIERS = (1, 2, 3, 4, 6, 8)
+
+_MAX_DCP = 1024
+_MAX_BLOCK = 1 << 16
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _check_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{name}={value!r} must be an integer, got {type(value).__name__}")
+    if lo is not None and value < lo:
+        raise InvalidArgument(f"{name}={value} must be >= {lo}")
+    if hi is not None and value > hi:
+        raise InvalidArgument(f"{name}={value} must be <= {hi}")
+    return value
+
+
+def _check_bounds(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
+    if lo > hi:
+        raise InvalidArgument(f"{lo_name}={lo} must be <= {hi_name}={hi}")
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name}={value!r} must be True or False")
+    return value
+
+
+def _as_strategy(name: str, value: Any, default: st.SearchStrategy[int]) -> st.SearchStrategy[int]:
+    if value is None:
+        return default
+    if isinstance(value, st.SearchStrategy):
+        return value
+    return st.just(_check_int(name, value, lo=1))
+
+
+# --------------------------------------------------------------------------- scalars
+
+
+def block_sizes(*, min_value: int = 1, max_value: int = 4096) -> st.SearchStrategy[int]:
+    """Per-rank block sizes in tokens, ``min_value <= b <= max_value``; shrinks to ``min_value``.
+
+    >>> block_sizes(min_value=16, max_value=16).example()
+    16
+    """
+    _check_int("min_value", min_value, lo=1, hi=_MAX_BLOCK)
+    _check_int("max_value", max_value, lo=1, hi=_MAX_BLOCK)
+    _check_bounds("min_value", min_value, "max_value", max_value)
+    return st.integers(min_value, max_value)
+
+
+def dcp_sizes(*, min_value: int = 1, max_value: int = _MAX_DCP) -> st.SearchStrategy[int]:
+    """Decode-context-parallel sizes: **any** integer in range (7 and 1000 as well as 2, 4, 8).
+
+    Shrinks to ``min_value``.
+
+    >>> dcp_sizes(min_value=7, max_value=7).example()
+    7
+    """
+    _check_int("min_value", min_value, lo=1, hi=_MAX_DCP)
+    _check_int("max_value", max_value, lo=1, hi=_MAX_DCP)
+    _check_bounds("min_value", min_value, "max_value", max_value)
+    return st.integers(min_value, max_value)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+# --------------------------------------------------------------------------- parallel settings
+
+
+def _sizes(draw: st.DrawFn, min_dcp: int, max_dcp: int, allow_pcp: bool) -> dict[str, Any]:
+    """dcp, tp, pcp (and pp) combinations vLLM's ParallelConfig accepts (reference §2.3)."""
+    if allow_pcp and draw(st.integers(0, 3)) == 3:
+        pcp = draw(st.integers(2, 8))
+        tp = draw(st.integers(1, 4))
+        choices = sorted({x for x in (1, pcp, tp * pcp) if min_dcp <= x <= max_dcp})
+        if choices:
+            dcp = draw(st.sampled_from(choices))
+            return {"dcp": dcp, "pcp": pcp, "tp": tp, "pcp_shards_kv": draw(st.booleans())}
+    dcp = draw(dcp_sizes(min_value=min_dcp, max_value=max_dcp))
+    out: dict[str, Any] = {"dcp": dcp, "tp": dcp * draw(st.integers(1, 4))}
+    pp = draw(st.integers(1, 4))
+    if pp > 1:
+        out["pp"] = pp
+    return out
+
+
+def _kv_shards(p: dict[str, Any]) -> int:
+    return ParallelConfig.model_validate(p).kv_shards
+
+
+def _add_interleave(draw: st.DrawFn, p: dict[str, Any], sharded_block_sizes: tuple[int, ...]) -> dict[str, Any]:
+    if _kv_shards(p) > 1 and sharded_block_sizes:
+        p = {**p, "cp_interleave": draw(st.sampled_from(_divisors(math.gcd(*sharded_block_sizes))))}
+    return p
+
+
+@st.composite
+def _parallel(
+    draw: st.DrawFn, sharded_block_sizes: tuple[int, ...], min_dcp: int, max_dcp: int, allow_pcp: bool
+) -> dict[str, Any]:
+    return _add_interleave(draw, _sizes(draw, min_dcp, max_dcp, allow_pcp), sharded_block_sizes)
+
+
+def parallel_configs(
+    *,
+    sharded_block_sizes: Sequence[int] = (),
+    min_dcp: int = 1,
+    max_dcp: int = _MAX_DCP,
+    allow_pcp: bool = True,
+) -> st.SearchStrategy[dict[str, Any]]:
+    """``parallel`` tables vLLM accepts: ``tp`` a multiple of ``dcp`` (or the PCP combinations
+    ``dcp in {1, pcp, tp*pcp}``), and a ``cp_interleave`` dividing every per-rank block in
+    ``sharded_block_sizes`` (the DCP-sharded groups' blocks). Shrinks to all sizes 1.
+
+    >>> p = parallel_configs(sharded_block_sizes=(16, 48), min_dcp=3, max_dcp=3, allow_pcp=False).example()
+    >>> p["dcp"], p["tp"] % 3, 48 % p["cp_interleave"], 16 % p["cp_interleave"]
+    (3, 0, 0, 0)
+    """
+    blocks = tuple(_check_int("sharded_block_sizes[]", b, lo=1) for b in sharded_block_sizes)
+    _check_int("min_dcp", min_dcp, lo=1, hi=_MAX_DCP)
+    _check_int("max_dcp", max_dcp, lo=1, hi=_MAX_DCP)
+    _check_bounds("min_dcp", min_dcp, "max_dcp", max_dcp)
+    _check_bool("allow_pcp", allow_pcp)
+    return _parallel(blocks, min_dcp, max_dcp, allow_pcp)
+
+
+# --------------------------------------------------------------------------- specs, one kind at a time
+
+
+def _spec_args(block_size: Any) -> st.SearchStrategy[int]:
+    return _as_strategy("block_size", block_size, block_sizes(max_value=256))
+
+
+def full_attention_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[FullAttentionSpec]:
+    """:class:`kvgeom.FullAttentionSpec` values (``block_size``: an int, a strategy, or default).
+
+    >>> full_attention_specs(block_size=16).example().block_size
+    16
+    """
+    return st.builds(FullAttentionSpec, block_size=_spec_args(block_size))
+
+
+def mla_specs(*, block_size: int | st.SearchStrategy[int] | None = None) -> st.SearchStrategy[MLASpec]:
+    """:class:`kvgeom.MLASpec` values, main or indexer cache.
+
+    >>> mla_specs(block_size=64).example().kind
+    'mla'
+    """
+    return st.builds(MLASpec, block_size=_spec_args(block_size), cache_role=st.sampled_from([None, "indexer"]))
+
+
+def sink_full_attention_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[SinkFullAttentionSpec]:
+    """:class:`kvgeom.SinkFullAttentionSpec` values whose ``sink_len`` is a whole number of
+    per-rank blocks (:func:`configs` rescales it to whole spans).
+
+    >>> s = sink_full_attention_specs(block_size=16).example(); s.sink_len % 16
+    0
+    """
+
+    @st.composite
+    def build(draw: st.DrawFn) -> SinkFullAttentionSpec:
+        b = draw(_spec_args(block_size))
+        return SinkFullAttentionSpec(block_size=b, sink_len=b * draw(st.integers(0, 4)))
+
+    return build()
+
+
+def sliding_window_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None, max_window: int = 4096
+) -> st.SearchStrategy[SlidingWindowSpec]:
+    """:class:`kvgeom.SlidingWindowSpec` values, ``1 <= sliding_window <= max_window``.
+
+    >>> sliding_window_specs(block_size=16, max_window=8).example().sliding_window <= 8
+    True
+    """
+    _check_int("max_window", max_window, lo=1)
+    return st.builds(
+        SlidingWindowSpec,
+        block_size=_spec_args(block_size),
+        sliding_window=st.integers(1, max_window),
+        extra_retained_tokens=st.integers(0, 64),
+    )
+
+
+def sliding_window_mla_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None, max_window: int = 4096
+) -> st.SearchStrategy[SlidingWindowMLASpec]:
+    """:class:`kvgeom.SlidingWindowMLASpec` values (``bounded_replay`` ones are not cacheable).
+
+    >>> sliding_window_mla_specs(block_size=16).example().kind
+    'sliding_window_mla'
+    """
+    _check_int("max_window", max_window, lo=1)
+    return st.builds(
+        SlidingWindowMLASpec,
+        block_size=_spec_args(block_size),
+        sliding_window=st.integers(1, max_window),
+        extra_retained_tokens=st.integers(0, 64),
+        bounded_replay=st.booleans(),
+    )
+
+
+def chunked_local_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None, max_chunk: int = 8192
+) -> st.SearchStrategy[ChunkedLocalSpec]:
+    """:class:`kvgeom.ChunkedLocalSpec` values, ``1 <= attention_chunk_size <= max_chunk``.
+
+    >>> chunked_local_specs(block_size=16).example().kind
+    'chunked_local'
+    """
+    _check_int("max_chunk", max_chunk, lo=1)
+    return st.builds(
+        ChunkedLocalSpec, block_size=_spec_args(block_size), attention_chunk_size=st.integers(1, max_chunk)
+    )
+
+
+def cross_attention_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[CrossAttentionSpec]:
+    """:class:`kvgeom.CrossAttentionSpec` values (:func:`configs` makes them non-cacheable when offloading).
+
+    >>> cross_attention_specs(block_size=16).example().kind
+    'cross_attention'
+    """
+    return st.builds(CrossAttentionSpec, block_size=_spec_args(block_size))
+
+
+def circular_buffer_specs(
+    *, block_size: int | st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[CircularBufferSpec]:
+    """:class:`kvgeom.CircularBufferSpec` values (never prefix-cacheable).
+
+    >>> circular_buffer_specs(block_size=16).example().kind
+    'circular_buffer'
+    """
+    return st.builds(CircularBufferSpec, block_size=_spec_args(block_size))
+
+
+def _check_modes(name: str, modes: Sequence[str | None]) -> tuple[str | None, ...]:
+    if isinstance(modes, str):
+        raise InvalidArgument(f"{name}={modes!r} must be a sequence of modes, not a string")
+    out = tuple(modes)
+    if not out:
+        raise InvalidArgument(f"{name} must name at least one mamba_cache_mode")
+    for m in out:
+        if m not in {None, "align", "none", "all"}:
+            raise InvalidArgument(f"{name} contains {m!r}; use None, 'align', 'none' or 'all'")
+    return out
+
+
+def mamba_specs(
+    *,
+    block_size: int | st.SearchStrategy[int] | None = None,
+    modes: Sequence[str | None] = (None, "align"),
+    max_speculative_blocks: int = 2,
+) -> st.SearchStrategy[MambaSpec]:
+    """:class:`kvgeom.MambaSpec` values; ``modes`` are the ``mamba_cache_mode`` values to draw
+    (``None`` means the config default). Shrinks to the default mode, no speculative blocks.
+
+    >>> mamba_specs(block_size=16, modes=["align"]).example().mamba_cache_mode
+    'align'
+    """
+    modes = _check_modes("modes", modes)
+    _check_int("max_speculative_blocks", max_speculative_blocks, lo=0)
+    return st.builds(
+        MambaSpec,
+        block_size=_spec_args(block_size),
+        mamba_cache_mode=st.sampled_from(modes),
+        num_speculative_blocks=st.integers(0, max_speculative_blocks),
+    )
+
+
+_UNIFORM_SHAPES = ("mla_indexer", "full", "mamba")
+
+
+def _uniform(draw: st.DrawFn, block: int, mamba_block: int, modes: tuple[str | None, ...]) -> UniformSpec:
+    shape = draw(st.sampled_from(_UNIFORM_SHAPES))
+    n = draw(st.integers(2, 3))
+    if shape == "mla_indexer":
+        return UniformSpec(block_size=block, layers=[{"kind": "mla"}, {"kind": "mla", "cache_role": "indexer"}])
+    if shape == "full":
+        return UniformSpec(block_size=block, layers=[{"kind": "full_attention"}] * n)
+    mode = draw(st.sampled_from(modes))
+    return UniformSpec(block_size=mamba_block, layers=[{"kind": "mamba", "mamba_cache_mode": mode}] * n)
+
+
+def uniform_specs(
+    *,
+    block_size: int | st.SearchStrategy[int] | None = None,
+    mamba_modes: Sequence[str | None] = (None, "align"),
+) -> st.SearchStrategy[UniformSpec]:
+    """``uniform`` containers as engines build them: MLA + its indexer (DSA models), several
+    full-attention layers, or several Mamba leaves (one mode). The container carries the block size.
+
+    >>> u = uniform_specs(block_size=64).example(); u.kind, all(x.block_size == 64 for x in u.layers)
+    ('uniform', True)
+    """
+    bs = _spec_args(block_size)
+    modes = _check_modes("mamba_modes", mamba_modes)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> UniformSpec:
+        b = draw(bs)
+        return _uniform(draw, b, b, modes)
+
+    return build()
+
+
+_KIND_STRATEGIES: dict[str, Any] = {
+    "full_attention": full_attention_specs,
+    "mla": mla_specs,
+    "sink_full_attention": sink_full_attention_specs,
+    "sliding_window": sliding_window_specs,
+    "sliding_window_mla": sliding_window_mla_specs,
+    "chunked_local": chunked_local_specs,
+    "cross_attention": cross_attention_specs,
+    "circular_buffer": circular_buffer_specs,
+    "mamba": mamba_specs,
+    "uniform": uniform_specs,
+}
+
+
+def _check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(kinds, str):
+        raise InvalidArgument(f"kinds={kinds!r} must be a sequence of kind names, not a string")
+    out = tuple(kinds)
+    if not out:
+        raise InvalidArgument("kinds must name at least one group kind")
+    for k in out:
+        if k not in _KIND_STRATEGIES:
+            raise InvalidArgument(f"unknown kind {k!r}; choose among {list(ALL_KINDS)}")
+    return out
+
+
+def group_specs(
+    *, kinds: Sequence[str] = ALL_KINDS, block_size: int | st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[AnySpec]:
+    """A spec of any of ``kinds`` (each valid on its own; :func:`configs` makes whole
+    configs valid). Shrinks towards the first kind listed.
+
+    >>> group_specs(kinds=["mamba"], block_size=16).example().kind
+    'mamba'
+    """
+    ks = _check_kinds(kinds)
+    return st.one_of(*(_KIND_STRATEGIES[k](block_size=block_size) for k in ks))
+
+
+# --------------------------------------------------------------------------- whole configs
+
+
+def _dump(spec: AnySpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", exclude_none=True)
+
+
+_REPLICATED_UNDER_DCP = frozenset({"sliding", "chunked", "cross", "circular"})
+_NOT_OFFLOADABLE_KINDS = frozenset({"circular_buffer", "cross_attention"})
+
+
+@st.composite
+def _configs(
+    draw: st.DrawFn,
+    *,
+    kinds: tuple[str, ...],
+    min_groups: int,
+    max_groups: int,
+    min_dcp: int,
+    max_dcp: int,
+    min_block_size: int,
+    max_block_size: int,
+    offload: bool | None,
+    allow_pcp: bool,
+    max_model_len: bool,
+) -> dict[str, Any]:
+    prefix_caching = not draw(st.booleans())  # shrinks to True, vLLM's default
+    use_offload = draw(st.booleans()) if offload is None else offload
+    sizes = _sizes(draw, min_dcp, max_dcp, allow_pcp)
+    shards = _kv_shards(sizes)
+    n = draw(st.integers(min_groups, max_groups))
+    unit = draw(st.integers(min_block_size, max_block_size))
+    blocks = st.sampled_from([m for m in _MULTIPLIERS if unit * m <= max_block_size]).map(lambda m: unit * m)
+    # Every Mamba group shares one block: vLLM asserts one Mamba offload chunk, and in align mode
+    # B_m equals the per-rank attention block (reference §2.1).
+    mamba_block = draw(blocks)
+    modes: tuple[str | None, ...] = (None, "align")
+    if not prefix_caching:
+        # None then means 'none'; a non-align Mamba group forces H = L, which forced offloading
+        # over mixed spans cannot take, so offload=True keeps align mode.
+        modes = ("align",) if offload else (None, "none", "align")
+    specs: list[AnySpec] = []
+    for i in range(n):
+        # With forced offloading the first group is an offloadable kind, so there is something to offload.
+        pool = [k for k in kinds if k not in _NOT_OFFLOADABLE_KINDS] if (i == 0 and offload) else kinds
+        kind = draw(st.sampled_from(pool))
+        spec: AnySpec
+        match kind:
+            case "mamba":
+                spec = draw(mamba_specs(block_size=mamba_block, modes=modes))
+            case "uniform":
+                spec = _uniform(draw, draw(blocks), mamba_block, modes)
+            case "sink_full_attention":
+                spec = SinkFullAttentionSpec(block_size=draw(blocks))  # sink_len once the span is known
+            case "sliding_window_mla" if i == 0 and offload:
+                spec = draw(sliding_window_mla_specs(block_size=blocks)).model_copy(update={"bounded_replay": False})
+            case _:
+                spec = draw(_KIND_STRATEGIES[kind](block_size=blocks))
+        fam = family(spec)
+        # Under DCP only full attention, MLA and Mamba may be dealt; the rest is replicated. Any
+        # full-attention group may also be a replicated draft (vLLM MRV2 runs drafts at DCP 1).
+        if (shards > 1 and fam in _REPLICATED_UNDER_DCP) or (fam == "full" and draw(st.integers(0, 7)) == 7):
+            spec = spec.model_copy(update={"dcp_sharded": False})
+        if fam == "cross" and use_offload:
+            spec = spec.model_copy(update={"prefix_cacheable": False})
+        specs.append(spec)
+    sharded = tuple(s.block_size for s in specs if is_dcp_sharded(s))
+    parallel = _add_interleave(draw, sizes, sharded)
+    dumped = [_dump(s) for s in specs]
+    cache: dict[str, Any] = {"prefix_caching": prefix_caching}
+    cfg: dict[str, Any] = {"groups": dumped, "parallel": parallel, "cache": cache}
+    if max_model_len:
+        cache["max_model_len"] = draw(st.integers(1, 1 << 17))
+
+    # Second stage: read spans, L and H from kvgeom itself, then choose the fields that depend on them.
+    geo = resolve(cfg)
+    for g, d in zip(geo.groups, dumped, strict=True):
+        if d["kind"] == "sink_full_attention":
+            d["sink_len"] = g.span * draw(st.integers(0, 3))
+    H = geo.hash_block_size
+    cacheable = [g for g in geo.groups if g.prefix_cacheable]
+    # Offloading needs tokens_per_block % tokens_per_hash == 0 for every offloaded group; that fails
+    # only when a non-align Mamba group (or no prefix caching) forces H = L over mixed spans.
+    if use_offload and cacheable and all(g.span % H == 0 for g in cacheable):
+        spans = {g.span for g in cacheable}
+        k = draw(st.integers(1, 4))
+        if len(spans) == 1 and draw(st.booleans()):
+            cfg["offload"] = {"block_size": spans.pop() * k}
+        else:
+            cfg["offload"] = {"blocks_per_chunk": k} if k > 1 or draw(st.booleans()) else {}
+    if n > 1 and draw(st.integers(0, 3)) == 3:
+        H = draw(st.sampled_from(_divisors(H)))
+        cache["prefix_match_unit"] = H
+    for d in dumped:
+        if d["kind"] in {"full_attention", "mla"} and draw(st.integers(0, 7)) == 7:
+            # A (H or L) must be a multiple of tokens_per_state; H divides both.
+            tps = [x for x in _divisors(H) if x > 1]
+            if tps:
+                d["tokens_per_state"] = draw(st.sampled_from(tps))
+    retention = draw(st.sampled_from(["default", "zero", "dense", "interval"]))
+    if retention == "zero":
+        cache["retention_interval"] = 0
+    elif retention == "dense":
+        cache["retention_interval"] = None
+    elif retention == "interval" and any(g.family in {"sliding", "mamba"} for g in geo.groups):
+        # A multiple of L and of every windowed offloaded group's chunk (fine print 5).
+        r_unit = geo.scheduler_block_size
+        if "offload" in cfg:
+            off = resolve(cfg).offload
+            if off is not None:
+                fams = {g.index: g.family for g in geo.groups}
+                for og in off.groups:
+                    if fams[og.index] in {"sliding", "chunked", "mamba"}:
+                        r_unit = math.lcm(r_unit, og.tokens_per_chunk)
+        cache["retention_interval"] = r_unit * draw(st.integers(1, 4))
+    return cfg
+
+
+def configs(
+    *,
+    kinds: Sequence[str] = ALL_KINDS,
+    min_groups: int = 1,
+    max_groups: int = 4,
+    min_dcp: int = 1,
+    max_dcp: int = _MAX_DCP,
+    min_block_size: int = 1,
+    max_block_size: int = 1024,
+    offload: bool | None = None,
+    allow_pcp: bool = True,
+    max_model_len: bool = True,
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Whole config dicts that :func:`kvgeom.resolve` accepts, built valid by construction.
+
+    Covers hybrids with one or more Mamba groups (all align-mode Mamba groups share one block,
+    as vLLM requires), ``uniform`` containers (MLA + indexer, full-attention layers, Mamba
+    leaves), sliding-window and other windowed groups replicated under DCP, replicated
+    full-attention drafts, any DCP size in ``[min_dcp, max_dcp]`` (not only powers of two),
+    PCP combinations vLLM accepts (when ``allow_pcp``), an interleave that divides every
+    sharded block, offloading with ``blocks_per_chunk`` or ``block_size`` (``offload=None``:
+    either way; ``True``/``False``: always/never), retention ``0``, dense (``None``) or a
+    multiple of L and of every windowed offload chunk, ``prefix_match_unit`` dividing H and
+    ``tokens_per_state`` dividing H.
+
+    ``kinds`` restricts the group kinds; group blocks are ``unit * m`` with ``unit`` in
+    ``[min_block_size, max_block_size]`` and ``m`` in ``{1, 2, 3, 4, 6, 8}`` (capped at
+    ``max_block_size``). Shrinks to ``{"groups": [{"kind": "full_attention", "block_size":
+    min_block_size}], ...}`` with every parallel size 1.
+
+    >>> import kvgeom
+    >>> cfg = configs(kinds=["full_attention", "mamba"], min_dcp=2, max_dcp=2).example()
+    >>> kvgeom.resolve(cfg).parallel.dcp
+    2
+    """
+    ks = _check_kinds(kinds)
+    _check_int("min_groups", min_groups, lo=1, hi=16)
+    _check_int("max_groups", max_groups, lo=1, hi=16)
+    _check_bounds("min_groups", min_groups, "max_groups", max_groups)
+    _check_int("min_dcp", min_dcp, lo=1, hi=_MAX_DCP)
+    _check_int("max_dcp", max_dcp, lo=1, hi=_MAX_DCP)
+    _check_bounds("min_dcp", min_dcp, "max_dcp", max_dcp)
+    _check_int("min_block_size", min_block_size, lo=1, hi=_MAX_BLOCK)
+    _check_int("max_block_size", max_block_size, lo=1, hi=_MAX_BLOCK)
+    _check_bounds("min_block_size", min_block_size, "max_block_size", max_block_size)
+    if offload is not None:
+        _check_bool("offload", offload)
+    _check_bool("allow_pcp", allow_pcp)
+    _check_bool("max_model_len", max_model_len)
+    if offload and set(ks) <= _NOT_OFFLOADABLE_KINDS:
+        raise InvalidArgument(f"offload=True needs an offloadable kind, but kinds={list(ks)} has none")
+    return _configs(
+        kinds=ks,
+        min_groups=min_groups,
+        max_groups=max_groups,
+        min_dcp=min_dcp,
+        max_dcp=max_dcp,
+        min_block_size=min_block_size,
+        max_block_size=max_block_size,
+        offload=offload,
+        allow_pcp=allow_pcp,
+        max_model_len=max_model_len,
+    )
+
+
+def geometries(**kwargs: Any) -> st.SearchStrategy[Geometry]:
+    """Resolved :class:`kvgeom.Geometry` values: ``configs(**kwargs).map(kvgeom.resolve)``.
+
+    >>> g = geometries(kinds=["mla"], max_groups=1, min_dcp=8, max_dcp=8).example()
+    >>> g.groups[0].span == g.groups[0].block_size * g.kv_shards
+    True
+    """
+    return configs(**kwargs).map(resolve)
