@@ -28,7 +28,7 @@ from functools import reduce
 from typing import Any, Literal
 
 from kvgeom._math import INT64_MAX, cdiv
-from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, load_config
+from kvgeom.config import KVGeomConfig, load_config
 from kvgeom.errors import (
     GeometryError,
     KVGeomError,
@@ -174,6 +174,7 @@ class Geometry:
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
+        >>> from kvgeom import DEFAULT_CONFIG
         >>> r = resolve(DEFAULT_CONFIG).to_report()
         >>> [g["span"] for g in r["groups"]], r["scheduler_block_size"], r["hash_block_size"]
         ([32, 16], 32, 16)
@@ -398,6 +399,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
     spans; ``hash_block_size`` divides every prefix-cacheable span;
     ``hit_alignment_tokens`` is ``hash_block_size`` or ``scheduler_block_size``.
 
+    >>> from kvgeom import DEFAULT_CONFIG
     >>> g = resolve(DEFAULT_CONFIG)
     >>> [x.span for x in g.groups], g.scheduler_block_size, g.hash_block_size
     ([32, 16], 32, 16)
@@ -582,11 +584,11 @@ def _window_chunks(g: GroupGeometry, chunk: int) -> int | None:
     view = scheduler_view(g.spec)
     match g.family:
         case "sliding":
-            sw = getattr(view, "sliding_window")
-            extra = getattr(view, "extra_retained_tokens")
+            sw = view.sliding_window
+            extra = view.extra_retained_tokens
             return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
         case "chunked":
-            return cdiv(getattr(view, "attention_chunk_size"), chunk)
+            return cdiv(view.attention_chunk_size, chunk)
         case "mamba":
             return 1
         case "full" | "cross" | "circular":
@@ -770,7 +772,7 @@ def _add_warnings(
 ) -> None:
     """Legal but likely unintended geometry (peers.md §9 complaints)."""
     spans = [g.span for g in groups]
-    if len(groups) > 1 and L > max(spans):
+    if len(groups) > 1 and max(spans) < L:
         warnings.append(
             GeometryWarning(
                 "scheduler_block_lcm_blowup",
@@ -779,7 +781,7 @@ def _add_warnings(
             )
         )
     smallest = min(g.span for g in groups if g.prefix_cacheable) if any(g.prefix_cacheable for g in groups) else A
-    if cfg.cache.prefix_caching and A >= 8 * smallest:
+    if cfg.cache.prefix_caching and 8 * smallest <= A:
         warnings.append(
             GeometryWarning(
                 "hit_floor",
@@ -810,7 +812,7 @@ def _add_warnings(
                 )
             )
         R = offload.retention_interval
-        if R and mml is not None and R > mml and offload.mamba_align_size is not None:
+        if R and mml is not None and mml < R and offload.mamba_align_size is not None:
             warnings.append(
                 GeometryWarning(
                     "retention_unreachable",

@@ -36,10 +36,9 @@ its layers are, which is the rule vLLM once missed (#50883).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, assert_never
 
 from pydantic import Field, model_validator
-from typing_extensions import assert_never
 
 from kvgeom._pydantic import FrozenModel
 from kvgeom.errors import GeometryError

@@ -1,0 +1,22 @@
+"""`import kvgeom` stays light: numpy and pydantic only (house style)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_import_pulls_in_no_heavy_dependency():
+    code = (
+        "import sys, kvgeom; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'hypothesis', 'vllm', 'torch', 'pytest', 'sglang', 'lmcache', 'jax'}); "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_python_m_kvgeom_prints_default_report():
+    out = subprocess.run([sys.executable, "-m", "kvgeom"], capture_output=True, text=True, check=True)
+    assert "scheduler_block_size" in out.stdout
