@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -67,6 +68,7 @@ __all__ = [
     "geometries",
     "group_specs",
     "mamba_specs",
+    "minimal",
     "mla_specs",
     "parallel_configs",
     "sink_full_attention_specs",
@@ -129,14 +131,37 @@ def _as_strategy(name: str, value: Any, default: st.SearchStrategy[int]) -> st.S
     return st.just(_check_int(name, value, lo=1))
 
 
+# --------------------------------------------------------------------------- exploring
+
+
+def minimal(strategy: st.SearchStrategy[Any], condition: Any = None, *, max_examples: int = 2000) -> Any:
+    """The simplest value of ``strategy`` satisfying ``condition`` (default: any value).
+
+    :func:`hypothesis.find` without the example database and without the explain phase
+    (which would run later, non-minimal values through ``condition``), so the answer is the
+    shrunk value and does not depend on earlier runs. Handy to see what a strategy shrinks
+    to, and to find the smallest geometry on which a rule of your own breaks.
+
+    >>> minimal(configs())["groups"]
+    [{'block_size': 1, 'kind': 'full_attention'}]
+    """
+    _check_int("max_examples", max_examples, lo=1)
+    cond = (lambda _: True) if condition is None else condition
+    return find(
+        strategy,
+        cond,
+        settings=settings(database=None, max_examples=max_examples, phases=[Phase.generate, Phase.shrink]),
+    )
+
+
 # --------------------------------------------------------------------------- scalars
 
 
 def block_sizes(*, min_value: int = 1, max_value: int = 4096) -> st.SearchStrategy[int]:
     """Per-rank block sizes in tokens, ``min_value <= b <= max_value``; shrinks to ``min_value``.
 
-    >>> block_sizes(min_value=16, max_value=16).example()
-    16
+    >>> minimal(block_sizes(min_value=16, max_value=64), lambda b: b >= 20)
+    20
     """
     _check_int("min_value", min_value, lo=1, hi=_MAX_BLOCK)
     _check_int("max_value", max_value, lo=1, hi=_MAX_BLOCK)
@@ -149,7 +174,7 @@ def dcp_sizes(*, min_value: int = 1, max_value: int = _MAX_DCP) -> st.SearchStra
 
     Shrinks to ``min_value``.
 
-    >>> dcp_sizes(min_value=7, max_value=7).example()
+    >>> minimal(dcp_sizes(), lambda d: d > 6)
     7
     """
     _check_int("min_value", min_value, lo=1, hi=_MAX_DCP)
@@ -211,9 +236,8 @@ def parallel_configs(
     ``dcp in {1, pcp, tp*pcp}``), and a ``cp_interleave`` dividing every per-rank block in
     ``sharded_block_sizes`` (the DCP-sharded groups' blocks). Shrinks to all sizes 1.
 
-    >>> p = parallel_configs(sharded_block_sizes=(16, 48), min_dcp=3, max_dcp=3, allow_pcp=False).example()
-    >>> p["dcp"], p["tp"] % 3, 48 % p["cp_interleave"], 16 % p["cp_interleave"]
-    (3, 0, 0, 0)
+    >>> minimal(parallel_configs(sharded_block_sizes=(16, 48), min_dcp=3, max_dcp=3), lambda p: p["cp_interleave"] > 1)
+    {'dcp': 3, 'tp': 3, 'cp_interleave': 2}
     """
     blocks = tuple(_check_int("sharded_block_sizes[]", b, lo=1) for b in sharded_block_sizes)
     _check_int("min_dcp", min_dcp, lo=1, hi=_MAX_DCP)
@@ -235,8 +259,8 @@ def full_attention_specs(
 ) -> st.SearchStrategy[FullAttentionSpec]:
     """:class:`kvgeom.FullAttentionSpec` values (``block_size``: an int, a strategy, or default).
 
-    >>> full_attention_specs(block_size=16).example().block_size
-    16
+    >>> minimal(full_attention_specs()).block_size
+    1
     """
     return st.builds(FullAttentionSpec, block_size=_spec_args(block_size))
 
@@ -244,8 +268,8 @@ def full_attention_specs(
 def mla_specs(*, block_size: int | st.SearchStrategy[int] | None = None) -> st.SearchStrategy[MLASpec]:
     """:class:`kvgeom.MLASpec` values, main or indexer cache.
 
-    >>> mla_specs(block_size=64).example().kind
-    'mla'
+    >>> minimal(mla_specs(block_size=64), lambda s: s.cache_role == "indexer").block_size
+    64
     """
     return st.builds(MLASpec, block_size=_spec_args(block_size), cache_role=st.sampled_from([None, "indexer"]))
 
@@ -256,8 +280,8 @@ def sink_full_attention_specs(
     """:class:`kvgeom.SinkFullAttentionSpec` values whose ``sink_len`` is a whole number of
     per-rank blocks (:func:`configs` rescales it to whole spans).
 
-    >>> s = sink_full_attention_specs(block_size=16).example(); s.sink_len % 16
-    0
+    >>> minimal(sink_full_attention_specs(block_size=16), lambda s: s.sink_len > 0).sink_len
+    16
     """
 
     @st.composite
@@ -273,8 +297,8 @@ def sliding_window_specs(
 ) -> st.SearchStrategy[SlidingWindowSpec]:
     """:class:`kvgeom.SlidingWindowSpec` values, ``1 <= sliding_window <= max_window``.
 
-    >>> sliding_window_specs(block_size=16, max_window=8).example().sliding_window <= 8
-    True
+    >>> minimal(sliding_window_specs(block_size=16, max_window=8), lambda s: s.sliding_window > 4).sliding_window
+    5
     """
     _check_int("max_window", max_window, lo=1)
     return st.builds(
@@ -290,7 +314,7 @@ def sliding_window_mla_specs(
 ) -> st.SearchStrategy[SlidingWindowMLASpec]:
     """:class:`kvgeom.SlidingWindowMLASpec` values (``bounded_replay`` ones are not cacheable).
 
-    >>> sliding_window_mla_specs(block_size=16).example().kind
+    >>> minimal(sliding_window_mla_specs(block_size=16), lambda s: s.bounded_replay).kind
     'sliding_window_mla'
     """
     _check_int("max_window", max_window, lo=1)
@@ -308,8 +332,8 @@ def chunked_local_specs(
 ) -> st.SearchStrategy[ChunkedLocalSpec]:
     """:class:`kvgeom.ChunkedLocalSpec` values, ``1 <= attention_chunk_size <= max_chunk``.
 
-    >>> chunked_local_specs(block_size=16).example().kind
-    'chunked_local'
+    >>> minimal(chunked_local_specs(block_size=16), lambda s: s.attention_chunk_size > 100).attention_chunk_size
+    101
     """
     _check_int("max_chunk", max_chunk, lo=1)
     return st.builds(
@@ -322,7 +346,7 @@ def cross_attention_specs(
 ) -> st.SearchStrategy[CrossAttentionSpec]:
     """:class:`kvgeom.CrossAttentionSpec` values (:func:`configs` makes them non-cacheable when offloading).
 
-    >>> cross_attention_specs(block_size=16).example().kind
+    >>> minimal(cross_attention_specs(block_size=16)).kind
     'cross_attention'
     """
     return st.builds(CrossAttentionSpec, block_size=_spec_args(block_size))
@@ -333,7 +357,7 @@ def circular_buffer_specs(
 ) -> st.SearchStrategy[CircularBufferSpec]:
     """:class:`kvgeom.CircularBufferSpec` values (never prefix-cacheable).
 
-    >>> circular_buffer_specs(block_size=16).example().kind
+    >>> minimal(circular_buffer_specs(block_size=16)).kind
     'circular_buffer'
     """
     return st.builds(CircularBufferSpec, block_size=_spec_args(block_size))
@@ -360,8 +384,9 @@ def mamba_specs(
     """:class:`kvgeom.MambaSpec` values; ``modes`` are the ``mamba_cache_mode`` values to draw
     (``None`` means the config default). Shrinks to the default mode, no speculative blocks.
 
-    >>> mamba_specs(block_size=16, modes=["align"]).example().mamba_cache_mode
-    'align'
+    >>> s = minimal(mamba_specs(block_size=16), lambda s: s.num_speculative_blocks > 0)
+    >>> s.mamba_cache_mode, s.num_speculative_blocks
+    (None, 1)
     """
     modes = _check_modes("modes", modes)
     _check_int("max_speculative_blocks", max_speculative_blocks, lo=0)
@@ -395,8 +420,9 @@ def uniform_specs(
     """``uniform`` containers as engines build them: MLA + its indexer (DSA models), several
     full-attention layers, or several Mamba leaves (one mode). The container carries the block size.
 
-    >>> u = uniform_specs(block_size=64).example(); u.kind, all(x.block_size == 64 for x in u.layers)
-    ('uniform', True)
+    >>> u = minimal(uniform_specs(block_size=64), lambda u: u.layers[-1].kind == "mamba")
+    >>> [x.kind for x in u.layers], {x.block_size for x in u.layers}
+    (['mamba', 'mamba'], {64})
     """
     bs = _spec_args(block_size)
     modes = _check_modes("mamba_modes", mamba_modes)
@@ -441,8 +467,8 @@ def group_specs(
     """A spec of any of ``kinds`` (each valid on its own; :func:`configs` makes whole
     configs valid). Shrinks towards the first kind listed.
 
-    >>> group_specs(kinds=["mamba"], block_size=16).example().kind
-    'mamba'
+    >>> minimal(group_specs()).kind
+    'full_attention'
     """
     ks = _check_kinds(kinds)
     return st.one_of(*(_KIND_STRATEGIES[k](block_size=block_size) for k in ks))
@@ -597,9 +623,9 @@ def configs(
     min_block_size}], ...}`` with every parallel size 1.
 
     >>> import kvgeom
-    >>> cfg = configs(kinds=["full_attention", "mamba"], min_dcp=2, max_dcp=2).example()
-    >>> kvgeom.resolve(cfg).parallel.dcp
-    2
+    >>> cfg = minimal(configs(), lambda c: kvgeom.resolve(c).groups[-1].kind == "mamba" and c["parallel"]["dcp"] > 1)
+    >>> [(g.kind, g.span) for g in kvgeom.resolve(cfg).groups]
+    [('mamba', 1)]
     """
     ks = _check_kinds(kinds)
     _check_int("min_groups", min_groups, lo=1, hi=16)
@@ -634,8 +660,8 @@ def configs(
 def geometries(**kwargs: Any) -> st.SearchStrategy[Geometry]:
     """Resolved :class:`kvgeom.Geometry` values: ``configs(**kwargs).map(kvgeom.resolve)``.
 
-    >>> g = geometries(kinds=["mla"], max_groups=1, min_dcp=8, max_dcp=8).example()
-    >>> g.groups[0].span == g.groups[0].block_size * g.kv_shards
-    True
+    >>> g = minimal(geometries(kinds=["mla"], max_groups=1, min_dcp=8, max_dcp=8))
+    >>> g.groups[0].span, g.groups[0].block_size, g.kv_shards
+    (8, 1, 8)
     """
     return configs(**kwargs).map(resolve)
