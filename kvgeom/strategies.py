@@ -137,7 +137,7 @@ def _as_strategy(name: str, value: Any, default: st.SearchStrategy[int]) -> st.S
 def minimal(strategy: st.SearchStrategy[Any], condition: Any = None, *, max_examples: int = 2000) -> Any:
     """The simplest value of ``strategy`` satisfying ``condition`` (default: any value).
 
-    :func:`hypothesis.find` without the example database and without the explain phase
+    :func:`hypothesis.find`, derandomized, without the example database and without the explain phase
     (which would run later, non-minimal values through ``condition``), so the answer is the
     shrunk value and does not depend on earlier runs. Handy to see what a strategy shrinks
     to, and to find the smallest geometry on which a rule of your own breaks.
@@ -150,7 +150,9 @@ def minimal(strategy: st.SearchStrategy[Any], condition: Any = None, *, max_exam
     return find(
         strategy,
         cond,
-        settings=settings(database=None, max_examples=max_examples, phases=[Phase.generate, Phase.shrink]),
+        settings=settings(
+            database=None, max_examples=max_examples, derandomize=True, phases=[Phase.generate, Phase.shrink]
+        ),
     )
 
 
