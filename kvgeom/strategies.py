@@ -548,7 +548,9 @@ def _configs(
     cache: dict[str, Any] = {"prefix_caching": prefix_caching}
     cfg: dict[str, Any] = {"groups": dumped, "parallel": parallel, "cache": cache}
     if max_model_len:
-        cache["max_model_len"] = draw(st.integers(1, 1 << 17))
+        # In units of the block unit, so a failure that needs max_model_len > block shrinks both together.
+        # (The remainder's range does not depend on unit, so lowering unit never misaligns it.)
+        cache["max_model_len"] = unit * draw(st.integers(1, 4096)) + min(draw(st.integers(0, 4096)), unit - 1)
 
     # Second stage: read spans, L and H from kvgeom itself, then choose the fields that depend on them.
     geo = resolve(cfg)
