@@ -43,6 +43,20 @@ from kvgeom.specs import (
     is_prefix_cacheable,
 )
 
+# isort: split
+# issue 6: pages, block-size resolution, fingerprint, compat (appended for an easy merge)
+from kvgeom.compat import CompatReason, CompatReport, GroupCompat, compat, compat_main_text
+from kvgeom.fingerprint import fingerprint, layout_fields
+from kvgeom.pages import maybe_page_bytes, page_bytes
+from kvgeom.resolution import (
+    BlockSizeResolution,
+    LayeredConfig,
+    LayerSpec,
+    ModelLayers,
+    PagePadding,
+    resolve_block_sizes,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -79,4 +93,20 @@ __all__ = [
     "is_prefix_cacheable",
     "load_config",
     "resolve",
+    # issue 6: pages, block-size resolution, fingerprint, compat
+    "BlockSizeResolution",
+    "CompatReason",
+    "CompatReport",
+    "GroupCompat",
+    "LayerSpec",
+    "LayeredConfig",
+    "ModelLayers",
+    "PagePadding",
+    "compat",
+    "compat_main_text",
+    "fingerprint",
+    "layout_fields",
+    "maybe_page_bytes",
+    "page_bytes",
+    "resolve_block_sizes",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass
 
 from kvgeom.errors import ConfigError, Problem
 
@@ -52,7 +53,7 @@ def field_path(loc: tuple[Any, ...], prefix: str = "") -> str:
     return out
 
 
-def _fix(err_type: str, err: dict[str, Any]) -> str:
+def _fix(err_type: str, err: Any) -> str:
     value = err.get("input")
     if err_type == "missing":
         return "add it"
@@ -106,10 +107,7 @@ def config_error_from_validation(exc: ValidationError, prefix: str = "") -> Conf
     return ConfigError(problems)
 
 
-_ModelMeta: Any = type(BaseModel)
-
-
-class _RaisesConfigError(_ModelMeta):  # type: ignore[misc]
+class _RaisesConfigError(ModelMetaclass):
     """``Model(**data)`` raises ConfigError instead of pydantic's ValidationError.
 
     A metaclass rather than an ``__init__`` override: pydantic calls a custom
@@ -120,7 +118,7 @@ class _RaisesConfigError(_ModelMeta):  # type: ignore[misc]
         try:
             return super().__call__(*args, **kwargs)
         except ValidationError as e:
-            raise config_error_from_validation(e, prefix=cls.FIELD_PREFIX) from None
+            raise config_error_from_validation(e, prefix=getattr(cls, "FIELD_PREFIX", "")) from None
 
 
 class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
@@ -131,7 +129,7 @@ class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
     FIELD_PREFIX: ClassVar[str] = ""
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as e:

@@ -45,11 +45,13 @@ from kvgeom.specs import (
     MambaSpec,
     SinkFullAttentionSpec,
     UniformSpec,
+    attention_chunk_size_of,
     family,
     is_dcp_sharded,
     is_prefix_cacheable,
     iter_leaves,
     scheduler_view,
+    sliding_window_of,
 )
 
 __all__ = [
@@ -171,6 +173,49 @@ class Geometry:
             )
         return self.groups[index]
 
+    def key_map(self, prefix_tokens: int) -> dict[str, Any]:
+        """The complete offload chunks within the first ``prefix_tokens`` tokens, per offloaded group.
+
+        Contract: ``{"prefix_tokens", "groups": [{"index", "kind", "keys": [{"chunk", "hash_index",
+        "end_token", "block_entries"}]}]}``; align-mode Mamba keys carry ``"state_block"`` instead of
+        ``"block_entries"``; a DCP-sharded group also has ``"rank_lengths"`` for the prefix.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> km = resolve(DEFAULT_CONFIG).key_map(64)
+        >>> [k["block_entries"] for k in km["groups"][0]["keys"]], [k["state_block"] for k in km["groups"][1]["keys"]]
+        ([[0], [1]], [0, 1, 2, 3])
+        """
+        from kvgeom.keys import key_map
+
+        return key_map(self, prefix_tokens)
+
+    def plan_hit(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
+        """Hit length and load plan for a scenario (see :func:`kvgeom.hits.plan_hit`), as the contract dict
+        ``{"hit_tokens", "end_token", "groups": [{"index", "load_keys", "block_entries", "state_block"}]}``.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> scenario = {"num_tokens": 64, "stored": {"0": [32, 64], "1": [16, 32, 48]}}
+        >>> resolve(DEFAULT_CONFIG).plan_hit(scenario)["hit_tokens"]
+        48
+        """
+        from kvgeom.hits import plan_hit
+
+        return plan_hit(self, scenario).to_dict()
+
+    def fingerprint(self) -> str:
+        """A short, versioned, stable digest of everything behind an offload key's bytes.
+
+        See :mod:`kvgeom.fingerprint` (``"kvg1-"`` + 16 hex digits); two layouts
+        share keys safely only when their fingerprints are equal.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg1-")
+        True
+        """
+        from kvgeom.fingerprint import fingerprint
+
+        return fingerprint(self)
+
     def to_report(self) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
 
@@ -218,6 +263,7 @@ class Geometry:
                 ],
             },
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
+            "fingerprint": self.fingerprint(),
         }
 
 
@@ -588,19 +634,19 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
 
 
 def _window_chunks(g: GroupGeometry, chunk: int) -> int | None:
-    """Chunks a lookup needs ending at the hit (``get_sliding_window_size_in_chunks``, first layer decides)."""
-    view = scheduler_view(g.spec)
-    match g.family:
-        case "sliding":
-            sw = view.sliding_window
-            extra = view.extra_retained_tokens
-            return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
-        case "chunked":
-            return cdiv(view.attention_chunk_size, chunk)
-        case "mamba":
-            return 1
-        case "full" | "cross" | "circular":
-            return None
+    """Chunks a lookup needs ending at the hit (``get_sliding_window_size_in_chunks``; first layer decides).
+
+    Sliding window ``max(cdiv(sw, C), cdiv(sw - 1 + extra, C))``, chunked local
+    ``cdiv(attention_chunk_size, C)``, Mamba 1, full attention None (unbounded).
+    """
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        sw, extra = window
+        return max(cdiv(sw, chunk), cdiv(sw - 1 + extra, chunk))
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return cdiv(size, chunk)
+    return 1 if g.family == "mamba" else None
 
 
 def _resolve_offload(

@@ -64,6 +64,8 @@ __all__ = [
     "is_prefix_cacheable",
     "iter_leaves",
     "scheduler_view",
+    "sliding_window_of",
+    "attention_chunk_size_of",
 ]
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -425,3 +427,25 @@ def is_prefix_cacheable(spec: AnySpec) -> bool:
             return True
         case _:
             assert_never(spec)
+
+
+def sliding_window_of(spec: AnySpec) -> tuple[int, int] | None:
+    """``(sliding_window, extra_retained_tokens)`` of the group's scheduler view, or None.
+
+    A query at position p of a sliding-window group still needs the
+    ``sliding_window - 1 + extra_retained_tokens`` positions before it.
+    """
+    match scheduler_view(spec):
+        case SlidingWindowSpec() | SlidingWindowMLASpec() as view:
+            return view.sliding_window, view.extra_retained_tokens
+        case _:
+            return None
+
+
+def attention_chunk_size_of(spec: AnySpec) -> int | None:
+    """``attention_chunk_size`` of a chunked-local group's scheduler view, or None."""
+    match scheduler_view(spec):
+        case ChunkedLocalSpec() as view:
+            return view.attention_chunk_size
+        case _:
+            return None

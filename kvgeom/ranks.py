@@ -1,0 +1,113 @@
+"""How DCP deals a sharded group's token positions to ranks (reference §2.9).
+
+For a DCP-sharded group with per-rank block ``B``, ``D`` ranks and interleave
+``I``, a block id stands for ``S = B*D`` positions. Position *p* sits in
+block-table column ``p // S`` at offset ``o = p % S``; its owner is rank
+``(o // I) % D`` and its offset inside that rank's page is
+``(o // (I*D)) * I + o % I``. ``I = 1`` deals tokens round robin, ``I = B``
+deals whole per-rank blocks. Replicated groups (Mamba, replicated drafts,
+sliding windows under DCP) are not dealt: every rank holds every position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kvgeom._check import nonneg
+from kvgeom.errors import QueryError
+from kvgeom.geometry import Geometry, GroupGeometry
+
+__all__ = ["Placement", "dcp_placement", "dcp_slot", "rank_lengths"]
+
+
+class Placement(NamedTuple):
+    """Where one position of a group lives: block-table ``column``, owning ``rank``
+    (``None`` when every rank holds it) and ``offset`` inside that rank's page."""
+
+    column: int
+    rank: int | None
+    offset: int
+
+
+def _dealt(g: GroupGeometry, shards: int) -> bool:
+    return g.dcp_sharded and shards > 1
+
+
+def dcp_placement(geom: Geometry, group: int, position: int) -> Placement:
+    """Column, owning rank and in-page offset of ``position`` in ``group``.
+
+    Postconditions: ``0 <= offset < block_size``; for a dealt group
+    ``column * span <= position < (column+1) * span`` and exactly one rank owns
+    the position.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> dcp_placement(g, 0, 37)
+    Placement(column=1, rank=1, offset=2)
+    >>> dcp_placement(g, 1, 37)
+    Placement(column=2, rank=None, offset=5)
+    """
+    g = geom.group(group)
+    p = nonneg("position", position)
+    shards = geom.kv_shards
+    if not _dealt(g, shards):
+        return Placement(p // g.block_size, None, p % g.block_size)
+    interleave = geom.config.parallel.cp_interleave
+    o = p % g.span
+    rank = (o // interleave) % shards
+    return Placement(p // g.span, rank, (o // (interleave * shards)) * interleave + o % interleave)
+
+
+def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]) -> tuple[int | None, int]:
+    """``(rank, slot)`` of ``position`` given the request's block-table row: slot = ``row[column]*B + offset``.
+
+    Other ranks write a pad slot for a dealt position. Align-mode and other
+    Mamba groups have no slot mapping (their table holds state indices).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> dcp_slot(g, 0, 37, [7, 9, 11]), dcp_slot(g, 0, 53, [7, 9, 11])
+    ((1, 146), (1, 154))
+    """
+    g = geom.group(group)
+    if g.family == "mamba":
+        raise QueryError.single(
+            "no_slot_mapping",
+            f"group {group} (mamba) has no slot mapping: its block table is a list of state indices; use "
+            "kvgeom.boundaries for Mamba state blocks",
+            "group",
+            group=group,
+        )
+    col, rank, offset = dcp_placement(geom, group, position)
+    if col >= len(block_row):
+        raise QueryError.single(
+            "row_too_short",
+            f"position {position} needs block-table column {col}, but the row has {len(block_row)} entries",
+            "block_row",
+            column=col,
+            row_length=len(block_row),
+        )
+    return rank, nonneg("block_row entry", block_row[col]) * g.block_size + offset
+
+
+def rank_lengths(geom: Geometry, group: int, num_tokens: int) -> tuple[int, ...]:
+    """Tokens each rank holds for a sequence of ``num_tokens`` (one entry per KV shard).
+
+    Dealt group: ``rounds*I + min(max(rem - r*I, 0), I)`` with
+    ``rounds, rem = divmod(n, D*I)``; the lengths sum to ``n``. Replicated
+    group: every rank holds all ``n``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> rank_lengths(g, 0, 37), rank_lengths(g, 1, 37)
+    ((19, 18), (37, 37))
+    """
+    g = geom.group(group)
+    n = nonneg("num_tokens", num_tokens)
+    shards = geom.kv_shards
+    if not _dealt(g, shards):
+        return (n,) * shards
+    interleave = geom.config.parallel.cp_interleave
+    rounds, rem = divmod(n, shards * interleave)
+    return tuple(rounds * interleave + min(max(rem - r * interleave, 0), interleave) for r in range(shards))

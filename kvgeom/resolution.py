@@ -1,0 +1,689 @@
+"""From layer shapes to block sizes: what vLLM 0.33 would run a hybrid model with.
+
+Users rarely know their resolved block sizes: for a hybrid (attention + Mamba)
+model vLLM raises the attention block so one attention page holds at least one
+Mamba state, makes the Mamba block equal to the per-rank attention block in
+align mode, pads the Mamba page, and unifies the page bytes of all layers
+(reference §2.1-§2.3). A connector that used the CLI ``--block-size`` broke
+(LMCache #4809: CLI 256, resolved 2304).
+
+:func:`resolve_block_sizes` takes a *layered config* -- per-layer shapes in a
+top-level ``model`` section instead of ``groups`` -- and returns a
+:class:`BlockSizeResolution` whose ``config`` is an ordinary kvgeom config dict
+(so :func:`kvgeom.resolve` and everything else applies) plus the facts of the
+resolution (raised block, padding percentages, grouping)::
+
+    {"model": {"block_size": 256, "layers": [...]},
+     "parallel": {...}, "cache": {...}, "offload": {...}}
+
+The steps, in vLLM's order (``docs/resolution.md`` has the arithmetic):
+
+1. Mamba mode: prefix caching on => ``align`` (``none`` is promoted); off =>
+   ``none`` with the Mamba block set to ``max_model_len`` (§2.1).
+2. Attention block raised (§2.1): ``K = max(kernel_block_size, block_size)``,
+   ``K = max(K, 128)`` for MLA hybrids, ``K = lcm(K, prefill checkpoint
+   alignments)`` in align mode when every Mamba layer declares one; then
+   ``K * cdiv(m, page(K))`` rounded up to the lcm of the attention kernel
+   blocks, where ``m`` is the largest Mamba state and ``page(K)`` the page of
+   the main attention layer at ``K`` tokens. Done **once for all pipeline
+   stages** (the fix of #51764 for #51752, where a stage without attention kept
+   the CLI block).
+3. Align mode: Mamba block = per-rank attention block; the Mamba page is padded
+   to the attention page (§2.1 step 5).
+4. Page unification (§2.2): every layer ends with the largest page: attention
+   layers whose page divides it scale their block, Mamba and non-MLA attention
+   layers are padded, MLA that does not divide is an error (vLLM raises
+   ``NotImplementedError``); sliding-window layers take the largest multiple of
+   their kernel block that fits the page.
+5. Grouping: one group when every layer has the same manager family and block
+   (a ``uniform`` container when their specs differ); otherwise one bucket per
+   distinct spec, split into groups of equal layer count.
+6. Engine-core minimum (§2.3): ``cache_config.block_size`` becomes the smallest
+   prefix-cacheable group block; reported as ``engine_block_size``.
+
+The per-rank heads (``total_num_kv_heads // tp``) and Mamba shapes make the
+result depend on TP (#41037): prefill and decode deployments with different TP
+can end up with different block sizes (see :func:`kvgeom.compat`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+from typing import Annotated, Any, Literal, assert_never
+
+from pydantic import Field, model_validator
+
+from kvgeom._math import cdiv, rup
+from kvgeom._pydantic import FrozenModel
+from kvgeom.config import CacheConfig, OffloadConfig
+from kvgeom.errors import ConfigError, GeometryError, Problem
+from kvgeom.geometry import Geometry, resolve
+from kvgeom.pages import attention_page_bytes, mamba_state_bytes
+from kvgeom.parallel import ParallelConfig
+from kvgeom.specs import DType
+
+__all__ = [
+    "MLA_MIN_HYBRID_BLOCK",
+    "BlockSizeResolution",
+    "LayerKind",
+    "LayerSpec",
+    "LayeredConfig",
+    "ModelLayers",
+    "PagePadding",
+    "resolve_block_sizes",
+]
+
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+#: vLLM raises the attention block of an MLA hybrid to at least this many tokens (§2.1 step 1).
+MLA_MIN_HYBRID_BLOCK = 128
+
+LayerKind = Literal["full_attention", "mla", "sliding_window", "sliding_window_mla", "chunked_local", "mamba"]
+
+_ATTENTION_ONLY = (
+    "num_kv_heads",
+    "total_num_kv_heads",
+    "head_size",
+    "head_size_v",
+    "dtype",
+    "tokens_per_state",
+    "kernel_block_size",
+)
+_KIND_FIELDS: dict[str, tuple[str, ...]] = {
+    "full_attention": _ATTENTION_ONLY,
+    "mla": (*_ATTENTION_ONLY, "alignment", "cache_role"),
+    "sliding_window": (*_ATTENTION_ONLY, "sliding_window", "extra_retained_tokens"),
+    "sliding_window_mla": (*_ATTENTION_ONLY, "alignment", "sliding_window", "extra_retained_tokens"),
+    "chunked_local": (*_ATTENTION_ONLY, "attention_chunk_size"),
+    "mamba": ("shapes", "total_shapes", "tp_axes", "dtypes", "prefill_checkpoint_alignment", "num_speculative_blocks"),
+}
+_COMMON = ("kind", "name", "count", "pp_stage", "dcp_sharded")
+
+
+class LayerSpec(FrozenModel):
+    """One layer (or ``count`` identical layers) of a model, as shapes.
+
+    Attention kinds give ``head_size``, ``dtype`` and either ``num_kv_heads``
+    (per TP rank) or ``total_num_kv_heads`` (divided by TP: ``max(1, total //
+    tp)``, heads replicated when TP exceeds them); latent kinds (``mla``,
+    ``sliding_window_mla``) hold one latent "head" and need neither. ``mamba``
+    layers give ``dtypes`` and either ``shapes`` (per rank) or ``total_shapes``
+    with ``tp_axes`` (the axis of each shape that TP divides, ``None`` for a
+    replicated tensor). Fields of another kind are rejected.
+
+    >>> LayerSpec(kind="mla", head_size=576, dtype="bfloat16", count=61).count
+    61
+    """
+
+    FIELD_PREFIX = "layer"
+
+    kind: LayerKind
+    name: str | None = Field(default=None, description="A label used in reports.")
+    count: Annotated[int, Field(strict=True, gt=0, le=65536)] = Field(
+        default=1, description="How many identical layers this entry stands for (at most 65536)."
+    )
+    pp_stage: NonNegativeInt = Field(default=0, description="Pipeline stage owning the layers.")
+    dcp_sharded: bool | None = Field(default=None, description="Passed through to the group spec.")
+    num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads per TP rank.")
+    total_num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads of the model (TP=1).")
+    head_size: PositiveInt | None = None
+    head_size_v: PositiveInt | None = None
+    dtype: DType | None = None
+    tokens_per_state: PositiveInt | None = None
+    kernel_block_size: PositiveInt | None = Field(
+        default=None, description="Smallest kernel block of this layer's backend (default: the model's)."
+    )
+    alignment: PositiveInt | None = None
+    cache_role: Literal["main", "indexer"] | None = None
+    sliding_window: PositiveInt | None = None
+    extra_retained_tokens: NonNegativeInt | None = None
+    attention_chunk_size: PositiveInt | None = None
+    shapes: tuple[tuple[PositiveInt, ...], ...] | None = Field(default=None, description="Per-rank state shapes.")
+    total_shapes: tuple[tuple[PositiveInt, ...], ...] | None = Field(
+        default=None, description="State shapes at TP=1; TP divides axis tp_axes[i] of shape i."
+    )
+    tp_axes: tuple[NonNegativeInt | None, ...] | None = None
+    dtypes: tuple[DType, ...] | None = None
+    prefill_checkpoint_alignment: PositiveInt | None = None
+    num_speculative_blocks: NonNegativeInt | None = None
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> LayerSpec:
+        allowed = set(_KIND_FIELDS[self.kind]) | set(_COMMON)
+        stray = [name for name in type(self).model_fields if name not in allowed and getattr(self, name) is not None]
+        if stray:
+            raise ValueError(f"{stray} do not apply to a {self.kind} layer; remove them")
+        missing: list[str] = []
+        if self.kind == "mamba":
+            if (self.shapes is None) == (self.total_shapes is None):
+                raise ValueError("a mamba layer gives exactly one of shapes (per rank) or total_shapes (with tp_axes)")
+            if self.total_shapes is not None and (self.tp_axes is None or len(self.tp_axes) != len(self.total_shapes)):
+                raise ValueError("total_shapes needs tp_axes with one entry per shape (null for a replicated tensor)")
+            if self.shapes is not None and self.tp_axes is not None:
+                raise ValueError("tp_axes goes with total_shapes; per-rank shapes are not divided again")
+            n = len(self.shapes if self.shapes is not None else self.total_shapes or ())
+            if self.dtypes is None or len(self.dtypes) != n:
+                raise ValueError(f"a mamba layer needs dtypes with one entry per state tensor ({n})")
+            for i, axis in enumerate(self.tp_axes or ()):
+                shape = (self.total_shapes or ())[i]
+                if axis is not None and axis >= len(shape):
+                    raise ValueError(f"tp_axes[{i}]={axis} is past the last axis of total_shapes[{i}]={shape}")
+            return self
+        latent = self.kind in {"mla", "sliding_window_mla"}
+        if self.dtype is None:
+            missing.append("dtype")
+        if self.head_size is None and self.dtype != "fp8_ds_mla":
+            missing.append("head_size")
+        if not latent and (self.num_kv_heads is None) == (self.total_num_kv_heads is None):
+            raise ValueError("give exactly one of num_kv_heads (per TP rank) or total_num_kv_heads")
+        if self.kind in {"sliding_window", "sliding_window_mla"} and self.sliding_window is None:
+            missing.append("sliding_window")
+        if self.kind == "chunked_local" and self.attention_chunk_size is None:
+            missing.append("attention_chunk_size")
+        if missing:
+            raise ValueError(f"a {self.kind} layer needs {missing}")
+        return self
+
+
+class ModelLayers(FrozenModel):
+    """The ``model`` section of a layered config: the layers and the block-size inputs.
+
+    >>> ModelLayers(layers=[{"kind": "full_attention", "num_kv_heads": 8, "head_size": 128,
+    ...                      "dtype": "bfloat16"}]).block_size
+    16
+    """
+
+    FIELD_PREFIX = "model"
+
+    layers: tuple[LayerSpec, ...] = Field(min_length=1)
+    block_size: PositiveInt = Field(default=16, description="--block-size: the user/preferred block size.")
+    kernel_block_size: PositiveInt = Field(
+        default=16, description="Smallest kernel block of the main attention backend (kmin of §2.1)."
+    )
+    mamba_cache_mode: Literal["align", "none"] | None = Field(
+        default=None, description="Requested Mamba mode; vLLM promotes none to align with prefix caching on."
+    )
+
+
+class LayeredConfig(FrozenModel):
+    """A kvgeom config written as layer shapes: ``model`` replaces ``groups``."""
+
+    schema_version: Literal[1] = 1
+    model: ModelLayers
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    offload: OffloadConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PagePadding:
+    """A layer whose page the engine padded (vLLM logs "Padding mamba page size by X%").
+
+    ``percent = 100 * (page_bytes - real_bytes) / real_bytes``.
+    """
+
+    layer: str
+    """The layer entry (its ``name`` or ``layers[i]``)."""
+    kind: str
+    real_bytes: int
+    page_bytes: int
+    count: int
+    """How many layers of the entry are padded so."""
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * (self.page_bytes - self.real_bytes) / self.real_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "kind": self.kind,
+            "real_bytes": self.real_bytes,
+            "page_bytes": self.page_bytes,
+            "padding_percent": round(self.percent, 4),
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSizeResolution:
+    """What vLLM 0.33 would run a layered config with.
+
+    ``config`` is a plain kvgeom config dict (``groups``, ``parallel``,
+    ``cache``, ``offload``) that :func:`kvgeom.resolve` accepts.
+    """
+
+    config: dict[str, Any]
+    cli_block_size: int
+    attention_block_size: int | None
+    """Per-rank block of the main attention layer after §2.1 (None without attention)."""
+    mamba_block_size: int | None
+    mamba_cache_mode: Literal["align", "none"] | None
+    engine_block_size: int
+    """``cache_config.block_size`` after the engine core's fix-up (§2.3)."""
+    page_bytes: int | None
+    """The one page size every layer has after unification (None when the layers mix page sizes)."""
+    padding: tuple[PagePadding, ...]
+    group_layers: tuple[tuple[str, ...], ...]
+    """Layer labels of each group, in group order."""
+    group_stages: tuple[tuple[int, ...], ...]
+    """Pipeline stages holding layers of each group."""
+    notes: tuple[str, ...]
+
+    def resolve(self) -> Geometry:
+        """``kvgeom.resolve(self.config)``: the full geometry of the resolved config."""
+        return resolve(self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable report (the key set is a stable contract).
+
+        >>> r = resolve_block_sizes({"model": {"layers": [{"kind": "mla", "head_size": 576, "dtype": "fp8"}]}})
+        >>> sorted(r.to_dict())[:4], r.to_dict()["config"]["groups"][0]["block_size"]
+        (['attention_block_size', 'cli_block_size', 'config', 'engine_block_size'], 16)
+        """
+        return {
+            "config": self.config,
+            "cli_block_size": self.cli_block_size,
+            "attention_block_size": self.attention_block_size,
+            "mamba_block_size": self.mamba_block_size,
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "engine_block_size": self.engine_block_size,
+            "page_bytes": self.page_bytes,
+            "padding": [p.to_dict() for p in self.padding],
+            "groups": [
+                {"layers": list(layers), "pp_stages": list(stages)}
+                for layers, stages in zip(self.group_layers, self.group_stages, strict=True)
+            ],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class _Layer:
+    """One expanded layer during resolution (mutable scratch)."""
+
+    index: int
+    label: str
+    src: LayerSpec
+    heads: int | None = None
+    shapes: tuple[tuple[int, ...], ...] | None = None
+    block: int = 0
+    padded: int | None = None
+
+    @property
+    def latent(self) -> bool:
+        return self.src.kind in {"mla", "sliding_window_mla"}
+
+    @property
+    def is_mamba(self) -> bool:
+        return self.src.kind == "mamba"
+
+    def raw_page(self, block: int | None = None) -> int:
+        """Page bytes before padding (and before MLA alignment) at ``block`` tokens."""
+        s = self.src
+        if s.kind == "mamba":
+            assert self.shapes is not None and s.dtypes is not None  # validated
+            return mamba_state_bytes(self.shapes, s.dtypes)
+        assert s.dtype is not None and self.heads is not None  # validated
+        return attention_page_bytes(
+            block_size=self.block if block is None else block,
+            num_kv_heads=self.heads,
+            head_size=s.head_size or 0,
+            head_size_v=0 if self.latent else (s.head_size_v or s.head_size or 0),
+            dtype=s.dtype,
+            tokens_per_state=s.tokens_per_state,
+        )
+
+    def page(self, block: int | None = None) -> int:
+        """Page bytes as allocated: padded value, else the (aligned) raw page."""
+        if self.padded is not None and block is None:
+            return self.padded
+        raw = self.raw_page(block)
+        return rup(raw, self.src.alignment) if self.src.alignment and not self.is_mamba else raw
+
+
+def _load(source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str]) -> LayeredConfig:
+    if isinstance(source, LayeredConfig):
+        return source
+    data: Any = source
+    if isinstance(source, str | os.PathLike):
+        from kvgeom.config import _read_file
+
+        data = _read_file(Path(source))
+    if not isinstance(data, Mapping):
+        raise ConfigError.single(
+            "not_a_table", f"a layered config is a table/object with a 'model' key, got {type(data).__name__}"
+        )
+    if "groups" in data:
+        raise ConfigError.single(
+            "groups_and_model",
+            "a layered config describes the model by its layers ('model'), not by 'groups'; "
+            "pass a config with 'groups' to kvgeom.resolve instead",
+            "groups",
+        )
+    return LayeredConfig.model_validate(dict(data))
+
+
+def _expand(cfg: LayeredConfig, problems: list[Problem]) -> list[_Layer]:
+    tp = cfg.parallel.tp
+    out: list[_Layer] = []
+    for i, src in enumerate(cfg.model.layers):
+        where = f"model.layers[{i}]"
+        if src.pp_stage >= cfg.parallel.pp:
+            problems.append(
+                Problem(
+                    "pp_stage_out_of_range",
+                    f"pp_stage={src.pp_stage} but parallel.pp={cfg.parallel.pp}; stages are 0..{cfg.parallel.pp - 1}",
+                    f"{where}.pp_stage",
+                    {"pp_stage": src.pp_stage, "pp": cfg.parallel.pp},
+                )
+            )
+        heads = src.num_kv_heads
+        if src.total_num_kv_heads is not None:
+            total = src.total_num_kv_heads
+            if total >= tp and total % tp:
+                problems.append(
+                    Problem(
+                        "heads_not_divisible_by_tp",
+                        f"total_num_kv_heads={total} is not divisible by tp={tp}; TP splits KV heads evenly "
+                        "(or replicates them when tp exceeds the heads): choose tp dividing the heads",
+                        f"{where}.total_num_kv_heads",
+                        {"total_num_kv_heads": total, "tp": tp},
+                    )
+                )
+            heads = max(1, total // tp)
+        elif src.kind in {"mla", "sliding_window_mla"}:
+            heads = 1
+        shapes = src.shapes
+        if src.total_shapes is not None:
+            new = []
+            for j, (shape, axis) in enumerate(zip(src.total_shapes, src.tp_axes or (), strict=True)):
+                if axis is None:
+                    new.append(shape)
+                    continue
+                if shape[axis] % tp:
+                    problems.append(
+                        Problem(
+                            "state_not_divisible_by_tp",
+                            f"total_shapes[{j}]={shape} axis {axis} ({shape[axis]}) is not divisible by tp={tp}; "
+                            "choose tp dividing it or mark the tensor replicated (tp_axes null)",
+                            f"{where}.total_shapes[{j}]",
+                            {"dim": shape[axis], "tp": tp},
+                        )
+                    )
+                new.append(tuple(d // tp if a == axis else d for a, d in enumerate(shape)))
+            shapes = tuple(new)
+        for j in range(src.count):
+            base = src.name or f"layers[{i}]"
+            label = base if src.count == 1 else f"{base}#{j}"
+            out.append(_Layer(index=i, label=label, src=src, heads=heads, shapes=shapes))
+    return out
+
+
+def _kernel(layer: _Layer, model: ModelLayers) -> int:
+    return layer.src.kernel_block_size or model.kernel_block_size
+
+
+def _main_attention(layers: list[_Layer]) -> _Layer | None:
+    """The layer whose bytes per token set ``a`` in §2.1: the first full-attention/MLA layer, else any attention."""
+    for layer in layers:
+        if layer.src.kind in {"full_attention", "mla"}:
+            return layer
+    for layer in layers:
+        if not layer.is_mamba:
+            return layer
+    return None
+
+
+def _leaf(layer: _Layer, mode: str | None) -> dict[str, Any]:
+    """The kvgeom spec dict of one resolved layer."""
+    s = layer.src
+    d: dict[str, Any] = {"kind": s.kind, "block_size": layer.block}
+    if s.dcp_sharded is not None:
+        d["dcp_sharded"] = s.dcp_sharded
+    match s.kind:
+        case "mamba":
+            d["mamba_cache_mode"] = mode
+            d["shapes"] = [list(x) for x in layer.shapes or ()]
+            d["dtypes"] = list(s.dtypes or ())
+            if s.num_speculative_blocks:
+                d["num_speculative_blocks"] = s.num_speculative_blocks
+        case "full_attention" | "mla" | "sliding_window" | "sliding_window_mla" | "chunked_local":
+            if not layer.latent:
+                d["num_kv_heads"] = layer.heads
+            for name in ("head_size", "dtype", "tokens_per_state"):
+                if getattr(s, name) is not None:
+                    d[name] = getattr(s, name)
+            if s.head_size_v is not None and not layer.latent:
+                d["head_size_v"] = s.head_size_v
+            for name in ("alignment", "cache_role", "sliding_window", "extra_retained_tokens", "attention_chunk_size"):
+                if getattr(s, name) is not None:
+                    d[name] = getattr(s, name)
+        case _:
+            assert_never(s.kind)
+    if layer.padded is not None:
+        d["page_size_padded"] = layer.padded
+    return d
+
+
+def _family(kind: str) -> str:
+    return {"full_attention": "full", "mla": "full", "mamba": "mamba"}.get(
+        kind, "sliding" if kind.startswith("sliding") else "chunked"
+    )
+
+
+def resolve_block_sizes(
+    source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str],
+) -> BlockSizeResolution:
+    """Resolve a layered config to the block sizes vLLM 0.33 would run with (reference §2.1-§2.3).
+
+    Contract: the returned ``config`` is a kvgeom config dict that
+    :func:`kvgeom.resolve` accepts whenever the resolved layout is legal (the
+    usual geometry rules still apply to it, e.g. the interleave). Postconditions:
+    every layer's page bytes equal ``page_bytes``; in align mode the Mamba block
+    equals the main attention layer's per-rank block; the attention page at the
+    resolved block is at least the largest Mamba state; all pipeline stages get
+    the same block sizes. Bad input raises :class:`kvgeom.ConfigError`; an MLA
+    layer whose page does not divide the shared page raises
+    :class:`kvgeom.GeometryError` ``mla_page_not_divisible``.
+
+    >>> r = resolve_block_sizes({
+    ...     "model": {"block_size": 16, "layers": [
+    ...         {"kind": "full_attention", "num_kv_heads": 2, "head_size": 128, "dtype": "bfloat16", "count": 8},
+    ...         {"kind": "mamba", "shapes": [[16, 64, 64], [3, 256]], "dtypes": ["float32", "bfloat16"],
+    ...          "count": 24}]}})
+    >>> r.attention_block_size, r.mamba_block_size, round(r.padding[0].percent, 2), r.padding[0].count
+    (272, 272, 5.63, 24)
+    >>> [g["kind"] for g in r.config["groups"]]
+    ['full_attention', 'mamba', 'mamba', 'mamba']
+    """
+    cfg = _load(source)
+    model = cfg.model
+    problems: list[Problem] = []
+    layers = _expand(cfg, problems)
+    if problems:
+        raise ConfigError(problems)
+    notes: list[str] = []
+    padding: list[PagePadding] = []
+    mamba = [x for x in layers if x.is_mamba]
+    attention = [x for x in layers if not x.is_mamba]
+    prefix_caching = cfg.cache.prefix_caching
+
+    # Step 1: the Mamba mode (MambaModelConfig, §2.1).
+    mode: Literal["align", "none"] | None = None
+    if mamba:
+        mode = "align" if prefix_caching else "none"
+        if model.mamba_cache_mode is not None and model.mamba_cache_mode != mode:
+            notes.append(
+                f"mamba_cache_mode={model.mamba_cache_mode!r} becomes {mode!r}: vLLM 0.33 uses 'align' with "
+                "prefix caching on and 'none' with it off"
+            )
+        if mode == "none" and cfg.cache.max_model_len is None:
+            raise ConfigError.single(
+                "max_model_len_required",
+                "with prefix caching off vLLM sets the Mamba block to max_model_len, which is not given: "
+                "set cache.max_model_len",
+                "cache.max_model_len",
+            )
+
+    # Step 2: the attention block, raised once for every pipeline stage (#51764).
+    main = _main_attention(layers)
+    kb = reduce(math.lcm, (_kernel(x, model) for x in attention), 1)
+    attention_block: int | None = None
+    cli = model.block_size
+    if main is not None:
+        if mamba:
+            m = max(x.raw_page() for x in mamba)
+            k = max(model.kernel_block_size, cli)
+            if main.latent:
+                k = max(k, MLA_MIN_HYBRID_BLOCK)
+            aligns = [x.src.prefill_checkpoint_alignment for x in mamba]
+            if mode == "align" and all(a is not None for a in aligns):
+                k = reduce(math.lcm, (a for a in aligns if a is not None), k)
+            per_k = main.raw_page(k)
+            if per_k == 0:
+                raise ConfigError.single(
+                    "block_smaller_than_state",
+                    f"{main.label} compresses tokens_per_state={main.src.tokens_per_state} tokens per state, more "
+                    f"than the {k}-token block vLLM starts from, so a block holds no state: raise model.block_size "
+                    f"to a multiple of {main.src.tokens_per_state}",
+                    f"model.layers[{main.index}].tokens_per_state",
+                    tokens_per_state=main.src.tokens_per_state,
+                    block_size=k,
+                )
+            needed = rup(k * cdiv(m, per_k), kb)
+            attention_block = max(cli, needed)
+            if attention_block > cli:
+                notes.append(
+                    f"attention block raised from {cli} to {attention_block} tokens so the attention page "
+                    f"({main.raw_page(attention_block)} bytes at {attention_block} tokens) holds the largest Mamba "
+                    f"state ({m} bytes): K={k}, {k}*cdiv({m}, {per_k}) rounded up to the kernel lcm {kb}"
+                )
+        else:
+            attention_block = rup(cli, kb)
+            if attention_block != cli:
+                notes.append(f"block size {cli} rounded up to {attention_block}, a multiple of the kernel blocks {kb}")
+        for x in attention:
+            x.block = attention_block
+
+    # Step 3: the Mamba block and its padded page.
+    mamba_block: int | None = None
+    if mamba:
+        if mode == "none":
+            assert cfg.cache.max_model_len is not None  # checked above
+            mamba_block = cfg.cache.max_model_len
+        else:
+            mamba_block = attention_block if attention_block is not None else cli
+        for x in mamba:
+            x.block = mamba_block
+            if main is not None and attention_block is not None:
+                target = main.raw_page(attention_block)
+                if target != x.raw_page():
+                    x.padded = target
+
+    # Step 4: page unification (§2.2), unless every layer has one manager family and one block: then vLLM
+    # keeps one group (a uniform container whose page is the sum of its layers') and pages need not agree.
+    one_group = len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
+    shared = max(x.page() for x in layers)
+    for x in layers:
+        page = x.page()
+        if page == shared or one_group:
+            continue
+        if x.is_mamba:
+            x.padded = shared
+            continue
+        if x.src.kind in {"sliding_window", "sliding_window_mla"}:
+            # 0.33: a sliding-window layer takes the largest multiple of its kernel block that fits the page
+            kern = _kernel(x, model)
+            fits = [n for n in range(1, shared // x.page(kern) + 1) if x.page(kern * n) <= shared]
+            if fits:
+                x.block = kern * fits[-1]
+        elif shared % page == 0:
+            x.block = x.block * (shared // page)
+        if x.page(x.block) != shared:
+            if x.latent:
+                raise GeometryError.single(
+                    "mla_page_not_divisible",
+                    f"{x.label} ({x.src.kind}) has a page of {x.page(x.block)} bytes at block {x.block}, which "
+                    f"does not divide the shared page of {shared} bytes; vLLM 0.33 pads only non-MLA attention "
+                    "layers (NotImplementedError): change the layer's dtype or head size, or the other layers'",
+                    f"model.layers[{x.index}]",
+                    page_bytes=x.page(x.block),
+                    shared_page_bytes=shared,
+                )
+            x.padded = shared
+
+    for i, src in enumerate(model.layers):
+        padded = [x for x in layers if x.index == i and x.padded is not None]
+        if padded:
+            x = padded[0]
+            padding.append(PagePadding(src.name or f"layers[{i}]", src.kind, x.raw_page(), x.page(), len(padded)))
+    mamba_pads = {round(p.percent, 2) for p in padding if p.kind == "mamba"}
+    if mamba_pads:
+        notes.append(f"Mamba page padded by {', '.join(f'{v}%' for v in sorted(mamba_pads))} (vLLM logs it)")
+
+    # Step 5: grouping.
+    leaves = [_leaf(x, mode) for x in layers]
+    groups: list[dict[str, Any]] = []
+    members: list[list[_Layer]] = []
+    if one_group:
+        distinct = {json.dumps(leaf, sort_keys=True) for leaf in leaves}
+        if len(distinct) == 1:
+            groups.append(leaves[0])
+        else:
+            groups.append({"kind": "uniform", "block_size": layers[0].block, "layers": leaves})
+        members.append(layers)
+    else:
+        buckets: dict[str, list[int]] = {}
+        for i, leaf in enumerate(leaves):
+            buckets.setdefault(json.dumps(leaf, sort_keys=True), []).append(i)
+        counts = [len(v) for v in buckets.values()]
+        size = min(counts)
+        if max(counts) < 1.25 * size:
+            size = max(counts)
+        for idx in buckets.values():
+            for start in range(0, len(idx), size):
+                groups.append(dict(leaves[idx[0]]))
+                members.append([layers[i] for i in idx[start : start + size]])
+        if len(groups) > len(buckets):
+            notes.append(
+                f"layers grouped {size} per group (bucket sizes {counts}): {len(groups)} groups of equal layer count"
+            )
+
+    # Step 6: engine-core minimum (§2.3); every layered group is prefix-cacheable.
+    engine_block = min(g["block_size"] for g in groups)
+    par = cfg.parallel
+    if par.dcp > 1 and (par.cp_interleave > engine_block or engine_block % par.cp_interleave):
+        notes.append(
+            f"vLLM 0.33 checks cp_interleave={par.cp_interleave} against the engine block {engine_block} only "
+            "and would reject this layout (fine print 1); kvgeom checks every sharded group instead"
+        )
+
+    pages = {x.page() for x in layers}
+    out_cfg: dict[str, Any] = {
+        "groups": groups,
+        "parallel": par.model_dump(mode="json"),
+        "cache": cfg.cache.model_dump(mode="json"),
+    }
+    if cfg.offload is not None:
+        out_cfg["offload"] = cfg.offload.model_dump(mode="json")
+    return BlockSizeResolution(
+        config=out_cfg,
+        cli_block_size=cli,
+        attention_block_size=attention_block,
+        mamba_block_size=mamba_block,
+        mamba_cache_mode=mode,
+        engine_block_size=engine_block,
+        page_bytes=pages.pop() if len(pages) == 1 else None,
+        padding=tuple(padding),
+        group_layers=tuple(tuple(x.label for x in mem) for mem in members),
+        group_stages=tuple(tuple(sorted({x.src.pp_stage for x in mem})) for mem in members),
+        notes=tuple(notes),
+    )

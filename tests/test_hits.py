@@ -1,0 +1,210 @@
+"""Hit lookup, load plans and store plans (reference §3.5-§3.7, fine print 9-11, §5.2, §7)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvgeom
+from kvgeom import boundaries
+from kvgeom.errors import QueryError
+from kvgeom.hits import lookup_hit, plan_hit, plan_store
+
+FA = {"kind": "full_attention"}
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # attention span 32, Mamba span 16, k = 1
+SEED_DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+ALL_64 = {"0": [32, 64], "1": [16, 32, 48, 64]}
+
+
+def g(groups, parallel=None, cache=None, offload=None):
+    cfg = {"groups": groups, "offload": {} if offload is None else offload}
+    if parallel:
+        cfg["parallel"] = parallel
+    if cache:
+        cfg["cache"] = cache
+    return kvgeom.resolve(cfg)
+
+
+# (geometry, scenario, hit_tokens, end_token)
+HIT_TABLE = [
+    # #44599: a 64-token prompt whose every key is stored: -1, then round down to the Mamba chunk -> 48
+    (SEED, {"num_tokens": 64, "stored": ALL_64}, 48, 48),
+    # reference §7 example 3 (0.33 shape): a 65-token request with the 64-token prefix stored -> 64
+    (SEED, {"num_tokens": 65, "stored": ALL_64}, 64, 64),
+    # the Mamba key at the boundary is missing: fall back to an earlier Mamba key
+    (SEED, {"num_tokens": 65, "stored": {"0": [32, 64], "1": [16, 32]}}, 32, 32),
+    # LMCache #2863: attention stored but no Mamba state -> no hit at all (never report attention alone)
+    (SEED, {"num_tokens": 65, "stored": {"0": [32, 64]}}, 0, 0),
+    # attention chunk 1 missing: the full-attention prefix stops at 32
+    (SEED, {"num_tokens": 65, "stored": {"0": [32], "1": [16, 32, 48, 64]}}, 32, 32),
+    # local prefix 32 (a multiple of L): the tier supplies [32, 64)
+    (SEED, {"num_tokens": 65, "local_computed_tokens": 32, "stored": ALL_64}, 32, 64),
+    # a local prefix of 40 is handed to the connector rounded down to L = 32
+    (SEED, {"num_tokens": 65, "local_computed_tokens": 40, "stored": ALL_64}, 32, 64),
+    # max_load_tokens 40: candidate 32+... clamps to 40 then to the chunk grids -> 32
+    (SEED, {"num_tokens": 65, "stored": ALL_64, "max_load_tokens": 40}, 32, 32),
+    # max_num_new_tokens 50 -> 50 - 1 = 49 -> 48
+    (SEED, {"num_tokens": 65, "stored": ALL_64, "max_num_new_tokens": 50}, 48, 48),
+    # less than one Mamba chunk beyond the local prefix -> 0
+    (SEED, {"num_tokens": 40, "local_computed_tokens": 32, "stored": ALL_64}, 0, 32),
+    # nothing stored
+    (SEED, {"num_tokens": 65}, 0, 0),
+    # a resend: 80 tokens of which 64 are prompt; hits may go past the prompt up to num_tokens - 1
+    (SEED, {"num_tokens": 80, "num_prompt_tokens": 64, "stored": ALL_64}, 64, 64),
+]
+
+
+@pytest.mark.parametrize(("geom", "scenario", "hit", "end"), HIT_TABLE)
+def test_hit_lengths(geom, scenario, hit, end):
+    result = geom.plan_hit(scenario)
+    assert (result["hit_tokens"], result["end_token"]) == (hit, end)
+    for grp in geom.groups:
+        if grp.is_align_mamba and hit:
+            # the restored state is the state after exactly the hit's end token, never num_tokens
+            assert boundaries.is_restorable(geom, grp.index, end)
+            assert end < scenario["num_tokens"]
+
+
+def test_load_plan_example_3():
+    # reference §7 example 3: 2 attention chunks into entries 0, 1; Mamba only the key ending at 64 -> entry 3
+    plan = SEED.plan_hit({"num_tokens": 65, "stored": ALL_64})
+    assert plan["groups"] == [
+        {"index": 0, "load_keys": [32, 64], "block_entries": [0, 1], "state_block": None},
+        {"index": 1, "load_keys": [64], "block_entries": [3], "state_block": 3},
+    ]
+
+
+def test_kimi_k3_hit_off_the_attention_grid_55168():
+    # #55168: KDA span 1536, attention span 12288 (D = 8). A Mamba-limited hit of 64,512 tokens is not a
+    # multiple of 12288; SimpleCPU asserted num_external_tokens % 12288 == 0 and crashed. kvgeom loads
+    # cdiv(64512, 12288) = 6 attention blocks and the one KDA state after exactly 64,512 tokens.
+    geom = g([{"kind": "mla", "block_size": 1536}, {"kind": "mamba", "block_size": 1536}], {"tp": 8, "dcp": 8})
+    stored = {"0": [12288 * (j + 1) for j in range(6)], "1": [1536 * (j + 1) for j in range(42)]}
+    plan = geom.plan_hit({"num_tokens": 80000, "stored": stored})
+    assert plan["hit_tokens"] == 64512 and 64512 % 12288 != 0
+    assert plan["groups"][0]["block_entries"] == [0, 1, 2, 3, 4, 5]
+    assert plan["groups"][1]["state_block"] == 64512 // 1536 - 1 == 41
+    assert plan["hit_tokens"] % geom.hash_block_size == 0
+
+
+def test_realign_after_every_clamp_non_divisor_chunks():
+    # weicj/vLLM-2080Ti-Definitive #133 shape: attention chunk 48, Mamba chunk 32 (48 is not a multiple of
+    # 32). The attention prefix stops at 3 chunks = 144; without re-aligning, the hit would be 144 (derived),
+    # whose restore reads block (144-1)//32 = 4, the state after 160 tokens. kvgeom re-aligns to 128.
+    geom = g([{"kind": "full_attention", "block_size": 48}, {"kind": "mamba", "block_size": 32}])
+    stored = {"0": [48, 96, 144], "1": [32 * j for j in range(1, 7)]}
+    plan = geom.plan_hit({"num_tokens": 200, "stored": stored})
+    assert plan["hit_tokens"] == 128
+    assert plan["groups"][1]["state_block"] == 3
+    assert boundaries.restore_read_block(geom, 1, 144) == 4  # what an unaligned 144 would have read
+    # when re-aligning leaves less than one attention chunk past the local prefix, the hit is 0, not 48
+    plan = geom.plan_hit({"num_tokens": 100, "stored": {"0": [48], "1": [32, 64, 96]}})
+    assert plan["hit_tokens"] == 0
+
+
+SWA = g(
+    [{"kind": "full_attention", "block_size": 16}, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+    cache={"retention_interval": None},
+)
+
+
+def test_sliding_window_needs_its_window_ending_at_the_hit():
+    # window 40 -> 39 earlier tokens -> 3 chunks of 16. Chunk 3 (48-64) missing: the run ending at 96 is
+    # too short (2), the run ending at 48 has 3 chunks -> hit 48.
+    stored = {"0": [16 * j for j in range(1, 7)], "1": [16, 32, 48, 80, 96]}
+    assert lookup_hit(SWA, 100, stored=stored).end_token == 48
+    # the load plan skips N - 39 = 9 tokens -> starts at entry 0
+    plan = SWA.plan_hit({"num_tokens": 100, "stored": stored})
+    assert plan["groups"][1]["block_entries"] == [0, 1, 2]
+
+
+def test_sliding_window_run_reaching_scan_start_counts():
+    # local prefix 32: a single stored SWA chunk right after it is enough (the rest is on the GPU)
+    stored = {"0": [16 * j for j in range(1, 7)], "1": [48]}
+    hit = lookup_hit(SWA, 100, stored=stored, local_computed_tokens=32)
+    assert (hit.hit_tokens, hit.end_token) == (16, 48)
+
+
+def test_partial_tail_d1():
+    # D = 1, k = 1, spans 16, H = 8 < B_m: after the complete hit (32) probe boundary 40
+    geom = g([{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+             cache={"prefix_match_unit": 8})
+    assert geom.offload.supports_partial_tail
+    stored = {"0": [16, 32, 40], "1": [16, 32, 40]}
+    hit = lookup_hit(geom, 50, stored=stored)
+    assert (hit.end_token, hit.partial_tail) == (40, True)
+    plan = plan_hit(geom, {"num_tokens": 50, "stored": stored}).to_dict()
+    assert plan["groups"][0]["load_keys"] == [16, 32, 40]
+    assert plan["groups"][1] == {"index": 1, "load_keys": [40], "block_entries": [2], "state_block": 2}
+    # one group missing the boundary key -> no tail
+    assert lookup_hit(geom, 50, stored={"0": [16, 32, 40], "1": [16, 32]}).end_token == 32
+
+
+def test_dcp_disables_partial_tails():
+    geom = g([{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}], {"tp": 2, "dcp": 2},
+             {"prefix_match_unit": 8})
+    assert not geom.offload.supports_partial_tail
+    hit = lookup_hit(geom, 50, stored={"0": [32], "1": [16, 32, 40]})
+    assert (hit.end_token, hit.partial_tail) == (32, False)
+
+
+def test_store_plan_example_3_49962():
+    # reference §7 example 3: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
+    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64)
+    att, mam = plan.groups
+    assert att.chunks == (0, 1) and att.block_entries == ((0,), (1,))
+    assert mam.end_tokens == (16, 32, 48, 64) and mam.block_entries == ((0,), (1,), (2,), (3,))
+    # the buggy rule (#49962, every group B*D = 32): 64 // 32 = 2 Mamba states, the states after 16 and 32
+    assert 64 // 32 == 2 != len(mam.chunks)
+
+
+def test_store_plan_retention():
+    # 0.33 default retention 0: only the replay boundary num_prompt - 1 = 63 -> rdown(63, A=16) = 48
+    assert plan_store(SEED, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (48,)
+    # R = 32: one state per 32 tokens (32, 64) plus the replay boundary 48
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (32, 48, 64)
+    # attention stays dense
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[0].chunks == (0, 1)
+
+
+def test_store_plan_limits():
+    # only what is computed, only complete chunks, from what is not yet stored
+    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=70, stored_chunks={0: 1, 1: 2})
+    assert plan.offloadable_tokens == 70
+    assert plan.groups[0].chunks == (1,)
+    assert plan.groups[1].chunks == (2, 3)
+    # allocated blocks cap the store
+    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64, allocated_blocks={0: 1})
+    assert plan.groups[0].chunks == (0,)
+    # decode tokens are not offloaded by default (offload_prompt_only)
+    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=100, num_prompt_tokens=40)
+    assert plan.offloadable_tokens == 40
+
+
+def test_mamba_store_with_k_uses_mamba_chunk_not_attention_chunk():
+    # k = 2: Mamba chunk 32, attention chunk 64; Mamba keys end at 32 and 64, from blocks 1 and 3
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 2},
+                           "cache": {"retention_interval": None}})
+    mam = plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1]
+    assert mam.end_tokens == (32, 64) and mam.block_entries == ((1,), (3,))
+
+
+SCENARIO_ERRORS = [
+    ({"num_tokens": -1}, "negative"),
+    ({"num_tokens": 10, "bogus": 1}, "unknown_key"),
+    ({}, "missing_field"),
+    ({"num_tokens": 64, "stored": {"7": [16]}}, "group_not_offloaded"),
+    ({"num_tokens": 64, "stored": {"1": [20]}}, "not_on_hash_grid"),
+    ({"num_tokens": 64, "stored": {"1": "16"}}, "bad_stored"),
+    ({"num_tokens": 64, "num_prompt_tokens": 65}, "prompt_longer_than_request"),
+    ({"num_tokens": 64, "local_computed_tokens": 65}, "local_past_request"),
+    ({"num_tokens": 2**63}, "int64_overflow"),
+    ({"num_tokens": "64"}, "not_an_integer"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "code"), SCENARIO_ERRORS)
+def test_bad_scenarios(scenario, code):
+    with pytest.raises(QueryError) as info:
+        SEED.plan_hit(scenario)
+    assert info.value.code == code

@@ -1,0 +1,322 @@
+"""Block-size resolution from layer shapes (reference §2.1-§2.3, §5.1, §7 example 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvgeom
+from kvgeom.errors import ConfigError, GeometryError
+from kvgeom.resolution import resolve_block_sizes
+
+BF16 = 2
+
+
+def full(heads=2, head=128, count=1, **kw):
+    return {
+        "kind": "full_attention",
+        "num_kv_heads": heads,
+        "head_size": head,
+        "dtype": "bfloat16",
+        "count": count,
+        **kw,
+    }
+
+
+def mamba(shapes, dtypes, count=1, **kw):
+    return {"kind": "mamba", "shapes": shapes, "dtypes": dtypes, "count": count, **kw}
+
+
+MLA = {"kind": "mla", "head_size": 576, "dtype": "bfloat16"}
+
+
+def layered(layers, block_size=16, **sections):
+    return {"model": {"block_size": block_size, "layers": layers}, **sections}
+
+
+def test_example_11_glm5next_like_256_to_2304_at_dcp4():
+    # Reference §7 example 11 / LMCache #4809: CLI --block-size 256, vLLM resolves 2304-token pages, DCP 4.
+    # The real GLM5Next shapes are not in the reference; these GLM5Next-like shapes give the same numbers:
+    #   MLA latent 576 bf16 -> a = 576*2 = 1152 bytes per token per rank (MLA is not split by TP)
+    #   linear-attention state at TP 4: ssm 144/4 = 36 heads x 128 x 128 float32 = 2,359,296 bytes
+    #                                   conv 3 x 36864/4 = 9216 bfloat16       =    55,296 bytes
+    #   m = 2,414,592 bytes
+    #   K = max(kmin 16, CLI 256, MLA minimum 128) = 256; page(K) = 256 * 1152 = 294,912
+    #   attention block = 256 * cdiv(2,414,592, 294,912) = 256 * 9 = 2304 (8.19 pages rounded up)
+    #   Mamba page padded to 2304 * 1152 = 2,654,208: 9.92 %
+    cfg = layered(
+        [
+            {**MLA, "count": 20, "name": "mla"},
+            {
+                "kind": "mamba",
+                "name": "linear",
+                "count": 60,
+                "total_shapes": [[144, 128, 128], [3, 36864]],
+                "tp_axes": [0, 1],
+                "dtypes": ["float32", "bfloat16"],
+            },
+        ],
+        block_size=256,
+        parallel={"tp": 4, "dcp": 4},
+        offload={},
+    )
+    r = resolve_block_sizes(cfg)
+    assert (r.cli_block_size, r.attention_block_size, r.mamba_block_size) == (256, 2304, 2304)
+    assert r.page_bytes == 2304 * 576 * BF16
+    [pad] = r.padding
+    assert (pad.layer, pad.real_bytes, pad.page_bytes, pad.count) == ("linear", 2414592, 2654208, 60)
+    assert round(pad.percent, 2) == 9.92
+    g = kvgeom.resolve(r.config)
+    # correct per #4834: attention span 2304*4 = 9216, Mamba span 2304, L = lcm = 9216 (buggy: 256*4 = 1024)
+    assert [x.span for x in g.groups] == [9216, 2304, 2304, 2304]
+    assert g.scheduler_block_size == 9216
+    assert g.hash_block_size == 2304
+    # 20 MLA + 60 linear layers: groups of 20 layers (vLLM's equal-layer-count grouping)
+    assert [len(x) for x in r.group_layers] == [20, 20, 20, 20]
+    assert r.engine_block_size == 2304
+
+
+CASES = [
+    # plain hybrid: a = 2*256*2 = 1024 B/token, m = 16*64*64*4 = 262144 -> 16*cdiv(262144, 16384) = 256, no padding
+    ("exact_fit", [full(), mamba([[16, 64, 64]], ["float32"])], {}, 256, 256, []),
+    # + conv 3x256 bf16: m = 263680 -> 16*17 = 272, padding (278528-263680)/263680 = 5.63 %
+    ("padded", [full(), mamba([[16, 64, 64], [3, 256]], ["float32", "bfloat16"])], {}, 272, 272, [5.63]),
+    # kernel lcm 64 on the attention backend: 272 rounded up to 320 (§2.1 step 2)
+    (
+        "kernel_lcm",
+        [full(kernel_block_size=64), mamba([[16, 64, 64], [3, 256]], ["float32", "bfloat16"])],
+        {},
+        320,
+        320,
+        [round(100 * (320 * 1024 - 263680) / 263680, 2)],
+    ),
+    # MLA hybrid: K = max(16, 128) = 128; page(128) = 147456 >= m = 100000 -> 128 (would be 96 without the minimum)
+    (
+        "mla_minimum_128",
+        [MLA, mamba([[25000]], ["float32"])],
+        {},
+        128,
+        128,
+        [round(100 * (147456 - 100000) / 100000, 2)],
+    ),
+    # prefill-checkpoint alignment 48 on every Mamba layer: K = lcm(16, 48) = 48, 48*cdiv(262144, 49152) = 48*6 = 288
+    (
+        "prefill_checkpoint_lcm",
+        [full(), mamba([[16, 64, 64]], ["float32"], prefill_checkpoint_alignment=48)],
+        {},
+        288,
+        288,
+        [round(100 * (288 * 1024 - 262144) / 262144, 2)],
+    ),
+    # CLI block above the needed one: kept (only raised, never lowered); Mamba padded 100 %
+    ("cli_above_needed", [full(), mamba([[16, 64, 64]], ["float32"])], {"block_size": 512}, 512, 512, [100.0]),
+    # prefix caching off: mode none, Mamba block = max_model_len, attention block still raised (§2.1)
+    (
+        "mode_none",
+        [full(), mamba([[16, 64, 64]], ["float32"])],
+        {"cache": {"prefix_caching": False, "max_model_len": 8192}},
+        256,
+        8192,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "layers", "extra", "attn", "mamba_block", "pads"), CASES, ids=[c[0] for c in CASES])
+def test_hybrid_block_raise_table(name, layers, extra, attn, mamba_block, pads):
+    extra = dict(extra)
+    block = extra.pop("block_size", 16)
+    r = resolve_block_sizes(layered(layers, block_size=block, **extra))
+    assert r.attention_block_size == attn
+    assert r.mamba_block_size == mamba_block
+    assert [round(p.percent, 2) for p in r.padding] == pads
+    kvgeom.resolve(r.config)  # the result is a legal kvgeom config
+
+
+def test_prefill_checkpoint_alignment_needs_every_mamba_layer():
+    # one Mamba layer without an alignment: K stays 16 -> 256 (§2.1 "when every Mamba layer declares one")
+    layers = [
+        full(),
+        mamba([[16, 64, 64]], ["float32"], prefill_checkpoint_alignment=48),
+        mamba([[16, 64, 64]], ["float32"]),
+    ]
+    assert resolve_block_sizes(layered(layers)).attention_block_size == 256
+
+
+def test_mamba_cache_mode_promotion_is_noted():
+    # vLLM 0.33 promotes none -> align with prefix caching on (§2.1)
+    cfg = layered([full(), mamba([[16, 64, 64]], ["float32"])])
+    cfg["model"]["mamba_cache_mode"] = "none"
+    r = resolve_block_sizes(cfg)
+    assert r.mamba_cache_mode == "align"
+    assert any("becomes 'align'" in n for n in r.notes)
+
+
+def test_tp_moves_the_hybrid_block_41037():
+    # #41037: alignment uses per-rank heads, so TP changes the block. Attention 8 KV heads total; the Mamba ssm
+    # is split by TP but the conv state is replicated (tp_axes null):
+    #   tp=2: a = 4*256*2 = 2048; m = 16*64*64*4 + 3*4096*2 = 286720; 16*cdiv(286720, 32768) = 16*9 = 144
+    #   tp=4: a = 1024;           m =  8*64*64*4 + 24576    = 155648; 16*cdiv(155648, 16384) = 16*10 = 160
+    def at(tp):
+        return resolve_block_sizes(
+            layered(
+                [
+                    {"kind": "full_attention", "total_num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16"},
+                    {
+                        "kind": "mamba",
+                        "total_shapes": [[32, 64, 64], [3, 4096]],
+                        "tp_axes": [0, None],
+                        "dtypes": ["float32", "bfloat16"],
+                    },
+                ],
+                parallel={"tp": tp},
+            )
+        )
+
+    assert at(2).attention_block_size == 144
+    assert at(4).attention_block_size == 160
+
+
+def test_pp_stage_without_attention_gets_the_same_block_51752():
+    # #51752: stage 1 owns only Mamba layers; unfixed vLLM kept 16 there while stage 0 got 256, and the offloading
+    # config failed "tokens_per_block=16 not divisible by tokens_per_hash=256". Aligned once (#51764): all 256.
+    cfg = layered(
+        [
+            full(count=2, pp_stage=0),
+            mamba([[16, 64, 64]], ["float32"], count=2, pp_stage=0),
+            mamba([[16, 64, 64]], ["float32"], count=4, pp_stage=1),
+        ],
+        parallel={"pp": 2},
+        offload={},
+    )
+    r = resolve_block_sizes(cfg)
+    assert {g["block_size"] for g in r.config["groups"]} == {256}
+    assert r.group_stages == ((0,), (0,), (1,), (1,))  # 2 attention + 6 Mamba layers: groups of 2
+    g = kvgeom.resolve(r.config)
+    assert {o.tokens_per_block for o in g.offload.groups} == {256}
+
+
+def test_page_unification_scales_attention_that_divides():
+    # §2.2: full attention 2 heads (16384 B at 16) next to sliding window 4 heads (32768 B at 16): the smaller page
+    # divides the larger, so the full-attention block doubles to 32
+    r = resolve_block_sizes(
+        layered(
+            [
+                full(heads=2),
+                {
+                    "kind": "sliding_window",
+                    "sliding_window": 1024,
+                    **{k: v for k, v in full(heads=4).items() if k != "kind"},
+                },
+            ]
+        )
+    )
+    blocks = {g["kind"]: g["block_size"] for g in r.config["groups"]}
+    assert blocks == {"full_attention": 32, "sliding_window": 16}
+    assert r.page_bytes == 32768
+
+
+def test_page_unification_pads_non_mla_attention_that_does_not_divide():
+    # §2.2: full attention 2 heads (16384 B) vs sliding window 3 heads (24576 B): 24576 % 16384 != 0 -> full padded
+    swa = {**full(heads=3), "kind": "sliding_window", "sliding_window": 1024}
+    r = resolve_block_sizes(layered([full(heads=2), swa]))
+    [pad] = r.padding
+    assert (pad.kind, pad.real_bytes, pad.page_bytes) == ("full_attention", 16384, 24576)
+    assert r.config["groups"][0]["page_size_padded"] == 24576
+
+
+def test_sliding_window_takes_largest_kernel_multiple_that_fits():
+    # §2.2 (0.33): full 4 heads (32768 B at 16) + sliding window 1 head (8192 B per 16 tokens): 4 kernels fit -> 64
+    swa = {**full(heads=1), "kind": "sliding_window", "sliding_window": 512}
+    r = resolve_block_sizes(layered([full(heads=4), swa]))
+    assert [g["block_size"] for g in r.config["groups"]] == [16, 64]
+
+
+def test_mla_page_not_dividing_is_an_error():
+    # §2.2: MLA 576 bf16 at 16 = 18432 B vs sliding window 8 heads = 65536 B; 65536 % 18432 != 0 and MLA cannot be
+    # padded (vLLM: NotImplementedError "Padding is only supported for non-MLA attention layers")
+    swa = {**full(heads=8), "kind": "sliding_window", "sliding_window": 1024}
+    with pytest.raises(GeometryError) as info:
+        resolve_block_sizes(layered([MLA, swa]))
+    assert info.value.code == "mla_page_not_divisible"
+    assert info.value.values == {"page_bytes": 18432, "shared_page_bytes": 65536}
+
+
+def test_dsa_mla_and_indexer_become_one_uniform_group():
+    # DSA: MLA + indexer layers share the block, one family -> one uniform container (reference §1.4)
+    idx = {"kind": "mla", "cache_role": "indexer", "head_size": 132, "dtype": "uint8", "count": 2}
+    r = resolve_block_sizes(layered([{**MLA, "count": 2}, idx], block_size=64, parallel={"tp": 2, "dcp": 2}))
+    [group] = r.config["groups"]
+    assert group["kind"] == "uniform" and len(group["layers"]) == 4
+    g = kvgeom.resolve(r.config)
+    assert g.groups[0].span == 128  # the container is sharded like its layers (#50883)
+
+
+def test_pure_attention_is_one_group_at_the_cli_block():
+    r = resolve_block_sizes(layered([full(count=32)], block_size=32))
+    assert r.config["groups"] == [
+        {"kind": "full_attention", "block_size": 32, "num_kv_heads": 2, "head_size": 128, "dtype": "bfloat16"}
+    ]
+    assert r.padding == () and r.mamba_block_size is None
+
+
+ERRORS = [
+    # heads that TP cannot split evenly
+    (
+        layered(
+            [{"kind": "full_attention", "total_num_kv_heads": 6, "head_size": 128, "dtype": "bfloat16"}],
+            parallel={"tp": 4},
+        ),
+        "heads_not_divisible_by_tp",
+        "model.layers[0].total_num_kv_heads",
+    ),
+    # a stage past parallel.pp
+    (layered([full(pp_stage=2)], parallel={"pp": 2}), "pp_stage_out_of_range", "model.layers[0].pp_stage"),
+    # a Mamba field on an attention layer
+    (layered([full(dtypes=["float32"])]), "invalid_value", "model.layers[0]"),
+    # attention layer without a dtype
+    (layered([{"kind": "full_attention", "num_kv_heads": 2, "head_size": 64}]), "invalid_value", "model.layers[0]"),
+    # prefix caching off needs max_model_len for the Mamba block
+    (
+        layered([full(), mamba([[4]], ["float32"])], cache={"prefix_caching": False}),
+        "max_model_len_required",
+        "cache.max_model_len",
+    ),
+    # a compressed main layer whose state spans more tokens than the starting block: no state fits in a block
+    (
+        layered(
+            [{**MLA, "tokens_per_state": 256}, mamba([[4]], ["float32"])],
+        ),
+        "block_smaller_than_state",
+        "model.layers[0].tokens_per_state",
+    ),
+    # absurd layer counts are refused rather than expanded
+    (layered([full(count=10**6)]), "out_of_range", "model.layers[0].count"),
+    # groups and model together
+    ({"groups": [{"kind": "mla", "block_size": 64}], "model": {"layers": [MLA]}}, "groups_and_model", "groups"),
+]
+
+
+@pytest.mark.parametrize(("cfg", "code", "field"), ERRORS)
+def test_bad_layered_configs(cfg, code, field):
+    with pytest.raises(ConfigError) as info:
+        resolve_block_sizes(cfg)
+    assert info.value.code == code
+    assert info.value.field == field
+
+
+def test_report_is_json_serialisable():
+    import json
+
+    r = resolve_block_sizes(layered([full(), mamba([[16, 64, 64], [3, 256]], ["float32", "bfloat16"], count=3)]))
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["padding"][0]["padding_percent"] == round(r.padding[0].percent, 4)
+    assert d["config"] == r.config
+
+
+def test_layered_config_from_a_json_file(tmp_path):
+    import json
+
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(layered([full(), mamba([[16, 64, 64]], ["float32"])])))
+    assert resolve_block_sizes(path).attention_block_size == 256
+    assert resolve_block_sizes(str(path)).config == resolve_block_sizes(json.loads(path.read_text())).config
