@@ -522,6 +522,8 @@ def _configs(
         # With forced offloading the first group is an offloadable kind, so there is something to offload.
         pool = [k for k in kinds if k not in _NOT_OFFLOADABLE_KINDS] if (i == 0 and offload) else kinds
         kind = draw(st.sampled_from(pool))
+        # Drawn for every group, whatever its kind, so a shrink that changes the kind stays aligned.
+        replicated_draft = draw(st.integers(0, 7)) == 7
         spec: AnySpec
         match kind:
             case "mamba":
@@ -537,7 +539,7 @@ def _configs(
         fam = family(spec)
         # Under DCP only full attention, MLA and Mamba may be dealt; the rest is replicated. Any
         # full-attention group may also be a replicated draft (vLLM MRV2 runs drafts at DCP 1).
-        if (shards > 1 and fam in _REPLICATED_UNDER_DCP) or (fam == "full" and draw(st.integers(0, 7)) == 7):
+        if (shards > 1 and fam in _REPLICATED_UNDER_DCP) or (fam == "full" and replicated_draft):
             spec = spec.model_copy(update={"dcp_sharded": False})
         if fam == "cross" and use_offload:
             spec = spec.model_copy(update={"prefix_cacheable": False})
