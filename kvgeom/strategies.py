@@ -54,6 +54,7 @@ from kvgeom.specs import (
     UniformSpec,
     family,
     is_dcp_sharded,
+    is_prefix_cacheable,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "minimal",
     "mla_specs",
     "parallel_configs",
+    "scenarios",
     "sink_full_attention_specs",
     "sliding_window_mla_specs",
     "sliding_window_specs",
@@ -501,8 +503,10 @@ def _configs(
     offload: bool | None,
     allow_pcp: bool,
     max_model_len: bool,
+    prefix_caching: bool | None,
 ) -> dict[str, Any]:
-    prefix_caching = not draw(st.booleans())  # shrinks to True, vLLM's default
+    if prefix_caching is None:
+        prefix_caching = not draw(st.booleans())  # shrinks to True, vLLM's default
     use_offload = draw(st.booleans()) if offload is None else offload
     sizes = _sizes(draw, min_dcp, max_dcp, allow_pcp)
     shards = _kv_shards(sizes)
@@ -516,7 +520,7 @@ def _configs(
     if not prefix_caching:
         # None then means 'none'; a non-align Mamba group forces H = L, which forced offloading
         # over mixed spans cannot take, so offload=True keeps align mode.
-        modes = ("align",) if offload else (None, "none", "align")
+        modes = ("align",) if use_offload else (None, "none", "align")
     specs: list[AnySpec] = []
     for i in range(n):
         # With forced offloading the first group is an offloadable kind, so there is something to offload.
@@ -554,7 +558,11 @@ def _configs(
         # (The remainder's range does not depend on unit, so lowering unit never misaligns it.)
         cache["max_model_len"] = unit * draw(st.integers(1, 4096)) + min(draw(st.integers(0, 4096)), unit - 1)
 
-    # Second stage: read spans, L and H from kvgeom itself, then choose the fields that depend on them.
+    # Second stage: read spans, L and H from kvgeom itself (with the connector on, which changes H
+    # when prefix caching is off), then choose the fields that depend on them.
+    use_offload = use_offload and any(is_prefix_cacheable(s) for s in specs)
+    if use_offload:
+        cfg["offload"] = {}
     geo = resolve(cfg)
     for g, d in zip(geo.groups, dumped, strict=True):
         if d["kind"] == "sink_full_attention":
@@ -562,8 +570,9 @@ def _configs(
     H = geo.hash_block_size
     cacheable = [g for g in geo.groups if g.prefix_cacheable]
     # Offloading needs tokens_per_block % tokens_per_hash == 0 for every offloaded group; that fails
-    # only when a non-align Mamba group (or no prefix caching) forces H = L over mixed spans.
-    if use_offload and cacheable and all(g.span % H == 0 for g in cacheable):
+    # only when a non-align Mamba group forces H = L over mixed spans, and with offloading every
+    # Mamba group drawn above is in align mode.
+    if use_offload:
         spans = {g.span for g in cacheable}
         k = draw(st.integers(1, 4))
         if len(spans) == 1 and draw(st.booleans()):
@@ -610,6 +619,7 @@ def configs(
     offload: bool | None = None,
     allow_pcp: bool = True,
     max_model_len: bool = True,
+    prefix_caching: bool | None = None,
 ) -> st.SearchStrategy[dict[str, Any]]:
     """Whole config dicts that :func:`kvgeom.resolve` accepts, built valid by construction.
 
@@ -619,7 +629,8 @@ def configs(
     full-attention drafts, any DCP size in ``[min_dcp, max_dcp]`` (not only powers of two),
     PCP combinations vLLM accepts (when ``allow_pcp``), an interleave that divides every
     sharded block, offloading with ``blocks_per_chunk`` or ``block_size`` (``offload=None``:
-    either way; ``True``/``False``: always/never), retention ``0``, dense (``None``) or a
+    either way; ``True``/``False``: always/never), prefix caching on or off (``prefix_caching``
+    likewise; off makes Mamba groups default to ``none`` mode), retention ``0``, dense (``None``) or a
     multiple of L and of every windowed offload chunk, ``prefix_match_unit`` dividing H and
     ``tokens_per_state`` dividing H.
 
@@ -647,6 +658,8 @@ def configs(
         _check_bool("offload", offload)
     _check_bool("allow_pcp", allow_pcp)
     _check_bool("max_model_len", max_model_len)
+    if prefix_caching is not None:
+        _check_bool("prefix_caching", prefix_caching)
     if offload and set(ks) <= _NOT_OFFLOADABLE_KINDS:
         raise InvalidArgument(f"offload=True needs an offloadable kind, but kinds={list(ks)} has none")
     return _configs(
@@ -660,6 +673,7 @@ def configs(
         offload=offload,
         allow_pcp=allow_pcp,
         max_model_len=max_model_len,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -671,3 +685,41 @@ def geometries(**kwargs: Any) -> st.SearchStrategy[Geometry]:
     (8, 1, 8)
     """
     return configs(**kwargs).map(resolve)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def scenarios(geometry: Geometry, *, max_tokens: int = 2048) -> st.SearchStrategy[dict[str, Any]]:
+    """Request scenarios for a resolved geometry: ``{"num_tokens", "local_computed_tokens", "evict"}``.
+
+    ``num_tokens`` (at most ``max_tokens``) lands on, just before or just after a multiple of one of
+    the geometry's units (L, H, each offload chunk), where boundary bugs live (#44599 is a prompt
+    ending exactly on a chunk); ``local_computed_tokens`` is a local prefix (usually 0); ``evict`` is
+    a list of booleans saying which stored keys the tier has lost, in ``(group, end_token)`` order,
+    as :func:`kvgeom.sim.run_scenario` takes it. Shrinks to an empty request, nothing evicted.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> minimal(scenarios(g), lambda s: s["num_tokens"] > 40)
+    {'num_tokens': 48, 'local_computed_tokens': 0, 'evict': []}
+    """
+    if not isinstance(geometry, Geometry):
+        raise InvalidArgument(f"geometry must be a resolved kvgeom.Geometry, got {type(geometry).__name__}")
+    _check_int("max_tokens", max_tokens, lo=0)
+    units = {geometry.scheduler_block_size, geometry.hash_block_size}
+    if geometry.offload is not None:
+        units.update(og.tokens_per_chunk for og in geometry.offload.groups)
+    units_sorted = sorted(units)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, Any]:
+        unit = draw(st.sampled_from(units_sorted))
+        q = draw(st.integers(0, max(max_tokens // unit, 0)))
+        delta = draw(st.sampled_from([0, -1, 1]) | st.integers(-unit, unit))
+        n = min(max(q * unit + delta, 0), max_tokens)
+        local = draw(st.integers(0, n)) if draw(st.integers(0, 3)) == 3 else 0
+        evict = draw(st.lists(st.booleans(), max_size=32)) if draw(st.integers(0, 2)) == 2 else []
+        return {"num_tokens": n, "local_computed_tokens": local, "evict": evict}
+
+    return build()
