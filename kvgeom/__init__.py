@@ -27,6 +27,7 @@ from kvgeom.geometry import (
     resolve,
 )
 from kvgeom.parallel import ParallelConfig
+from kvgeom.presets import load_preset, preset_names
 from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
@@ -92,6 +93,8 @@ __all__ = [
     "is_dcp_sharded",
     "is_prefix_cacheable",
     "load_config",
+    "load_preset",
+    "preset_names",
     "resolve",
     # issue 6: pages, block-size resolution, fingerprint, compat
     "BlockSizeResolution",

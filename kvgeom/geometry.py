@@ -862,7 +862,8 @@ def _add_warnings(
                 GeometryWarning(
                     "partial_tails_disabled_by_dcp",
                     f"under dcp={cfg.parallel.dcp} sub-chunk tails are off (vLLM 0.33, #57216): offload hits land "
-                    f"on multiples of the Mamba chunk {offload.mamba_align_size} tokens only",
+                    f"on multiples of the Mamba chunk {offload.mamba_align_size} tokens only; for finer hits lower "
+                    "the Mamba block_size or blocks_per_chunk",
                 )
             )
         R = offload.retention_interval
@@ -874,6 +875,31 @@ def _add_warnings(
                     "kept, only replay boundaries; use a smaller interval or 0",
                 )
             )
+        # The offload tier loads only complete full-attention chunks (reference section 3.6): a chunk much
+        # larger than the smallest span is an offload hit floor (Kimi-K3 at DCP 8: 12288 vs 1536, #55168).
+        full_chunks = [og.tokens_per_chunk for og in offload.groups if groups[og.index].family == "full"]
+        if full_chunks and 8 * min(og.tokens_per_block for og in offload.groups) <= max(full_chunks):
+            floor = max(full_chunks)
+            warnings.append(
+                GeometryWarning(
+                    "offload_hit_floor",
+                    f"the offload tier loads only complete full-attention chunks of {floor} tokens, "
+                    f"{floor // min(og.tokens_per_block for og in offload.groups)}x the smallest span: prompts "
+                    f"sharing fewer than {floor + 1} tokens never load from it; lower blocks_per_chunk, the "
+                    "attention block_size or dcp",
+                )
+            )
+    R = cfg.cache.retention_interval
+    mml = cfg.cache.max_model_len
+    if offload is None and R and mml is not None and mml < R and any(g.is_align_mamba for g in groups):
+        # Same rule as with offloading: the GPU prefix cache thins Mamba states by the same interval.
+        warnings.append(
+            GeometryWarning(
+                "retention_unreachable",
+                f"retention_interval={R} exceeds max_model_len={mml}: no periodic Mamba checkpoint is ever "
+                "kept, only replay boundaries; use a smaller interval or 0",
+            )
+        )
     for g in groups:
         if g.mamba_mode == "all":
             warnings.append(

@@ -17,6 +17,8 @@ def test_import_pulls_in_no_heavy_dependency():
     assert out.stdout.strip() == ""
 
 
-def test_python_m_kvgeom_prints_default_report():
-    out = subprocess.run([sys.executable, "-m", "kvgeom"], capture_output=True, text=True, check=True)
+def test_python_m_kvgeom_explain_json_prints_default_report():
+    out = subprocess.run(
+        [sys.executable, "-m", "kvgeom", "explain", "--json"], capture_output=True, text=True, check=True
+    )
     assert "scheduler_block_size" in out.stdout

@@ -1,0 +1,684 @@
+"""The ``kvgeom`` command: a thin argparse layer over the library.
+
+Subcommands: ``check``, ``explain``, ``hit``, ``diagram``, ``compat``,
+``schema``, ``presets`` (``docs/cli.md`` is the reference); no subcommand
+means ``explain``. Every number printed comes from :func:`kvgeom.resolve` and
+the query modules; nothing here derives a span, a chunk or a boundary.
+
+A ``CONFIG`` argument is a ``.json``/``.toml`` path or ``preset:NAME``.
+
+Exit codes (stable):
+
+* ``0`` (:data:`EXIT_OK`): success; for ``check``, every file resolves (and,
+  with ``--strict``, has no warning);
+* ``1`` (:data:`EXIT_INVALID`): a well-formed config describes an invalid
+  geometry (a :class:`kvgeom.GeometryError`), or ``--strict`` and a warning;
+* ``2`` (:data:`EXIT_USAGE`): usage error, or an unreadable, unparsable or
+  malformed input (a :class:`kvgeom.ConfigError`: unknown keys, wrong types,
+  out-of-range values), or a query that cannot be asked (a
+  :class:`kvgeom.QueryError`, e.g. ``hit`` on a config without offloading).
+  When ``check`` sees both kinds of file, 2 wins.
+
+``compat A B`` exits 0 when the two layouts' offloaded keys are
+interchangeable, 1 when they are not, and 2 for usage errors or a layout that
+does not resolve.
+
+Errors are printed on stderr, one line per problem (``FILE: field: message
+[code]``), never as a traceback.
+
+>>> main(["presets"]) == EXIT_OK  # doctest: +ELLIPSIS
+deepseek-v3-mla-dcp8 ...
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TextIO, assert_never
+
+from kvgeom._math import cdiv
+from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
+from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
+from kvgeom.geometry import Geometry, GroupGeometry, resolve
+from kvgeom.presets import load_preset, preset_description, preset_names
+from kvgeom.ranks import dcp_placement, rank_lengths
+from kvgeom.specs import (
+    ChunkedLocalSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    MLASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    iter_leaves,
+    scheduler_view,
+)
+
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+PRESET_PREFIX = "preset:"
+DEFAULT_LABEL = "default"
+
+
+class _Fail(Exception):
+    """Stop a command: print ``lines`` on stderr and exit with ``code``."""
+
+    def __init__(self, code: int, lines: list[str]) -> None:
+        super().__init__(code, lines)
+        self.code = code
+        self.lines = lines
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Fail(EXIT_USAGE, [f"{self.prog}: {message} (see {self.prog} --help)"])
+
+
+def _exit_code(err: KVGeomError) -> int:
+    """2 for malformed input or an impossible query, 1 for an invalid geometry."""
+    return EXIT_USAGE if isinstance(err, ConfigError | QueryError) else EXIT_INVALID
+
+
+def _problem_line(p: Problem) -> str:
+    where = f"{p.field}: " if p.field else ""
+    return f"{where}{p.message} [{p.code}]"
+
+
+def _fail(label: str, err: KVGeomError) -> _Fail:
+    return _Fail(_exit_code(err), [f"{label}: {_problem_line(p)}" for p in err.problems])
+
+
+def _load(arg: str) -> KVGeomConfig:
+    """A config from a path or ``preset:NAME`` (raises :class:`KVGeomError`)."""
+    if arg.startswith(PRESET_PREFIX):
+        return load_preset(arg[len(PRESET_PREFIX) :])
+    return load_config(arg)
+
+
+def _resolve_arg(arg: str) -> Geometry:
+    try:
+        return resolve(_load(arg))
+    except KVGeomError as e:
+        raise _fail(arg, e) from None
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count (an integer >= 0), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a token count >= 0, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------- check
+
+
+def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    results: list[dict[str, Any]] = []
+    for arg in args.configs:
+        item: dict[str, Any] = {"file": arg, "status": "ok", "exit_code": EXIT_OK, "problems": [], "warnings": []}
+        try:
+            geom = resolve(_load(arg))
+        except KVGeomError as e:
+            code = _exit_code(e)
+            item.update(
+                status="malformed" if code == EXIT_USAGE else "invalid",
+                exit_code=code,
+                problems=[p.to_dict() for p in e.problems],
+            )
+        else:
+            item["warnings"] = [{"code": w.code, "message": w.message} for w in geom.warnings]
+            item["summary"] = {
+                "scheduler_block_size": geom.scheduler_block_size,
+                "hash_block_size": geom.hash_block_size,
+                "hit_alignment_tokens": geom.hit_alignment_tokens,
+            }
+            if args.strict and geom.warnings:
+                item.update(status="warned", exit_code=EXIT_INVALID)
+        results.append(item)
+    exit_code = max(r["exit_code"] for r in results)
+    match args.format:
+        case "json":
+            json.dump({"exit_code": exit_code, "strict": args.strict, "files": results}, out, indent=2)
+            out.write("\n")
+        case "github":
+            for r in results:
+                for p in r["problems"]:
+                    out.write(_gh("error", r["file"], p["code"], _problem_line(Problem(**p))) + "\n")
+                level = "error" if args.strict else "warning"
+                for w in r["warnings"]:
+                    out.write(_gh(level, r["file"], w["code"], w["message"]) + "\n")
+        case "text":
+            for r in results:
+                for p in r["problems"]:
+                    err.write(f"{r['file']}: {_problem_line(Problem(**p))}\n")
+                stream = err if args.strict else out
+                for w in r["warnings"]:
+                    stream.write(f"{r['file']}: warning: {w['message']} [{w['code']}]\n")
+                if r["status"] in {"ok", "warned"}:
+                    s = r["summary"]
+                    out.write(
+                        f"{r['file']}: {'ok' if r['status'] == 'ok' else 'fails --strict'} "
+                        f"(L={s['scheduler_block_size']} H={s['hash_block_size']} A={s['hit_alignment_tokens']}, "
+                        f"{len(r['warnings'])} warning{'' if len(r['warnings']) == 1 else 's'})\n"
+                    )
+        case _:  # argparse restricts the choices
+            raise AssertionError(args.format)
+    return int(exit_code)
+
+
+def _gh_escape(text: str, prop: bool) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def _gh(level: str, file: str, code: str, message: str) -> str:
+    """A GitHub Actions workflow-command annotation line."""
+    return f"::{level} file={_gh_escape(file, True)},title={_gh_escape('kvgeom ' + code, True)}::" + _gh_escape(
+        message, False
+    )
+
+
+# ------------------------------------------------------------------- explain
+
+
+def _kind_label(g: GroupGeometry) -> str:
+    leaves = list(iter_leaves(g.spec))
+    if g.kind != "uniform":
+        return g.kind
+    names = []
+    for leaf in leaves:
+        role = getattr(leaf, "cache_role", None)
+        names.append(f"{leaf.kind}:{role}" if role else leaf.kind)
+    return f"uniform({', '.join(names)})"
+
+
+def _window_label(g: GroupGeometry) -> str:
+    view = scheduler_view(g.spec)
+    match view:
+        case FullAttentionSpec() | MLASpec() | SinkFullAttentionSpec():
+            return "full"
+        case SlidingWindowSpec() | SlidingWindowMLASpec():
+            return f"{view.sliding_window} tokens"
+        case ChunkedLocalSpec():
+            return f"chunks of {view.attention_chunk_size}"
+        case CrossAttentionSpec():
+            return "encoder"
+        case MambaSpec():
+            return f"state ({g.mamba_mode})"
+        case CircularBufferSpec():
+            return "ring"
+        case _:
+            assert_never(view)
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return lines
+
+
+def _onoff(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
+    """The ``kvgeom explain`` text for a resolved geometry (and the keys of a ``prefix``-token prompt).
+
+    >>> import kvgeom
+    >>> text = explain_text(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), "default")
+    >>> "L  scheduler block  32 tokens  (lcm of the spans)" in text
+    True
+    """
+    cfg = geom.config
+    par = cfg.parallel
+    off = geom.offload
+    lines = [f"kvgeom geometry of {label}", ""]
+    lines.append(
+        f"parallel: tp={par.tp} dcp={par.dcp} pcp={par.pcp} pp={par.pp} cp_interleave={par.cp_interleave}"
+        + (" pcp_shards_kv=true" if par.pcp_shards_kv else "")
+        + f"  (sharded groups are dealt over {geom.kv_shards} rank{'s' if geom.kv_shards != 1 else ''})"
+    )
+    cache = cfg.cache
+    retention = "dense" if cache.retention_interval is None else str(cache.retention_interval)
+    lines.append(
+        f"cache: prefix_caching={_onoff(cache.prefix_caching)} retention_interval={retention} "
+        f"max_model_len={cache.max_model_len if cache.max_model_len is not None else '-'}"
+    )
+    lines.append("")
+    chunks = {og.index: og.tokens_per_chunk for og in off.groups} if off is not None else {}
+    show_rows = any(g.row_width is not None for g in geom.groups)
+    header = ["group", "kind", "block", "sharded", "span", "chunk", "window", "cacheable"]
+    if show_rows:
+        header.append("row")
+    rows = [header]
+    for g in geom.groups:
+        row = [
+            str(g.index),
+            _kind_label(g),
+            str(g.block_size),
+            "yes" if g.dcp_sharded else "no",
+            str(g.span),
+            str(chunks[g.index]) if g.index in chunks else "-",
+            _window_label(g),
+            "yes" if g.prefix_cacheable else "no",
+        ]
+        if show_rows:
+            row.append(str(g.row_width) if g.row_width is not None else "-")
+        rows.append(row)
+    lines.extend(_table(rows, right={2, 4, 5, 8}))
+    lines.append("")
+    lines.extend(
+        _table(
+            [
+                ["L", "scheduler block", f"{geom.scheduler_block_size} tokens", "(lcm of the spans)"],
+                ["H", "hash unit", f"{geom.hash_block_size} tokens", "(request hashes chain every H tokens)"],
+                [
+                    "A",
+                    "hit alignment",
+                    f"{geom.hit_alignment_tokens} tokens",
+                    f"(prefix hits land on multiples of A; partial hash hits {_onoff(geom.partial_hash_hits)})",
+                ],
+            ],
+            right={2},
+        )
+    )
+    lines.append("")
+    lines.append(f"layout fingerprint: {geom.fingerprint()}  (equal fingerprints: offloaded keys are interchangeable)")
+    lines.append("")
+    if off is None:
+        lines.append('offload: none (no offloading connector; add an "offload" section, {} means k = 1)')
+    else:
+        lines.append(
+            f"offload: blocks_per_chunk={off.blocks_per_chunk} tokens_per_hash={off.tokens_per_hash} "
+            f"alignment_tokens={off.alignment_tokens if off.alignment_tokens is not None else '-'} "
+            f"mamba_align_size={off.mamba_align_size if off.mamba_align_size is not None else '-'} "
+            f"partial tails {_onoff(off.supports_partial_tail)}"
+        )
+        orows = [["group", "tokens_per_block", "tokens_per_chunk", "hashes_per_chunk", "window_chunks"]]
+        for og in off.groups:
+            orows.append(
+                [
+                    str(og.index),
+                    str(og.tokens_per_block),
+                    str(og.tokens_per_chunk),
+                    str(og.hashes_per_chunk),
+                    str(og.window_chunks) if og.window_chunks is not None else "-",
+                ]
+            )
+        lines.extend(_table(orows, right={1, 2, 3, 4}))
+    lines.append("")
+    if geom.warnings:
+        lines.append("warnings:")
+        lines.extend(f"  [{w.code}] {w.message}" for w in geom.warnings)
+    else:
+        lines.append("warnings: none")
+    if prefix is not None:
+        lines.append("")
+        lines.extend(_keys_text(geom, prefix))
+        lines.append("")
+        lines.extend(_axis_text(geom, prefix))
+    return "\n".join(lines) + "\n"
+
+
+def _keys_text(geom: Geometry, prefix: int) -> list[str]:
+    if geom.offload is None:
+        return [
+            f"keys: none for the {prefix}-token prefix: this config has no offload section, so it has no "
+            'offload keys; add "offload": {} (k = 1) to see them'
+        ]
+    km = geom.key_map(prefix)
+    lines = [f"keys of the complete offload chunks within the first {prefix} tokens:"]
+    for item in km["groups"]:
+        g = geom.groups[item["index"]]
+        if "rank_lengths" in item:
+            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {item['rank_lengths']}"
+        else:
+            lengths = rank_lengths(geom, g.index, prefix)
+            ranks = f"replicated, every rank holds {lengths[0]} tokens" if len(lengths) > 1 else f"{lengths[0]} tokens"
+        lines.append(
+            f"  group {g.index} ({g.kind}), {geom.offload.group(g.index).tokens_per_chunk}-token chunks, {ranks}:"
+        )
+        if not item["keys"]:
+            lines.append("    (no complete chunk yet)")
+        shown = item["keys"][:_MAX_KEYS_SHOWN]
+        for k in shown:
+            where = f"state block {k['state_block']}" if "state_block" in k else f"block entries {k['block_entries']}"
+            lines.append(f"    chunk {k['chunk']:>3}  key h{k['hash_index']:<5} prefix [0, {k['end_token']})  {where}")
+        if len(item["keys"]) > len(shown):
+            lines.append(f"    ... and {len(item['keys']) - len(shown)} more keys (kvgeom explain --json lists all)")
+    return lines
+
+
+_AXIS_WIDTH = 64
+_MAX_KEYS_SHOWN = 24
+
+
+def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
+    """The smallest divisor or multiple of ``unit`` that draws ``total`` tokens in at most ``max_cells`` cells,
+    so that cells line up with the hash grid."""
+    small: set[int] = set()
+    d = 1
+    while d * d <= unit:
+        if unit % d == 0:
+            small.update((d, unit // d))
+        d += 1
+    for p in sorted(small):
+        if cdiv(total, p) <= max_cells:
+            return p
+    return int(cdiv(cdiv(total, max_cells), unit)) * unit
+
+
+def _axis_text(geom: Geometry, prefix: int) -> list[str]:
+    """A text picture of the token axis: blocks, key ends and DCP owners per group."""
+    if prefix == 0:
+        return ["token axis: empty prefix"]
+    per_char = _tokens_per_cell(geom.hash_block_size, prefix, _AXIS_WIDTH)
+    cells = cdiv(prefix, per_char)
+    lines = [
+        f"token axis, 1 char = {per_char} token{'s' if per_char > 1 else ''}; "
+        "| starts a block (= and - alternate), ^ ends a key, digits: owning DCP rank"
+    ]
+    pad = 16
+    lines.append(" " * pad + "0".ljust(cells - len(str(prefix))) + str(prefix))
+    ends: dict[int, list[int]] = {}
+    if geom.offload is not None:
+        for item in geom.key_map(prefix)["groups"]:
+            ends[item["index"]] = [k["end_token"] for k in item["keys"]]
+    interleave = geom.config.parallel.cp_interleave
+    for g in geom.groups:
+        blocks = []
+        prev = None
+        for c in range(cells):
+            col = dcp_placement(geom, g.index, c * per_char).column
+            blocks.append("|" if col != prev else ("=" if col % 2 == 0 else "-"))
+            prev = col
+        lines.append(f"  g{g.index} blocks".ljust(pad) + "".join(blocks))
+        if g.index in ends:
+            marks = [" "] * cells
+            for e in ends[g.index]:
+                marks[(e - 1) // per_char] = "^"
+            lines.append(f"  g{g.index} keys".ljust(pad) + "".join(marks).rstrip())
+        if g.dcp_sharded and geom.kv_shards > 1:
+            if interleave % per_char == 0:
+                owners = "".join(str(dcp_placement(geom, g.index, c * per_char).rank) for c in range(cells))
+                lines.append(f"  g{g.index} ranks".ljust(pad) + owners)
+            else:
+                lines.append(
+                    f"  g{g.index} ranks".ljust(pad)
+                    + f"(dealt in runs of {interleave} over {geom.kv_shards} ranks; too fine to draw here)"
+                )
+    return lines
+
+
+def _pick_source(args: argparse.Namespace) -> KVGeomConfig | dict[str, Any]:
+    if args.config is not None and args.preset is not None:
+        raise _Fail(EXIT_USAGE, ["kvgeom explain: give CONFIG or --preset NAME, not both (see kvgeom explain --help)"])
+    if args.preset is not None:
+        return _load(PRESET_PREFIX + args.preset)
+    if args.config is not None:
+        return _load(args.config)
+    return DEFAULT_CONFIG
+
+
+def _cmd_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    label = args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL)
+    try:
+        source = _pick_source(args)
+        geom = resolve(source)
+    except KVGeomError as e:
+        raise _fail(label, e) from None
+    if args.json:
+        report = geom.to_report()
+        if args.prefix is not None:
+            report["keys"] = geom.key_map(args.prefix) if geom.offload is not None else None
+        json.dump(report, out, indent=2)
+        out.write("\n")
+        if args.prefix is not None and geom.offload is None:
+            err.write(f'{label}: no offload section, so no offload keys ("keys": null); add "offload": {{}}\n')
+        return EXIT_OK
+    shown = "the bundled default (the seed hybrid under DCP=2)" if label == DEFAULT_LABEL else label
+    out.write(explain_text(geom, shown, args.prefix))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------- hit
+
+
+def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    geom = _resolve_arg(args.config)
+    try:
+        scenario = _read_file(Path(args.scenario))
+        plan = geom.plan_hit(scenario)
+    except KVGeomError as e:
+        label = args.config if e.code == "no_offload" else args.scenario
+        raise _Fail(EXIT_USAGE, [f"{label}: {_problem_line(p)}" for p in e.problems]) from None
+    if args.json:
+        json.dump(plan, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"hit: {plan['hit_tokens']} tokens from the offload tier, ending at token {plan['end_token']}\n")
+    for item in plan["groups"]:
+        g = geom.groups[item["index"]]
+        line = (
+            f"  group {g.index} ({g.kind}): load keys ending at {item['load_keys']}, "
+            f"block entries {item['block_entries']}"
+        )
+        if item["state_block"] is not None:
+            line += f", state block {item['state_block']}"
+        out.write(line + "\n")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------- diagram
+
+
+def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from kvgeom.diagram import render_svg
+
+    geom = _resolve_arg(args.config)
+    try:
+        svg = render_svg(geom, args.prefix, title=args.title or args.config)
+    except KVGeomError as e:
+        raise _fail(args.config, e) from None
+    if args.output == "-":
+        out.write(svg)
+        return EXIT_OK
+    try:
+        Path(args.output).write_text(svg, encoding="utf-8")
+    except OSError as e:
+        raise _Fail(EXIT_USAGE, [f"{args.output}: cannot write the diagram: {e.__class__.__name__}: {e}"]) from None
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------- compat
+
+
+def _cmd_compat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from kvgeom.compat import compat, compat_main_text
+
+    configs = []
+    for arg in (args.a, args.b):
+        try:
+            configs.append(resolve(_load(arg)))
+        except KVGeomError as e:
+            # A layout that does not resolve cannot be compared: exit 2, since 1 means "not interchangeable".
+            raise _Fail(EXIT_USAGE, [f"{arg}: {_problem_line(p)}" for p in e.problems]) from None
+    report = compat(configs[0], configs[1])
+    if args.json:
+        json.dump(report.to_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(compat_main_text(report) + "\n")
+    return EXIT_OK if report.compatible else EXIT_INVALID
+
+
+# ------------------------------------------------------------ schema, presets
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the config format (draft 2020-12), from the pydantic models.
+
+    >>> config_schema()["title"]
+    'KVGeomConfig'
+    """
+    schema = KVGeomConfig.model_json_schema()
+    defs = schema.get("$defs", {})
+    # Two rules of the format that pydantic's generated schema cannot see: the "dense" spelling of a null
+    # retention interval (a before-validator), and "block_size or blocks_per_chunk, not both" (offload_chunk_both).
+    retention = defs.get("CacheConfig", {}).get("properties", {}).get("retention_interval")
+    if retention is not None and "anyOf" in retention:
+        retention["anyOf"].append({"const": "dense"})
+    if "OffloadConfig" in defs:
+        defs["OffloadConfig"]["not"] = {"required": ["block_size", "blocks_per_chunk"]}
+    _layers_inherit_block_size(defs)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def _layers_inherit_block_size(defs: dict[str, Any]) -> None:
+    """A uniform container and its layers may each omit ``block_size`` (one inherits the other's, a
+    before-validator the generated schema does not show): point the layers at copies of the leaf
+    specs without ``block_size`` in ``required``, and drop it from the container's."""
+    uniform = defs.get("UniformSpec")
+    if uniform is None:
+        return
+    uniform["required"] = [r for r in uniform.get("required", []) if r != "block_size"]
+    items = uniform["properties"]["layers"]["items"]
+    renamed: dict[str, str] = {}
+    for option in items.get("oneOf", []):
+        name = option["$ref"].rsplit("/", 1)[-1]
+        layer = copy.deepcopy(defs[name])
+        layer["required"] = [r for r in layer.get("required", []) if r != "block_size"]
+        defs[f"{name}Layer"] = layer
+        renamed[f"#/$defs/{name}"] = f"#/$defs/{name}Layer"
+        option["$ref"] = renamed[f"#/$defs/{name}"]
+    mapping = items.get("discriminator", {}).get("mapping", {})
+    for kind, ref in mapping.items():
+        mapping[kind] = renamed.get(ref, ref)
+
+
+def _cmd_schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    json.dump(config_schema(), out, indent=2)
+    out.write("\n")
+    return EXIT_OK
+
+
+def _cmd_presets(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    names = preset_names()
+    width = max(len(n) for n in names)
+    for name in names:
+        out.write(f"{name.ljust(width)}  {preset_description(name)}\n")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- main
+
+
+def _parser() -> _Parser:
+    from kvgeom import __version__
+
+    p = _Parser(
+        prog="kvgeom",
+        description="KV-cache block geometry: check configs in CI, explain and draw a geometry, plan hits.",
+        epilog="CONFIG is a .json/.toml file or preset:NAME. Exit codes: 0 ok, 1 invalid geometry "
+        "(or a warning under --strict), 2 usage error or unreadable/malformed input.",
+    )
+    p.add_argument("--version", action="version", version=f"kvgeom {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    c = sub.add_parser("check", help="resolve configs; exit 1 on an invalid geometry (a CI gate)")
+    c.add_argument("configs", nargs="+", metavar="CONFIG")
+    c.add_argument("--format", choices=["text", "json", "github"], default="text")
+    c.add_argument("--strict", action="store_true", help="treat warnings as failures (exit 1)")
+    c.set_defaults(func=_cmd_check)
+
+    e = sub.add_parser("explain", help="explain a geometry (default: the bundled seed hybrid under DCP=2)")
+    e.add_argument("config", nargs="?", metavar="CONFIG")
+    e.add_argument("--preset", metavar="NAME", help="a bundled preset (see kvgeom presets)")
+    e.add_argument("--prefix", type=_nonneg_int, metavar="N", help="also show the keys of an N-token prefix")
+    e.add_argument("--json", action="store_true", help='print to_report() (and key_map under "keys")')
+    e.set_defaults(func=_cmd_explain)
+
+    h = sub.add_parser("hit", help="hit length and load plan of a scenario")
+    h.add_argument("config", metavar="CONFIG")
+    h.add_argument("scenario", metavar="SCENARIO.json")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=_cmd_hit)
+
+    d = sub.add_parser("diagram", help="draw the token axis, one lane per group, as SVG")
+    d.add_argument("config", metavar="CONFIG")
+    d.add_argument(
+        "--prefix",
+        type=_nonneg_int,
+        metavar="N",
+        help="tokens to draw (default: two of the largest chunk or scheduler block)",
+    )
+    d.add_argument("-o", "--output", required=True, metavar="FILE.svg", help="output file ('-' for stdout)")
+    d.add_argument("--title", help="title line (default: CONFIG)")
+    d.set_defaults(func=_cmd_diagram)
+
+    cp = sub.add_parser("compat", help="can two layouts share offloaded keys? exit 0 yes, 1 no")
+    cp.add_argument("a", metavar="A", help="CONFIG of the first deployment")
+    cp.add_argument("b", metavar="B", help="CONFIG of the second deployment")
+    cp.add_argument("--json", action="store_true", help="print the CompatReport as JSON")
+    cp.set_defaults(func=_cmd_compat)
+
+    s = sub.add_parser("schema", help="print the JSON Schema of the config format")
+    s.set_defaults(func=_cmd_schema)
+
+    ps = sub.add_parser("presets", help="list the bundled presets")
+    ps.set_defaults(func=_cmd_presets)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kvgeom`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    Never raises for bad input: problems are printed on stderr, one line each.
+
+    >>> main(["check", "preset:gemma3-swa"])
+    preset:gemma3-swa: ok (L=16 H=16 A=16, 0 warnings)
+    0
+    """
+    out, err = sys.stdout, sys.stderr
+    parser = _parser()
+    try:
+        try:
+            args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        except SystemExit as e:  # --help and --version
+            return e.code if isinstance(e.code, int) else EXIT_OK
+        if args.command is None:  # bare `kvgeom` / `python -m kvgeom`: the main job, explain the default
+            args = parser.parse_args(["explain"])
+        return int(args.func(args, out, err))
+    except _Fail as f:
+        for line in f.lines:
+            err.write(line + "\n")
+        return f.code
+    except BrokenPipeError:  # e.g. kvgeom schema | head: the reader left; not an error of ours
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK

@@ -1,0 +1,189 @@
+"""An SVG picture of a geometry's token axis, one lane per cache group (``kvgeom diagram``).
+
+Plain SVG text, no plotting dependency. Each lane is an SVG ``<g class="lane">``
+with ``data-group`` and ``data-kind`` attributes and shows, for its group:
+
+* the blocks: block-table column *c* covers positions ``[c*span, (c+1)*span)``
+  (Mamba: state block *i* holds the state after ``(i+1)*block_size`` tokens);
+* the offload keys (:meth:`kvgeom.Geometry.key_map`): a tick at each key's end
+  token, labelled with its request-hash index;
+* align-mode Mamba: a dot at each state boundary, filled when a hit may end
+  there (:func:`kvgeom.boundaries.is_restorable`);
+* DCP-sharded groups: the rank owning each interleave run
+  (:func:`kvgeom.ranks.dcp_placement`), or a note when the runs are too fine.
+
+Every number is read from the geometry or a kvgeom query function.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from kvgeom._check import nonneg
+from kvgeom._math import cdiv
+from kvgeom.boundaries import is_restorable, state_block_for_boundary
+from kvgeom.geometry import Geometry, GroupGeometry
+from kvgeom.ranks import dcp_placement, rank_lengths
+
+__all__ = ["default_prefix", "render_svg"]
+
+_LEFT = 240
+_PLOT = 900
+_RIGHT = 40
+_LANE = 86
+_TOP = 74
+_MAX_RUNS = 512
+_MAX_LABELS = 48
+_RANK_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
+_BLOCK_COLORS = ("#dfe7f2", "#c5d3e8")
+
+
+def default_prefix(geom: Geometry) -> int:
+    """Tokens a diagram shows when none are asked for: two of the largest of L and the offload chunks.
+
+    >>> import kvgeom
+    >>> default_prefix(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    64
+    """
+    chunks = [og.tokens_per_chunk for og in geom.offload.groups] if geom.offload is not None else []
+    return 2 * max([geom.scheduler_block_size, *chunks])
+
+
+def _x(t: int, total: int) -> float:
+    return _LEFT + _PLOT * t / total
+
+
+def _f(v: float) -> str:
+    return f"{v:.2f}".rstrip("0").rstrip(".")
+
+
+def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str = "") -> str:
+    """An SVG document of the first ``prefix_tokens`` tokens (default :func:`default_prefix`).
+
+    Postcondition: the document parses as XML and has exactly one
+    ``<g class="lane">`` per cache group, in group order.
+
+    >>> import kvgeom, xml.etree.ElementTree as ET
+    >>> svg = render_svg(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 64)
+    >>> root = ET.fromstring(svg)
+    >>> [g.get("data-kind") for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "lane"]
+    ['full_attention', 'mamba']
+    """
+    total = default_prefix(geom) if prefix_tokens is None else nonneg("prefix_tokens", prefix_tokens)
+    total = max(total, 1)
+    keys: dict[int, list[dict[str, int]]] = {}
+    if geom.offload is not None:
+        for item in geom.key_map(total)["groups"]:
+            keys[item["index"]] = item["keys"]
+    height = _TOP + _LANE * len(geom.groups) + 24
+    width = _LEFT + _PLOT + _RIGHT
+    out: list[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="18" font-size="14" font-weight="bold">{escape(title or "kvgeom geometry")}</text>',
+    ]
+    par = geom.config.parallel
+    off = geom.offload
+    summary = (
+        f"L={geom.scheduler_block_size}  H={geom.hash_block_size}  A={geom.hit_alignment_tokens}  "
+        f"tp={par.tp} dcp={par.dcp} cp_interleave={par.cp_interleave}  "
+        + (f"offload k={off.blocks_per_chunk}" if off is not None else "no offload (no keys)")
+        + f"  first {total} tokens"
+    )
+    out.append(f'<text x="10" y="36">{escape(summary)}</text>')
+    out.extend(_axis(geom, total))
+    for lane, g in enumerate(geom.groups):
+        out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index)))
+    legend = (
+        "boxes: blocks (number = block-table column, or Mamba state block); red tick: end of an offload key "
+        "(hN = request hash N); dot: Mamba state boundary, filled when a hit may end there"
+    )
+    out.append(f'<text x="10" y="{height - 10}" fill="#555">{escape(legend)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _axis(geom: Geometry, total: int) -> list[str]:
+    """Ticks at multiples of the scheduler block L (thinned to at most 16 labels)."""
+    L = geom.scheduler_block_size
+    n = total // L
+    step = max(1, cdiv(n, 16))
+    y = _TOP - 14
+    parts = [f'<line x1="{_LEFT}" y1="{y}" x2="{_LEFT + _PLOT}" y2="{y}" stroke="#444"/>']
+    for i in range(0, n + 1, step):
+        x = _f(_x(i * L, total))
+        parts.append(f'<line x1="{x}" y1="{y - 4}" x2="{x}" y2="{y + 4}" stroke="#444"/>')
+        parts.append(f'<text x="{x}" y="{y - 7}" text-anchor="middle">{i * L}</text>')
+    parts.append(f'<text x="10" y="{y + 4}">token (ticks: L = {L})</text>')
+    return parts
+
+
+def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dict[str, int]] | None) -> list[str]:
+    sharded = g.dcp_sharded and geom.kv_shards > 1
+    dealing = f"dealt over {geom.kv_shards} ranks" if sharded else "replicated" if geom.kv_shards > 1 else "dcp=1"
+    desc = f"block {g.block_size}, span {g.span}, {dealing}"
+    parts = [
+        f'<g class="lane" data-group="{g.index}" data-kind="{escape(g.kind)}">',
+        f'<text x="10" y="{top + 16}" font-weight="bold">group {g.index}: {escape(g.kind)}</text>',
+        f'<text x="10" y="{top + 30}">{escape(desc)}</text>',
+    ]
+    if off_g := (geom.offload.group(g.index) if keys is not None and geom.offload is not None else None):
+        parts.append(f'<text x="10" y="{top + 44}">chunk {off_g.tokens_per_chunk} tokens</text>')
+    # Blocks: block-table columns (positional) or state blocks (Mamba), each one span wide.
+    by = top + 4
+    ncols = cdiv(total, g.span)
+    for c in range(ncols):
+        start = dcp_placement(geom, g.index, c * g.span).column * g.span
+        stop = min(start + g.span, total)
+        x0, x1 = _x(start, total), _x(stop, total)
+        parts.append(
+            f'<rect class="block" x="{_f(x0)}" y="{by}" width="{_f(x1 - x0)}" height="22" '
+            f'fill="{_BLOCK_COLORS[c % 2]}" stroke="#6b7b93" stroke-width="0.5"/>'
+        )
+        if ncols <= _MAX_LABELS and x1 - x0 >= 14:
+            parts.append(f'<text x="{_f((x0 + x1) / 2)}" y="{by + 15}" text-anchor="middle">{c}</text>')
+    # Mamba state boundaries: the state after exactly b tokens lives in block b/B_m - 1.
+    if g.is_align_mamba:
+        for c in range(1, total // g.span + 1):
+            b = c * g.span
+            block = state_block_for_boundary(geom, g.index, b)
+            fill = "#222" if is_restorable(geom, g.index, b) else "white"
+            parts.append(
+                f'<circle class="state" data-block="{block}" cx="{_f(_x(b, total))}" cy="{by + 28}" r="3" '
+                f'fill="{fill}" stroke="#222"/>'
+            )
+    # Offload keys: a tick at each key's end token.
+    ky = top + 40
+    if keys is not None:
+        for k in keys:
+            x = _f(_x(k["end_token"], total))
+            parts.append(
+                f'<line class="key" x1="{x}" y1="{ky}" x2="{x}" y2="{ky + 12}" stroke="#b22" stroke-width="2"/>'
+            )
+            if len(keys) <= _MAX_LABELS:
+                parts.append(f'<text x="{x}" y="{ky + 22}" text-anchor="end" fill="#b22">h{k["hash_index"]}</text>')
+    # DCP ownership of a sharded group: who holds each interleave run.
+    if sharded:
+        ry = top + 66
+        interleave = geom.config.parallel.cp_interleave
+        runs = cdiv(total, interleave)
+        if runs <= _MAX_RUNS:
+            for r in range(runs):
+                start = r * interleave
+                stop = min(start + interleave, total)
+                rank = dcp_placement(geom, g.index, start).rank or 0
+                x0, x1 = _x(start, total), _x(stop, total)
+                parts.append(
+                    f'<rect class="rank" data-rank="{rank}" x="{_f(x0)}" y="{ry}" width="{_f(x1 - x0)}" height="8" '
+                    f'fill="{_RANK_COLORS[rank % len(_RANK_COLORS)]}"/>'
+                )
+            parts.append(f'<text x="10" y="{ry + 8}">DCP ranks (colour = owner)</text>')
+        else:
+            lengths = rank_lengths(geom, g.index, total)
+            parts.append(
+                f'<text x="{_LEFT}" y="{ry + 8}">dealt to {geom.kv_shards} ranks in runs of {interleave} '
+                f"tokens (too fine to draw); per-rank lengths {list(lengths)}</text>"
+            )
+    parts.append("</g>")
+    return parts
