@@ -52,7 +52,8 @@ _EMPTY = -1
 
 def _as_dict(plan: Any) -> Mapping[str, Any]:
     to_dict = getattr(plan, "to_dict", None)
-    return to_dict() if callable(to_dict) else plan
+    out: Mapping[str, Any] = to_dict() if callable(to_dict) else plan
+    return out
 
 
 @dataclass
