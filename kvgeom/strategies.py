@@ -510,7 +510,6 @@ def _configs(
     use_offload = draw(st.booleans()) if offload is None else offload
     sizes = _sizes(draw, min_dcp, max_dcp, allow_pcp)
     shards = _kv_shards(sizes)
-    n = draw(st.integers(min_groups, max_groups))
     unit = draw(st.integers(min_block_size, max_block_size))
     blocks = st.sampled_from([m for m in _MULTIPLIERS if unit * m <= max_block_size]).map(lambda m: unit * m)
     # Every Mamba group shares one block: vLLM asserts one Mamba offload chunk, and in align mode
@@ -521,10 +520,11 @@ def _configs(
         # None then means 'none'; a non-align Mamba group forces H = L, which forced offloading
         # over mixed spans cannot take, so offload=True keeps align mode.
         modes = ("align",) if use_offload else (None, "none", "align")
-    specs: list[AnySpec] = []
-    for i in range(n):
+
+    @st.composite
+    def group(draw: st.DrawFn, first: bool) -> AnySpec:
         # With forced offloading the first group is an offloadable kind, so there is something to offload.
-        pool = [k for k in kinds if k not in _NOT_OFFLOADABLE_KINDS] if (i == 0 and offload) else kinds
+        pool = [k for k in kinds if k not in _NOT_OFFLOADABLE_KINDS] if (first and offload) else kinds
         kind = draw(st.sampled_from(pool))
         # Drawn for every group, whatever its kind, so a shrink that changes the kind stays aligned.
         replicated_draft = draw(st.integers(0, 7)) == 7
@@ -536,7 +536,7 @@ def _configs(
                 spec = _uniform(draw, draw(blocks), mamba_block, modes)
             case "sink_full_attention":
                 spec = SinkFullAttentionSpec(block_size=draw(blocks))  # sink_len once the span is known
-            case "sliding_window_mla" if i == 0 and offload:
+            case "sliding_window_mla" if first and offload:
                 spec = draw(sliding_window_mla_specs(block_size=blocks)).model_copy(update={"bounded_replay": False})
             case _:
                 spec = draw(_KIND_STRATEGIES[kind](block_size=blocks))
@@ -547,7 +547,12 @@ def _configs(
             spec = spec.model_copy(update={"dcp_sharded": False})
         if fam == "cross" and use_offload:
             spec = spec.model_copy(update={"prefix_cacheable": False})
-        specs.append(spec)
+        return spec
+
+    # The groups after the first are a list, so the shrinker can delete any of them.
+    specs: list[AnySpec] = [draw(group(True))]
+    specs += draw(st.lists(group(False), min_size=min_groups - 1, max_size=max_groups - 1))
+    n = len(specs)
     sharded = tuple(s.block_size for s in specs if is_dcp_sharded(s))
     parallel = _add_interleave(draw, sizes, sharded)
     dumped = [_dump(s) for s in specs]

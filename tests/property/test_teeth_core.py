@@ -114,12 +114,10 @@ def test_row_width_law_catches_50287_mamba_row_divided_by_dcp(monkeypatch):
     257-token request 17 Mamba blocks.
 
     Caught by ``test_row_widths_hold_every_block_the_scheduler_can_allocate`` and
-    ``test_mamba_row_width_never_divided_by_dcp``. Minimal counterexample found:
-    ``{'groups': [{'block_size': 2, 'kind': 'full_attention'}, {'block_size': 2, 'kind':
-    'full_attention'}, {'block_size': 2, 'kind': 'mamba', 'num_speculative_blocks': 0}],
-    'parallel': {'dcp': 2, 'tp': 2, 'cp_interleave': 1}, 'cache': {'prefix_caching': True,
-    'max_model_len': 3}}`` -- Mamba row cdiv(3, 4) = 1 where the scheduler can allocate
-    cdiv(3, 2) = 2 blocks (the shrinker stops short of the single-Mamba-group form).
+    ``test_mamba_row_width_never_divided_by_dcp``. Minimal counterexample:
+    ``{'groups': [{'block_size': 1, 'kind': 'mamba', 'num_speculative_blocks': 0}], 'parallel':
+    {'dcp': 2, 'tp': 2}, 'cache': {'prefix_caching': True, 'max_model_len': 2}}`` -- Mamba row
+    cdiv(2, 2) = 1 where the scheduler can allocate cdiv(2, 1) = 2 blocks.
     """
     correct = geometry._row_width
 
@@ -138,9 +136,8 @@ def test_row_width_law_catches_50287_mamba_row_divided_by_dcp(monkeypatch):
     assert fails(with_broken_rows(laws.check_row_width_holds_scheduler_blocks))(H50287)
     assert fails(with_broken_rows(laws.check_mamba_row_width))(H50287)
     cex = minimal(configs(kinds=ROW_LAW_KINDS), fails(with_broken_rows(laws.check_row_width_holds_scheduler_blocks)))
-    mamba = [g for g in cex["groups"] if g["kind"] == "mamba"]
-    assert mamba and cex["parallel"]["dcp"] == 2
-    assert cex["cache"]["max_model_len"] > mamba[0]["block_size"]
+    assert [g["kind"] for g in cex["groups"]] == ["mamba"]
+    assert cex["parallel"]["dcp"] == 2 and cex["cache"]["max_model_len"] == 2
     laws.check_row_width_holds_scheduler_blocks(cex)
     laws.check_mamba_row_width(cex)
 
