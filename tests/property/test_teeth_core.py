@@ -5,7 +5,9 @@ Each test swaps one module-level function of kvgeom for a deliberately broken va
 
 1. the law fails on the historical row of that bug (reference §5, §7),
 2. Hypothesis finds a counterexample from the generated configs, shrunk with
-   :func:`kvgeom.strategies.minimal` (deterministic), recorded in the docstring, and
+   :func:`kvgeom.strategies.minimal` and recorded in the docstring (the test asserts the features
+   that make it a counterexample, not the exact dict: Hypothesis also seeds generation with
+   constants from the loaded modules, so a full-suite run may stop at a sibling), and
 3. the same counterexample passes the law once the correct rule is back.
 
 Seams: ``kvgeom.specs._sharded_by_kind`` (the kind rule behind ``is_dcp_sharded``),
@@ -61,8 +63,7 @@ def test_span_law_catches_49964_mamba_span_scaled_by_dcp(monkeypatch):
     assert fails(laws.check_span)(H49964)
     assert fails(laws.check_mamba_span)(H49964)
     cex = minimal(configs(), fails(laws.check_span))
-    assert [g["kind"] for g in cex["groups"]] == ["mamba"]
-    assert cex["groups"][0]["block_size"] == 1 and cex["parallel"]["dcp"] == 2
+    assert "mamba" in [g["kind"] for g in cex["groups"]] and cex["parallel"]["dcp"] >= 2
     assert fails(laws.check_mamba_span)(cex)
     monkeypatch.undo()
     laws.check_span(cex)
@@ -90,9 +91,7 @@ def test_uniform_law_catches_50883_container_not_unwrapped(monkeypatch):
         assert fails(laws.check_uniform_span_equals_leaves)(row)
         assert fails(laws.check_span)(row)
     cex = minimal(configs(kinds=UNIFORM_LAW_KINDS), fails(laws.check_uniform_span_equals_leaves))
-    assert [g["kind"] for g in cex["groups"]] == ["uniform"]
-    assert cex["groups"][0]["layers"][0]["kind"] in {"mla", "full_attention"}
-    assert cex["parallel"]["dcp"] == 2
+    assert "uniform" in [g["kind"] for g in cex["groups"]] and cex["parallel"]["dcp"] >= 2
     monkeypatch.undo()
     laws.check_uniform_span_equals_leaves(cex)
 
@@ -136,8 +135,7 @@ def test_row_width_law_catches_50287_mamba_row_divided_by_dcp(monkeypatch):
     assert fails(with_broken_rows(laws.check_row_width_holds_scheduler_blocks))(H50287)
     assert fails(with_broken_rows(laws.check_mamba_row_width))(H50287)
     cex = minimal(configs(kinds=ROW_LAW_KINDS), fails(with_broken_rows(laws.check_row_width_holds_scheduler_blocks)))
-    assert [g["kind"] for g in cex["groups"]] == ["mamba"]
-    assert cex["parallel"]["dcp"] == 2 and cex["cache"]["max_model_len"] == 2
+    assert "mamba" in [g["kind"] for g in cex["groups"]] and cex["parallel"]["dcp"] >= 2
     laws.check_row_width_holds_scheduler_blocks(cex)
     laws.check_mamba_row_width(cex)
 
@@ -159,6 +157,7 @@ def test_scheduler_block_law_catches_lmcache_4809_cli_block_size(monkeypatch):
     assert kvgeom.resolve(LMC4809).scheduler_block_size == 1024  # the bug's number
     assert fails(laws.check_scheduler_block_and_hash_unit)(LMC4809)
     cex = minimal(configs(), fails(laws.check_scheduler_block_and_hash_unit))
-    assert cex["groups"] == [{"kind": "full_attention", "block_size": 1}]
     monkeypatch.undo()
+    fixed = kvgeom.resolve(cex)
+    assert fixed.scheduler_block_size != from_cli_block(list(fixed.groups))  # the CLI block is the difference
     laws.check_scheduler_block_and_hash_unit(cex)
