@@ -291,19 +291,23 @@ class Simulator:
                     problems.append(f"group {gs.index}: Mamba restored at {N}, not below num_tokens={n}")
                 read = restore_read_block(self.geom, gs.index, N)
                 got = self.states.get(gs.row[read]) if read < len(gs.row) else None
-                if got != N:
+                want = cold.states.get(cold.groups[gs.index].row[read])
+                assert want == N  # the cold run's running state (a simulator self-check)
+                if got != want:
                     problems.append(
                         f"group {gs.index}: a request resuming at {N} reads Mamba block {read}, which holds the "
-                        f"state after {got} tokens (a cold run holds {N})"
+                        f"state after {got} tokens (a cold run holds {want})"
                     )
                 continue
+            cold_row = cold.groups[gs.index].row
             for p in range(hits.skipped_tokens(self.geom, gs.index, N), N):
                 col, rank, offset = self._placement(gs.index, p)
+                want = cold.pages[(rank, cold_row[col])][offset]
                 page = self.pages.get((rank, gs.row[col])) if col < len(gs.row) else None
-                if page is None or page[offset] != p:
+                if page is None or page[offset] != want:
                     problems.append(
                         f"group {gs.index}: position {p} is missing after the load (column {col}, rank {rank}, "
-                        f"offset {offset} holds {None if page is None else page[offset]}; a cold run holds {p})"
+                        f"offset {offset} holds {None if page is None else page[offset]}; a cold run holds {want})"
                     )
                     break
             for col, block in enumerate(gs.row):
