@@ -24,55 +24,24 @@ CONFIGS = CASES / "configs"
 
 # output file, CONFIG argument, prefix tokens, title
 DIAGRAMS: list[tuple[str, str, int, str]] = [
-    (
-        "49964-right.svg",
-        "preset:seed-hybrid",
-        64,
-        "#49964 right: attention span 32 (dealt), Mamba span 16 (replicated), 64-token prefix",
-    ),
-    (
-        "49962-right.svg",
-        "preset:seed-hybrid",
-        64,
-        "#49962 right: a 64-token prefix stores 2 attention blocks and 4 Mamba state blocks",
-    ),
-    (
-        "50883-right.svg",
-        "preset:glm52-dsa-dcp2",
-        256,
-        "#50883 right: uniform MLA + indexer group under DCP 2, span 128",
-    ),
-    (
-        "50883-wrong.svg",
-        str(CONFIGS / "50883-wrong.json"),
-        256,
-        "#50883 as the buggy offload config saw it: the wrapper not sharded, span 64",
-    ),
-    (
-        "50287-right.svg",
-        str(CONFIGS / "50287.json"),
-        257,
-        "#50287: a 257-token request needs 9 attention columns and 17 Mamba state blocks",
-    ),
-    (
-        "44599-right.svg",
-        "preset:falcon-mamba",
-        128,
-        "#44599: Mamba chunk 64 (16 x k=4); a 128-token prompt restores at most the state after 64",
-    ),
-    ("55168-right.svg", "preset:kimi-k3-dcp8", 73728, "#55168: Kimi-K3 at DCP 8, attention span 12288, KDA span 1536"),
-    (
-        "lmcache-4809-right.svg",
-        "preset:glm5next-dcp4",
-        18432,
-        "LMCache #4809 right: resolved 2304-token pages, attention span 9216, Mamba 2304",
-    ),
-    (
-        "lmcache-4809-wrong.svg",
-        str(CONFIGS / "lmcache-4809-wrong.json"),
-        18432,
-        "LMCache #4809 as the buggy connector saw it: CLI block 256, span 1024",
-    ),
+    ("49964-right.svg", "preset:seed-hybrid", 64,
+     "#49964 right: attention span 32 (dealt), Mamba span 16 (replicated), 64-token prefix"),
+    ("49962-right.svg", "preset:seed-hybrid", 64,
+     "#49962 right: a 64-token prefix stores 2 attention blocks and 4 Mamba state blocks"),
+    ("50883-right.svg", "preset:glm52-dsa-dcp2", 256,
+     "#50883 right: uniform MLA + indexer group under DCP 2, span 128"),
+    ("50883-wrong.svg", str(CONFIGS / "50883-wrong.json"), 256,
+     "#50883 as the buggy offload config saw it: the wrapper not sharded, span 64"),
+    ("50287-right.svg", str(CONFIGS / "50287.json"), 257,
+     "#50287: a 257-token request needs 9 attention columns and 17 Mamba state blocks"),
+    ("44599-right.svg", "preset:falcon-mamba", 128,
+     "#44599: Mamba chunk 64 (16 x k=4); a 128-token prompt restores at most the state after 64"),
+    ("55168-right.svg", "preset:kimi-k3-dcp8", 73728,
+     "#55168: Kimi-K3 at DCP 8, attention span 12288, KDA span 1536"),
+    ("lmcache-4809-right.svg", "preset:glm5next-dcp4", 18432,
+     "LMCache #4809 right: resolved 2304-token pages, attention span 9216, Mamba 2304"),
+    ("lmcache-4809-wrong.svg", str(CONFIGS / "lmcache-4809-wrong.json"), 18432,
+     "LMCache #4809 as the buggy connector saw it: CLI block 256, span 1024"),
 ]
 
 
