@@ -19,7 +19,7 @@ from kvgeom.errors import ConfigError
 
 __all__ = ["dumps"]
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 #: Paths whose ``None`` means something other than "the default": written as a string.
@@ -33,7 +33,7 @@ def _key(k: Any, path: tuple[str, ...]) -> str:
             f"key {k!r} at {'.'.join(path) or 'top level'} is not a string; TOML keys are strings",
             ".".join(path),
         )
-    return k if _BARE_KEY.match(k) else _string(k)
+    return k if _BARE_KEY.fullmatch(k) else _string(k)  # fullmatch: '$' would accept a trailing newline
 
 
 def _string(s: str) -> str:

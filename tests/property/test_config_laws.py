@@ -42,6 +42,9 @@ _tomlish = st.recursive(
 
 
 @example(doc={"a b": {"c.d": [1, [2, 'x"\n\\']]}, "t": [{"x": 1}, {"y": {"z": True}}]})
+@example(doc={"0\n": {}})  # found by the thorough profile: a key ending in a newline was written bare
+@example(doc={"0\n": [{}]})
+@example(doc={"0\n": []})
 @given(doc=st.dictionaries(_keys, _tomlish, max_size=5))
 def test_toml_writer_output_reads_back_equal(doc):
     # The writer's contract on every table it accepts (arbitrary keys, strings needing escapes,
