@@ -8,6 +8,9 @@ The public API inventory. Resolve a config once, then ask the geometry::
     [('full_attention', 32), ('mamba', 16)]
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from kvgeom.config import DEFAULT_CONFIG, CacheConfig, KVGeomConfig, OffloadConfig, load_config
 from kvgeom.errors import (
     ConfigError,
@@ -45,18 +48,42 @@ from kvgeom.specs import (
 )
 
 # isort: split
-# issue 6: pages, block-size resolution, fingerprint, compat (appended for an easy merge)
+# `compat` and `fingerprint` are both functions and submodules: imported eagerly, so the
+# function, bound last, is what `kvgeom.compat` names.
 from kvgeom.compat import CompatReason, CompatReport, GroupCompat, compat, compat_main_text
 from kvgeom.fingerprint import fingerprint, layout_fields
 from kvgeom.pages import maybe_page_bytes, page_bytes
-from kvgeom.resolution import (
-    BlockSizeResolution,
-    LayeredConfig,
-    LayerSpec,
-    ModelLayers,
-    PagePadding,
-    resolve_block_sizes,
-)
+
+# The layer-shape resolution loads on first use (PEP 562): it is the largest module and
+# serving paths that only resolve a config never need it.
+_LAZY = {
+    "BlockSizeResolution": "kvgeom.resolution",
+    "LayeredConfig": "kvgeom.resolution",
+    "LayerSpec": "kvgeom.resolution",
+    "ModelLayers": "kvgeom.resolution",
+    "PagePadding": "kvgeom.resolution",
+    "resolve_block_sizes": "kvgeom.resolution",
+}
+
+if TYPE_CHECKING:
+    from kvgeom.resolution import (
+        BlockSizeResolution,
+        LayeredConfig,
+        LayerSpec,
+        ModelLayers,
+        PagePadding,
+        resolve_block_sizes,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvgeom' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -125,7 +125,7 @@ class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
     """Base of kvgeom's value models: immutable, unknown keys rejected, hashable,
     and every validation failure a :class:`kvgeom.ConfigError`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     FIELD_PREFIX: ClassVar[str] = ""
 
     @classmethod

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -133,6 +132,8 @@ def _read_file(path: Path) -> Any:
     try:
         if suffix == ".json":
             return json.loads(text)
+        import tomllib  # only when a TOML file is read: keeps `import kvgeom` light
+
         return tomllib.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError.single(
@@ -143,7 +144,7 @@ def _read_file(path: Path) -> Any:
             line=e.lineno,
             column=e.colno,
         ) from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # tomllib.TOMLDecodeError
         raise ConfigError.single(
             "unparsable_file", f"{str(path)!r} is not valid TOML: {e}", "", path=str(path)
         ) from None

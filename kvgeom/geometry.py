@@ -164,6 +164,8 @@ class Geometry:
 
     def group(self, index: int) -> GroupGeometry:
         """Group ``index``; :class:`kvgeom.QueryError` when out of range."""
+        if type(index) is int and 0 <= index < len(self.groups):  # fast path of the check below (benchmarks)
+            return self.groups[index]
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.groups):
             raise QueryError.single(
                 "no_such_group",

@@ -22,3 +22,13 @@ def test_python_m_kvgeom_explain_json_prints_default_report():
         [sys.executable, "-m", "kvgeom", "explain", "--json"], capture_output=True, text=True, check=True
     )
     assert "scheduler_block_size" in out.stdout
+
+
+def test_every_public_name_resolves():
+    import kvgeom
+
+    missing = [name for name in kvgeom.__all__ if not hasattr(kvgeom, name)]
+    assert missing == []
+    # functions that share a name with their submodule stay functions
+    assert callable(kvgeom.compat) and callable(kvgeom.fingerprint)
+    assert callable(kvgeom.resolve_block_sizes)  # loaded lazily on first access

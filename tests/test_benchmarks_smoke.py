@@ -1,0 +1,28 @@
+"""The benchmark runner works: `python benchmarks/run.py --quick` runs every case (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_runs_every_case(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())["results"]
+    cases = {r["case"].split(" ")[0] for r in results}
+    # every case family of issue 7 is present, each with its ratios against same-run baselines
+    assert {"slot_mapping", "key_maps", "plan_stores", "lookup_hits", "scalar", "resolve()", "import",
+            "scaling"} <= cases
+    slot = [r for r in results if r["case"].startswith("slot_mapping")]
+    assert len(slot) == 8 and all(r["speedup_vs_scalar"] > 0 and r["x_floor"] > 0 for r in slot)
+    scaling = next(r for r in results if r["case"].startswith("scaling"))
+    assert scaling["exponent_from_2_16"] > 0
