@@ -89,6 +89,18 @@ class KVGeomConfig(FrozenModel):
         """A JSON-ready dict that :func:`load_config` reads back to an equal config."""
         return self.model_dump(mode="json", exclude_none=False)
 
+    def to_toml(self) -> str:
+        """TOML text that :func:`load_config` reads back to an equal config (``None`` fields are
+        omitted, a dense retention interval is written as ``"dense"``).
+
+        >>> cfg = KVGeomConfig.model_validate({"groups": [{"kind": "mla", "block_size": 64}]})
+        >>> import tomllib; KVGeomConfig.model_validate(tomllib.loads(cfg.to_toml())) == cfg
+        True
+        """
+        from kvgeom._toml import dumps
+
+        return dumps(self.to_dict())
+
 
 #: The bundled example: full attention block 16 + Mamba (align) block 16 under
 #: TP 2 / DCP 2 with offloading on -- the geometry of vLLM #49964.

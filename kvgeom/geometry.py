@@ -439,6 +439,14 @@ def _row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | 
     return max(widths)
 
 
+def _scheduler_block_size(groups: list[GroupGeometry]) -> int:
+    """L: the lcm of the resolved spans (reference §2.5), never a configured block size (LMCache #4809).
+
+    A module-level function so the property tests can swap in a broken rule and show a law catches it.
+    """
+    return reduce(math.lcm, (g.span for g in groups))
+
+
 def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> Geometry:
     """Resolve a config (dict, ``.json``/``.toml`` path or :class:`KVGeomConfig`) into a :class:`Geometry`.
 
@@ -499,7 +507,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
 
     warnings: list[GeometryWarning] = []
     spans = [g.span for g in groups]
-    L = reduce(math.lcm, spans)
+    L = _scheduler_block_size(groups)
     if L > INT64_MAX:
         raise GeometryError.single(
             "scheduler_block_too_large",

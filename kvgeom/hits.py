@@ -202,6 +202,12 @@ def _scan_window(
     return None
 
 
+def _align_to_mamba_chunk(m: int, mamba_chunk: int | None) -> int:
+    """A candidate hit rounded down to the Mamba chunk (#44599); module level so the property tests
+    can break it on purpose and show the hit laws catch it."""
+    return rdown(m, mamba_chunk) if mamba_chunk else m
+
+
 def lookup_hit(
     geom: Geometry,
     num_tokens: int,
@@ -263,7 +269,7 @@ def lookup_hit(
     Cm = off.mamba_align_size
 
     def realign(m: int) -> int:
-        return rdown(m, Cm) if Cm else m
+        return _align_to_mamba_chunk(m, Cm)
 
     groups = geom.groups
     windowed = [og for og in off.groups if og.window_chunks is not None]

@@ -1,0 +1,386 @@
+"""A small token-accurate simulator of an engine with an offload tier.
+
+It checks store, hit and load plans the way the bytes would move, one token
+position at a time, so a plan that is off by a span, a rank or a Mamba boundary
+shows up as a slot holding the wrong position or a state that consumed the
+wrong number of tokens:
+
+* **GPU**: per offloaded group a block-table row of block ids. A positional
+  group's page is ``block_size`` slots per rank; each DCP rank's page holds the
+  positions :func:`kvgeom.ranks.dcp_placement` deals to it (a replicated group:
+  every rank holds every position, modelled as one copy). An align-mode Mamba
+  state is the number of tokens it has consumed; block *i* holds the state after
+  ``(i+1) * B_m`` tokens and the running block the state after every computed
+  token (:mod:`kvgeom.boundaries`).
+* **Tier**: a dict keyed by ``(request-hash index, group)``
+  (:func:`kvgeom.keys.boundary_hash_index`), filled by :meth:`Simulator.store`
+  from a store plan.
+* :meth:`Simulator.reset` drops the GPU; :meth:`Simulator.load` follows a hit
+  plan into fresh block ids; :meth:`Simulator.check_restored` then compares the
+  GPU with a cold run of the hit's end token: every restored slot must hold the
+  position it claims, every position the groups need must be back, and each
+  restored Mamba state must have consumed exactly the hit's end token.
+
+Plans are kvgeom's (:func:`kvgeom.hits.plan_store`, :func:`kvgeom.hits.plan_hit`)
+or a connector's own, given as the same contract dicts (``StorePlan.to_dict()``,
+``HitPlan.to_dict()``); ``docs/fuzzing.md`` shows how to check a connector's plans.
+
+Scope: one request at a time; offloaded groups must be positional (attention,
+MLA, sliding window, chunked local) or align-mode Mamba. Non-offloaded groups are
+ignored. Meant for tests: it keeps every position as a Python int.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgeom import hits
+from kvgeom._check import nonneg
+from kvgeom._math import cdiv
+from kvgeom.boundaries import restore_read_block, running_state_block, state_block_for_boundary
+from kvgeom.errors import QueryError
+from kvgeom.geometry import Geometry
+from kvgeom.keys import boundary_hash_index, offload_group
+from kvgeom.ranks import Placement, dcp_placement
+
+__all__ = ["ScenarioReport", "Simulator", "run_scenario"]
+
+_EMPTY = -1
+
+
+def _as_dict(plan: Any) -> Mapping[str, Any]:
+    to_dict = getattr(plan, "to_dict", None)
+    out: Mapping[str, Any] = to_dict() if callable(to_dict) else plan
+    return out
+
+
+@dataclass
+class _Group:
+    index: int
+    mamba: bool
+    block_size: int
+    span: int
+    k: int
+    chunk: int
+    dealt: bool
+    row: list[int] = field(default_factory=list)
+
+
+class Simulator:
+    """GPU block tables and pages for one request, plus an offload tier.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+    >>> sim = Simulator(g)
+    >>> sim.prefill(64)
+    >>> sim.store(kvgeom.hits.plan_store(g, num_tokens=64, num_computed_tokens=64))
+    >>> sim.tier_end_tokens()
+    {'0': [32, 64], '1': [16, 32, 48, 64]}
+    >>> sim.reset()
+    >>> plan = kvgeom.hits.plan_hit(g, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
+    >>> sim.load(plan)
+    >>> plan.hit.end_token, sim.check_restored(plan, num_tokens=64)
+    (48, [])
+    """
+
+    def __init__(self, geom: Geometry, *, _placements: dict[int, list[Placement]] | None = None) -> None:
+        if geom.offload is None:
+            offload_group(geom, 0)  # raises no_offload
+        assert geom.offload is not None
+        self.geom = geom
+        self.num_ranks = geom.kv_shards
+        self.groups: dict[int, _Group] = {}
+        for og in geom.offload.groups:
+            g = geom.groups[og.index]
+            if g.family == "mamba" and not g.is_align_mamba:
+                raise QueryError.single(
+                    "sim_unsupported_group",
+                    f"group {g.index} is a Mamba group in {g.mamba_mode!r} mode; the simulator models align-mode "
+                    "Mamba states only",
+                    "group",
+                    group=g.index,
+                )
+            self.groups[og.index] = _Group(
+                index=og.index,
+                mamba=g.is_align_mamba,
+                block_size=g.block_size,
+                span=og.tokens_per_block,
+                k=og.tokens_per_chunk // og.tokens_per_block,
+                chunk=og.tokens_per_chunk,
+                dealt=g.dcp_sharded and geom.kv_shards > 1,
+            )
+        self._placements: dict[int, list[Placement]] = {} if _placements is None else _placements
+        self.tier: dict[tuple[int, int], Any] = {}
+        self.reset()
+
+    # ------------------------------------------------------------------ GPU
+
+    def reset(self) -> None:
+        """Drop every GPU block (the tier survives): what a restart or an eviction leaves."""
+        self._next_id = 1  # block id 0 is the null block
+        self.pages: dict[tuple[int | None, int], list[int]] = {}
+        self.states: dict[int, int] = {}
+        self.computed = 0
+        for gs in self.groups.values():
+            gs.row = []
+
+    def _placement(self, group: int, position: int) -> Placement:
+        table = self._placements.setdefault(group, [])
+        while len(table) <= position:
+            table.append(dcp_placement(self.geom, group, len(table)))
+        return table[position]
+
+    def _entry(self, gs: _Group, column: int) -> int:
+        while len(gs.row) <= column:
+            gs.row.append(self._next_id)
+            self._next_id += 1
+        return gs.row[column]
+
+    def _page(self, rank: int | None, block: int, size: int) -> list[int]:
+        return self.pages.setdefault((rank, block), [_EMPTY] * size)
+
+    def prefill(self, num_tokens: int) -> None:
+        """Compute positions ``[computed, num_tokens)`` cold: write every position into its slot and
+        advance every Mamba state (block *i* keeps the state after ``(i+1)*B_m`` tokens)."""
+        n = nonneg("num_tokens", num_tokens)
+        for gs in self.groups.values():
+            if gs.mamba:
+                for b in range(gs.block_size, n + 1, gs.block_size):
+                    self.states[self._entry(gs, state_block_for_boundary(self.geom, gs.index, b))] = b
+                if n:
+                    self.states[self._entry(gs, running_state_block(self.geom, gs.index, 0, n))] = n
+                continue
+            for p in range(self.computed, n):
+                col, rank, offset = self._placement(gs.index, p)
+                self._page(rank, self._entry(gs, col), gs.block_size)[offset] = p
+        self.computed = max(self.computed, n)
+
+    # ------------------------------------------------------------------ tier
+
+    def store(self, plan: Any) -> None:
+        """Copy what a store plan names from the GPU into the tier.
+
+        ``plan``: a :class:`kvgeom.hits.StorePlan` or its ``to_dict()`` form. A
+        positional chunk stores, per rank, the pages of its block entries; an
+        align-mode Mamba key stores the state of its one block.
+        """
+        for item in _as_dict(plan)["groups"]:
+            gs = self.groups[int(item["index"])]
+            for end, entries in zip(item["end_tokens"], item["block_entries"], strict=True):
+                key = (boundary_hash_index(self.geom, end), gs.index)
+                if gs.mamba:
+                    (block,) = entries
+                    row_id = gs.row[block] if block < len(gs.row) else None
+                    self.tier[key] = self.states.get(row_id) if row_id is not None else None
+                else:
+                    ranks = range(self.num_ranks) if gs.dealt else [None]
+                    self.tier[key] = {
+                        r: [
+                            list(self.pages.get((r, gs.row[e]), [_EMPTY] * gs.block_size))
+                            if e < len(gs.row)
+                            else [_EMPTY] * gs.block_size
+                            for e in entries
+                        ]
+                        for r in ranks
+                    }
+
+    def tier_end_tokens(self) -> dict[str, list[int]]:
+        """What the tier holds, as a lookup's ``stored`` argument: ``{"<group>": [end tokens]}``."""
+        H = self.geom.hash_block_size
+        out: dict[str, list[int]] = {str(i): [] for i in self.groups}
+        for h, group in sorted(self.tier):
+            out[str(group)].append((h + 1) * H)
+        return out
+
+    def evict(self, keep: Callable[[int, int], bool]) -> None:
+        """Keep only the tier keys ``(group, end_token)`` for which ``keep`` is true."""
+        H = self.geom.hash_block_size
+        self.tier = {key: v for key, v in self.tier.items() if keep(key[1], (key[0] + 1) * H)}
+
+    def check_tier(self) -> list[str]:
+        """Every key fingerprints exactly its prefix: a positional chunk key ending at *e* holds exactly
+        the positions ``[e - C, e)``, each in the slot it is dealt to; a Mamba key ending at *e* holds
+        the state after exactly *e* tokens. Returns the problems found (empty: all good)."""
+        problems = []
+        H = self.geom.hash_block_size
+        for (h, group), value in sorted(self.tier.items(), key=lambda kv: kv[0]):
+            gs = self.groups[group]
+            end = (h + 1) * H
+            if gs.mamba:
+                if value != end:
+                    problems.append(f"group {group}: Mamba key ending at {end} holds the state after {value} tokens")
+                continue
+            if end % gs.chunk:
+                problems.append(f"group {group}: key ending at {end} is not on the chunk grid {gs.chunk}")
+                continue
+            j = end // gs.chunk - 1
+            seen: list[int] = []
+            for rank, pages in value.items():
+                for i, page in enumerate(pages):
+                    for offset, p in enumerate(page):
+                        if p == _EMPTY:
+                            continue
+                        seen.append(p)
+                        if self._placement(group, p) != (j * gs.k + i, rank, offset):
+                            problems.append(
+                                f"group {group}: key ending at {end} holds position {p} at (entry {j * gs.k + i}, "
+                                f"rank {rank}, offset {offset}), but it is dealt to {self._placement(group, p)}"
+                            )
+            if sorted(seen) != list(range(end - gs.chunk, end)):
+                problems.append(f"group {group}: key ending at {end} does not hold exactly [{end - gs.chunk}, {end})")
+        return problems
+
+    # ------------------------------------------------------------------ load and check
+
+    def load(self, plan: Any) -> None:
+        """Follow a hit plan (:class:`kvgeom.hits.HitPlan` or its ``to_dict()``): load each key into the
+        block entries the plan names (fresh block ids), Mamba keys into their state block.
+
+        A key the tier does not hold raises :class:`kvgeom.QueryError` ``sim_missing_key``.
+        """
+        d = _as_dict(plan)
+        for item in d["groups"]:
+            gs = self.groups[int(item["index"])]
+            entries = set(item["block_entries"])
+            for end in item["load_keys"]:
+                key = (boundary_hash_index(self.geom, end), gs.index)
+                if key not in self.tier:
+                    raise QueryError.single(
+                        "sim_missing_key",
+                        f"the plan loads group {gs.index}'s key ending at {end}, which the tier does not hold",
+                        "load_keys",
+                        group=gs.index,
+                        end_token=end,
+                    )
+                value = self.tier[key]
+                if gs.mamba:
+                    if item.get("state_block") is not None:
+                        self.states[self._entry(gs, int(item["state_block"]))] = value
+                    continue
+                j = cdiv(end, gs.chunk) - 1
+                for i in range(gs.k):
+                    e = j * gs.k + i
+                    if e not in entries:
+                        continue
+                    block = self._entry(gs, e)
+                    for rank, pages in value.items():
+                        self.pages[(rank, block)] = list(pages[i])
+
+    def check_restored(self, plan: Any, *, num_tokens: int) -> list[str]:
+        """Compare the GPU after :meth:`load` with a cold run of the hit's end token N.
+
+        For each positional group: every position of ``[skipped(N), N)`` is in its slot (on its
+        owner rank), and every non-empty slot of a written entry holds the position dealt to it.
+        For each align-mode Mamba group with N > 0: the block a request resuming at N reads
+        (:func:`kvgeom.boundaries.restore_read_block`) holds the state after exactly N tokens, and
+        N < ``num_tokens`` (the last token is always recomputed). Returns the problems found.
+        """
+        d = _as_dict(plan)
+        N = nonneg("end_token", d["end_token"])
+        n = nonneg("num_tokens", num_tokens)
+        problems: list[str] = []
+        if N == 0 or d["hit_tokens"] == 0:
+            return problems  # nothing was restored
+        cold = Simulator(self.geom, _placements=self._placements)
+        cold.prefill(N)
+        for gs in self.groups.values():
+            if gs.mamba:
+                if n <= N:
+                    problems.append(f"group {gs.index}: Mamba restored at {N}, not below num_tokens={n}")
+                read = restore_read_block(self.geom, gs.index, N)
+                got = self.states.get(gs.row[read]) if read < len(gs.row) else None
+                want = cold.states.get(cold.groups[gs.index].row[read])
+                assert want == N  # the cold run's running state (a simulator self-check)
+                if got != want:
+                    problems.append(
+                        f"group {gs.index}: a request resuming at {N} reads Mamba block {read}, which holds the "
+                        f"state after {got} tokens (a cold run holds {want})"
+                    )
+                continue
+            cold_row = cold.groups[gs.index].row
+            for p in range(hits.skipped_tokens(self.geom, gs.index, N), N):
+                col, rank, offset = self._placement(gs.index, p)
+                want = cold.pages[(rank, cold_row[col])][offset]
+                page = self.pages.get((rank, gs.row[col])) if col < len(gs.row) else None
+                if page is None or page[offset] != want:
+                    problems.append(
+                        f"group {gs.index}: position {p} is missing after the load (column {col}, rank {rank}, "
+                        f"offset {offset} holds {None if page is None else page[offset]}; a cold run holds {want})"
+                    )
+                    break
+            for col, block in enumerate(gs.row):
+                for rank in range(self.num_ranks) if gs.dealt else [None]:
+                    page = self.pages.get((rank, block))
+                    if page is None:
+                        continue
+                    for offset, p in enumerate(page):
+                        if p != _EMPTY and self._placement(gs.index, p) != (col, rank, offset):
+                            problems.append(
+                                f"group {gs.index}: slot (column {col}, rank {rank}, offset {offset}) holds position "
+                                f"{p}, which is dealt to {self._placement(gs.index, p)}"
+                            )
+        return problems
+
+
+@dataclass(frozen=True)
+class ScenarioReport:
+    """What :func:`run_scenario` did: the store and hit plans, and every problem the checks found."""
+
+    store_plan: hits.StorePlan
+    hit_plan: hits.HitPlan
+    tier_problems: tuple[str, ...]
+    restore_problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.tier_problems and not self.restore_problems
+
+
+def run_scenario(
+    geom: Geometry,
+    num_tokens: int,
+    *,
+    local_computed_tokens: int = 0,
+    evict: Callable[[int, int], bool] | Sequence[bool] | None = None,
+) -> ScenarioReport:
+    """Cold run of a ``num_tokens`` prompt, store by kvgeom's store plan, evict some keys, reset the GPU,
+    recompute a local prefix, look up and load by kvgeom's hit plan, then check the tier and the
+    restored GPU against a cold run.
+
+    ``evict``: a predicate ``evict(group, end_token)``, or booleans applied in order to the stored
+    keys sorted by ``(group, end_token)`` (True evicts; keys past the list stay), as
+    :func:`kvgeom.strategies.scenarios` draws them.
+
+    >>> import kvgeom
+    >>> r = run_scenario(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 65)
+    >>> r.hit_plan.hit.end_token, r.ok
+    (64, True)
+    """
+    n = nonneg("num_tokens", num_tokens)
+    local = nonneg("local_computed_tokens", local_computed_tokens)
+    sim = Simulator(geom)
+    sim.prefill(n)
+    store_plan = hits.plan_store(geom, num_tokens=n, num_computed_tokens=n)
+    sim.store(store_plan)
+    if evict is not None:
+        if callable(evict):
+            predicate = evict
+        else:
+            bits = list(evict)
+            order = sorted((g, (h + 1) * geom.hash_block_size) for h, g in sim.tier)
+            gone = {key for key, bit in zip(order, bits, strict=False) if bit}
+
+            def predicate(g: int, e: int) -> bool:
+                return (g, e) in gone
+
+        sim.evict(lambda g, e: not predicate(g, e))
+    tier_problems = sim.check_tier()
+    sim.reset()
+    sim.prefill(min(local, n))
+    hit_plan = hits.plan_hit(
+        geom, {"num_tokens": n, "local_computed_tokens": min(local, n), "stored": sim.tier_end_tokens()}
+    )
+    sim.load(hit_plan)
+    return ScenarioReport(store_plan, hit_plan, tuple(tier_problems), tuple(sim.check_restored(hit_plan, num_tokens=n)))
