@@ -64,10 +64,11 @@ import numpy as np
 import numpy.typing as npt
 
 from kvgeom._math import INT64_MAX
+from kvgeom.boundaries import _mamba
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
-from kvgeom.keys import offload_group
+from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, stored_group_index
+from kvgeom.keys import offload_group, positional_blocks_per_chunk
 from kvgeom.masks import default_alignment
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
@@ -239,19 +240,6 @@ def _offload(geom: Geometry) -> OffloadGeometry:
         offload_group(geom, 0)  # raises the no_offload QueryError
     assert geom.offload is not None
     return geom.offload
-
-
-def _mamba(geom: Geometry, group: int) -> GroupGeometry:
-    g = geom.group(group)
-    if not g.is_align_mamba:
-        raise QueryError.single(
-            "not_align_mamba",
-            f"group {group} ({g.kind}) is not an align-mode Mamba group; state boundaries exist only for "
-            "mamba groups with mamba_cache_mode='align'",
-            "group",
-            group=group,
-        )
-    return g
 
 
 def _pow2_shift(d: int) -> int | None:
@@ -594,17 +582,8 @@ def chunk_first_entry(geom: Geometry, group: int, chunks: Any) -> I64:
     >>> chunk_first_entry(g, 0, [0, 1, 2]).tolist()
     [0, 4, 8]
     """
-    og = offload_group(geom, group)
-    if geom.groups[group].is_align_mamba:
-        raise QueryError.single(
-            "not_positional",
-            f"group {group} is an align-mode Mamba group: its key ending at b holds one state block "
-            "(chunk_state_block), not a run of block-table entries",
-            "group",
-            group=group,
-        )
+    k = positional_blocks_per_chunk(geom, group)
     j = _ints("chunk", chunks)
-    k = og.tokens_per_chunk // og.tokens_per_block
     _fits("block entry", (_max(j) + 1) * k - 1)
     return j * k
 
@@ -629,10 +608,9 @@ def chunk_of_entry(geom: Geometry, group: int, entries: Any) -> I64:
     >>> chunk_of_entry(g, 0, [0, 5, 8]).tolist()
     [0, 1, 2]
     """
-    chunk_first_entry(geom, group, np.zeros(0, dtype=np.int64))  # same checks as the scalar
-    og = offload_group(geom, group)
+    k = positional_blocks_per_chunk(geom, group)
     e = _ints("entry", entries)
-    return _div(e, og.tokens_per_chunk // og.tokens_per_block)
+    return _div(e, k)
 
 
 def chunk_for_end_token(geom: Geometry, group: int, end_tokens: Any) -> I64:
@@ -1029,8 +1007,8 @@ def plan_stores(
     groups = []
     for og in off.groups:
         g = geom.groups[og.index]
-        S, C = og.tokens_per_block, og.tokens_per_chunk
-        k = C // S
+        C = og.tokens_per_chunk
+        k = off.blocks_per_chunk
         storable = np.minimum(np.floor_divide(offloadable, C), _div(keyed_n, og.hashes_per_chunk))
         if allocated_blocks is not None and og.index in allocated_blocks:
             alloc = _ints(f"allocated_blocks[{og.index}]", allocated_blocks[og.index])
@@ -1076,7 +1054,7 @@ def _kept_from_points(
         return None
     align = default_alignment(geom, og.index)
     span = g.span
-    k = og.tokens_per_chunk // og.tokens_per_block
+    k = _offload(geom).blocks_per_chunk
     num_blocks = storable * k
     size, width = points.shape
     if g.family == "sliding" and (not align or align % span):
@@ -1139,7 +1117,7 @@ def _chunk_kept(
     R = geom.config.cache.retention_interval
     align = default_alignment(geom, og.index)
     span = g.span
-    k = og.tokens_per_chunk // og.tokens_per_block
+    k = _offload(geom).blocks_per_chunk
     match g.family:
         case "full" | "chunked" | "cross" | "circular":
             return None
@@ -1235,19 +1213,7 @@ def _stored_matrices(geom: Geometry, off: OffloadGeometry, stored: Any, size: in
         )
     out = {og.index: np.zeros((size, 0), dtype=np.bool_) for og in off.groups}
     for key, m in stored.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            raise QueryError.single(
-                "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
-            ) from None
-        if index not in out:
-            raise QueryError.single(
-                "group_not_offloaded",
-                f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(out)}",
-                f"stored.{key}",
-                group=index,
-            )
+        index = stored_group_index(key, out)
         a = np.asarray(m)
         if a.ndim != 2 or a.shape[0] != size or (a.size and a.dtype != np.bool_):
             raise QueryError.single(
@@ -1574,7 +1540,7 @@ def plan_loads(geom: Geometry, hits: Hits) -> LoadPlans:
     for og in off.groups:
         g = geom.groups[og.index]
         S, C = og.tokens_per_block, og.tokens_per_chunk
-        k = C // S
+        k = off.blocks_per_chunk
         stop = _cdiv(N, S)
         first = np.maximum(_cdiv(c, S), _div(_skipped(g, N), S))
         loads = (hits.hit_tokens != 0) & (first < stop)

@@ -50,6 +50,7 @@ from kvgeom.specs import (
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    is_latent,
     iter_leaves,
 )
 
@@ -86,21 +87,7 @@ def splits_heads_over_tp(leaf: AnyLeaf | CircularBufferSpec) -> bool:
     >>> splits_heads_over_tp(MLASpec(block_size=64)), splits_heads_over_tp(MambaSpec(block_size=16))
     (False, True)
     """
-    match leaf:
-        case MLASpec() | SlidingWindowMLASpec():
-            return False
-        case (
-            FullAttentionSpec()
-            | SinkFullAttentionSpec()
-            | SlidingWindowSpec()
-            | ChunkedLocalSpec()
-            | CrossAttentionSpec()
-            | CircularBufferSpec()
-            | MambaSpec()
-        ):
-            return True
-        case _:
-            assert_never(leaf)
+    return not is_latent(leaf)
 
 
 def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:

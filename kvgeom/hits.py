@@ -99,6 +99,24 @@ def _offload(geom: Geometry) -> OffloadGeometry:
     return geom.offload
 
 
+def stored_group_index(key: Any, offloaded: Collection[int]) -> int:
+    """The group index a ``stored`` key names (an int or its string, as in JSON), checked to be offloaded."""
+    try:
+        index = int(key)
+    except (TypeError, ValueError):
+        raise QueryError.single(
+            "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
+        ) from None
+    if index not in offloaded:
+        raise QueryError.single(
+            "group_not_offloaded",
+            f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(offloaded)}",
+            f"stored.{key}",
+            group=index,
+        )
+    return index
+
+
 def _stored_sets(
     geom: Geometry, off: OffloadGeometry, stored: Mapping[Any, Collection[int]]
 ) -> dict[int, frozenset[int]]:
@@ -109,19 +127,7 @@ def _stored_sets(
     out: dict[int, frozenset[int]] = {og.index: frozenset() for og in off.groups}
     H = geom.hash_block_size
     for key, ends in stored.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            raise QueryError.single(
-                "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
-            ) from None
-        if index not in out:
-            raise QueryError.single(
-                "group_not_offloaded",
-                f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(out)}",
-                f"stored.{key}",
-                group=index,
-            )
+        index = stored_group_index(key, out)
         if isinstance(ends, str | bytes) or not isinstance(ends, Collection):
             raise QueryError.single(
                 "bad_stored", f"stored[{key!r}] must be a list of end tokens", f"stored.{key}"
@@ -363,7 +369,7 @@ def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
     for og in off.groups:
         g = geom.groups[og.index]
         S, C = og.tokens_per_block, og.tokens_per_chunk
-        k = C // S
+        k = off.blocks_per_chunk
         stop = cdiv(N, S)
         first = max(cdiv(c, S), skipped_tokens(geom, og.index, N) // S)
         if hit.hit_tokens == 0 or first >= stop:
@@ -493,8 +499,8 @@ def plan_store(
     out = []
     for og in off.groups:
         g = geom.groups[og.index]
-        S, C = og.tokens_per_block, og.tokens_per_chunk
-        k = C // S
+        C = og.tokens_per_chunk
+        k = off.blocks_per_chunk
         keyed = (n // H) // og.hashes_per_chunk
         storable = min(offloadable // C, keyed)
         if allocated_blocks is not None and og.index in allocated_blocks:

@@ -98,6 +98,22 @@ def chunk_end_token(geom: Geometry, group: int, chunk: int) -> int:
     return result("end_token", (nonneg("chunk", chunk) + 1) * og.tokens_per_chunk)
 
 
+def positional_blocks_per_chunk(geom: Geometry, group: int) -> int:
+    """k, the block-table entries one key covers, for a positional group; :class:`QueryError`
+    ``not_positional`` for an align-mode Mamba group (its key holds one state block)."""
+    offload_group(geom, group)
+    if geom.groups[group].is_align_mamba:
+        raise QueryError.single(
+            "not_positional",
+            f"group {group} is an align-mode Mamba group: its key ending at b holds one state block "
+            "(chunk_state_block), not a run of block-table entries",
+            "group",
+            group=group,
+        )
+    assert geom.offload is not None  # offload_group raised otherwise
+    return geom.offload.blocks_per_chunk
+
+
 def chunk_block_entries(geom: Geometry, group: int, chunk: int) -> range:
     """Block-table entries chunk ``chunk`` covers in a positional group: ``[chunk*k, (chunk+1)*k)``.
 
@@ -110,17 +126,8 @@ def chunk_block_entries(geom: Geometry, group: int, chunk: int) -> range:
     >>> chunk_block_entries(g, 0, 1)
     range(4, 8)
     """
-    og = offload_group(geom, group)
-    if geom.groups[group].is_align_mamba:
-        raise QueryError.single(
-            "not_positional",
-            f"group {group} is an align-mode Mamba group: its key ending at b holds one state block "
-            "(chunk_state_block), not a run of block-table entries",
-            "group",
-            group=group,
-        )
+    k = positional_blocks_per_chunk(geom, group)
     j = nonneg("chunk", chunk)
-    k = og.tokens_per_chunk // og.tokens_per_block
     return range(j * k, result("block entry", (j + 1) * k - 1) + 1)  # the last entry must fit int64
 
 
@@ -143,9 +150,7 @@ def chunk_of_entry(geom: Geometry, group: int, entry: int) -> int:
     >>> chunk_of_entry(g, 0, 5)
     1
     """
-    chunk_block_entries(geom, group, 0)  # same checks
-    og = offload_group(geom, group)
-    return nonneg("entry", entry) // (og.tokens_per_chunk // og.tokens_per_block)
+    return nonneg("entry", entry) // positional_blocks_per_chunk(geom, group)
 
 
 def chunk_for_end_token(geom: Geometry, group: int, end_token: int) -> int | None:

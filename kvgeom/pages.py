@@ -40,6 +40,7 @@ from kvgeom.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformSpec,
+    is_latent,
 )
 
 __all__ = [
@@ -98,25 +99,6 @@ def mamba_state_bytes(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ..
     return sum(math.prod(shape) * DTYPE_BYTES[dt] for shape, dt in zip(shapes, dtypes, strict=True))
 
 
-def _is_latent(spec: AnySpec) -> bool:
-    match spec:
-        case MLASpec() | SlidingWindowMLASpec():
-            return True
-        case (
-            FullAttentionSpec()
-            | SinkFullAttentionSpec()
-            | SlidingWindowSpec()
-            | ChunkedLocalSpec()
-            | CrossAttentionSpec()
-            | CircularBufferSpec()
-            | MambaSpec()
-            | UniformSpec()
-        ):
-            return False
-        case _:
-            assert_never(spec)
-
-
 def missing_page_fields(spec: AnySpec) -> list[str]:
     """The shape fields a spec lacks for its page bytes (``[]`` when the page is known).
 
@@ -148,7 +130,7 @@ def missing_page_fields(spec: AnySpec) -> list[str]:
             | CircularBufferSpec()
         ):
             needed: tuple[str, ...] = ("head_size", "dtype")
-            if not _is_latent(spec):
+            if not is_latent(spec):
                 needed = ("num_kv_heads", *needed)
             if spec.dtype == "fp8_ds_mla":
                 needed = ()
@@ -193,7 +175,7 @@ def maybe_page_bytes(spec: AnySpec) -> int | None:
         ):
             if spec.page_size_padded is not None:
                 return spec.page_size_padded
-            latent = _is_latent(spec)
+            latent = is_latent(spec)
             head_size = spec.head_size or 0
             head_size_v = 0 if latent else (getattr(spec, "head_size_v", None) or head_size)
             heads = (spec.num_kv_heads or 1) if latent else spec.num_kv_heads

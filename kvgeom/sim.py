@@ -107,7 +107,7 @@ class Simulator:
                 mamba=g.is_align_mamba,
                 block_size=g.block_size,
                 span=og.tokens_per_block,
-                k=og.tokens_per_chunk // og.tokens_per_block,
+                k=geom.offload.blocks_per_chunk,
                 chunk=og.tokens_per_chunk,
                 dealt=g.dcp_sharded and geom.kv_shards > 1,
             )

@@ -67,6 +67,7 @@ __all__ = [
     "sliding_window_of",
     "attention_chunk_size_of",
     "tokens_per_state_of",
+    "is_latent",
 ]
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -459,3 +460,30 @@ def tokens_per_state_of(spec: AnyLeaf | CircularBufferSpec) -> int | None:
             return None
         case _:
             return spec.tokens_per_state
+
+
+def is_latent(spec: AnySpec) -> bool:
+    """Whether a layer caches one latent vector per token (``mla``, ``sliding_window_mla``).
+
+    A latent cache has no KV heads: its page is ``head_size`` (the latent width) wide and every
+    TP rank keeps it whole. A ``uniform`` container is not itself a layer (ask its layers).
+
+    >>> is_latent(MLASpec(block_size=64)), is_latent(MambaSpec(block_size=16))
+    (True, False)
+    """
+    match spec:
+        case MLASpec() | SlidingWindowMLASpec():
+            return True
+        case (
+            FullAttentionSpec()
+            | SinkFullAttentionSpec()
+            | SlidingWindowSpec()
+            | ChunkedLocalSpec()
+            | CrossAttentionSpec()
+            | CircularBufferSpec()
+            | MambaSpec()
+            | UniformSpec()
+        ):
+            return False
+        case _:
+            assert_never(spec)
