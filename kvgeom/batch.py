@@ -70,6 +70,7 @@ from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGro
 from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, stored_group_index
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
 from kvgeom.masks import default_alignment
+from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
@@ -355,15 +356,7 @@ def slot_mapping(
     >>> slot_mapping(g, 0, [36, 37], table, [0, 0], rank=0).tolist()
     [146, -1]
     """
-    g = geom.group(group)
-    if g.family == "mamba":
-        raise QueryError.single(
-            "no_slot_mapping",
-            f"group {group} (mamba) has no slot mapping: its block table is a list of state indices; use "
-            "kvgeom.boundaries for Mamba state blocks",
-            "group",
-            group=group,
-        )
+    g = slot_mapped_group(geom, group)
     p = _int64_view("positions", positions)
     req = _int64_view("request_index", request_index)
     table = _ints("block_table", block_table, ndim=2, signed=True)

@@ -18,7 +18,7 @@ from kvgeom._check import nonneg, result
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 
-__all__ = ["Placement", "dcp_placement", "dcp_slot", "rank_lengths"]
+__all__ = ["Placement", "dcp_placement", "dcp_slot", "rank_lengths", "slot_mapped_group"]
 
 
 class Placement(NamedTuple):
@@ -59,6 +59,21 @@ def dcp_placement(geom: Geometry, group: int, position: int) -> Placement:
     return Placement(p // g.span, rank, (o // (interleave * shards)) * interleave + o % interleave)
 
 
+def slot_mapped_group(geom: Geometry, group: int) -> GroupGeometry:
+    """``group``'s geometry when it has a slot mapping; :class:`QueryError` ``no_slot_mapping`` for Mamba,
+    whose block table is a list of state indices."""
+    g = geom.group(group)
+    if g.family == "mamba":
+        raise QueryError.single(
+            "no_slot_mapping",
+            f"group {group} (mamba) has no slot mapping: its block table is a list of state indices; use "
+            "kvgeom.boundaries for Mamba state blocks",
+            "group",
+            group=group,
+        )
+    return g
+
+
 def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]) -> tuple[int | None, int]:
     """``(rank, slot)`` of ``position`` given the request's block-table row: slot = ``row[column]*B + offset``.
 
@@ -70,15 +85,7 @@ def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]
     >>> dcp_slot(g, 0, 37, [7, 9, 11]), dcp_slot(g, 0, 53, [7, 9, 11])
     ((1, 146), (1, 154))
     """
-    g = geom.group(group)
-    if g.family == "mamba":
-        raise QueryError.single(
-            "no_slot_mapping",
-            f"group {group} (mamba) has no slot mapping: its block table is a list of state indices; use "
-            "kvgeom.boundaries for Mamba state blocks",
-            "group",
-            group=group,
-        )
+    g = slot_mapped_group(geom, group)
     col, rank, offset = dcp_placement(geom, group, position)
     if col >= len(block_row):
         raise QueryError.single(

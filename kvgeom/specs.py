@@ -68,6 +68,7 @@ __all__ = [
     "attention_chunk_size_of",
     "tokens_per_state_of",
     "is_latent",
+    "LATENT_KINDS",
 ]
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -487,3 +488,10 @@ def is_latent(spec: AnySpec) -> bool:
             return False
         case _:
             assert_never(spec)
+
+
+#: The ``kind`` names :func:`is_latent` is true for, for code that sees kinds before specs exist
+#: (the vLLM adapter).
+LATENT_KINDS: frozenset[str] = frozenset(
+    str(cls.model_fields["kind"].default) for cls in (MLASpec, SlidingWindowMLASpec)
+)

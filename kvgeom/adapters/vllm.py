@@ -23,6 +23,7 @@ from typing import Any
 
 from kvgeom.errors import ConfigError, Problem
 from kvgeom.geometry import Geometry, resolve
+from kvgeom.specs import LATENT_KINDS
 
 __all__ = ["SPEC_KINDS", "config_from_vllm", "dtype_name", "geometry_from_vllm"]
 
@@ -64,17 +65,6 @@ _TORCH_DTYPES = {
     "uint8": "uint8",
 }
 
-_LATENT = {"mla", "sliding_window_mla"}
-_ATTENTION = {
-    "full_attention",
-    "mla",
-    "sink_full_attention",
-    "sliding_window",
-    "sliding_window_mla",
-    "chunked_local",
-    "cross_attention",
-    "circular_buffer",
-}
 
 
 def dtype_name(dtype: Any, field: str = "") -> str | None:
@@ -159,8 +149,6 @@ def _leaf(spec: Any, kind: str, include_pages: bool, field: str) -> dict[str, An
             if padded is not None:
                 d["page_size_padded"] = padded
         return d
-    if kind not in _ATTENTION:  # pragma: no cover - SPEC_KINDS maps to known kinds only
-        raise ConfigError.single("unsupported_vllm_spec", f"kind {kind!r} is not a leaf kind", field, kind=kind)
     match kind:
         case "sliding_window" | "sliding_window_mla":
             d["sliding_window"] = _get(spec, "sliding_window")
@@ -182,7 +170,7 @@ def _leaf(spec: Any, kind: str, include_pages: bool, field: str) -> dict[str, An
     if tps is not None and tps > 1:
         d["tokens_per_state"] = tps
     if include_pages:
-        latent = kind in _LATENT
+        latent = kind in LATENT_KINDS
         if not latent:
             heads = _int_or_none(_get(spec, "num_kv_heads"))
             if heads is not None:
