@@ -281,13 +281,9 @@ class Placements:
     offset: I64
 
 
-def _dealt(geom: Geometry, g: GroupGeometry) -> bool:
-    return g.dcp_sharded and geom.kv_shards > 1
-
-
 def _deal(geom: Geometry, g: GroupGeometry, p: I64, want_rank: bool = True) -> tuple[I64, I64 | None, I64]:
     """(column, rank or None when replicated, offset) of non-negative positions ``p``."""
-    if not _dealt(geom, g):
+    if not g.dealt:
         col = _div(p, g.block_size)
         return col, None, p - col * g.block_size
     D = geom.kv_shards
@@ -395,7 +391,7 @@ def slot_mapping(
             request_index=rmax,
             rows=rows,
         )
-    dealt = _dealt(geom, g)
+    dealt = g.dealt
     top = pmax // (g.span if dealt else g.block_size)
     if top >= width:
         raise QueryError.single(
@@ -431,7 +427,7 @@ def _slots_blocked(
     B = g.block_size
     D = geom.kv_shards
     interleave = geom.config.parallel.cp_interleave
-    dealt = _dealt(geom, g)
+    dealt = g.dealt
     S = g.span if dealt else B
     shifts = [_pow2_shift(v) for v in (S, B, D, interleave)]
     pow2 = None not in shifts
@@ -525,7 +521,7 @@ def rank_lengths(geom: Geometry, group: int, num_tokens: Any) -> I64:
     g = geom.group(group)
     n = _ints("num_tokens", num_tokens)
     D = geom.kv_shards
-    if not _dealt(geom, g):
+    if not g.dealt:
         return np.repeat(n[:, None], D, axis=1)
     interleave = geom.config.parallel.cp_interleave
     rounds, rem = np.divmod(n, D * interleave)
@@ -870,7 +866,7 @@ def key_maps(geom: Geometry, prefix_tokens: Any) -> KeyMaps:
         top = chunk + 1
         end = top * C
         block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
-        lengths = rank_lengths(geom, og.index, n) if _dealt(geom, g) else None
+        lengths = rank_lengths(geom, og.index, n) if g.dealt else None
         out.append(
             GroupKeys(og.index, g.kind, g.is_align_mamba, k, indptr, req, chunk, top * hpc - 1, end, block, lengths)
         )

@@ -420,7 +420,7 @@ def _axis_text(geom: Geometry, prefix: int) -> list[str]:
             for e in ends[g.index]:
                 marks[(e - 1) // per_char] = "^"
             lines.append(f"  g{g.index} keys".ljust(pad) + "".join(marks).rstrip())
-        if g.dcp_sharded and geom.kv_shards > 1:
+        if g.dealt:
             if interleave % per_char == 0:
                 owners = "".join(str(dcp_placement(geom, g.index, c * per_char).rank) for c in range(cells))
                 lines.append(f"  g{g.index} ranks".ljust(pad) + owners)

@@ -120,7 +120,7 @@ def _axis(geom: Geometry, total: int) -> list[str]:
 
 
 def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dict[str, int]] | None) -> list[str]:
-    sharded = g.dcp_sharded and geom.kv_shards > 1
+    sharded = g.dealt
     dealing = f"dealt over {geom.kv_shards} ranks" if sharded else "replicated" if geom.kv_shards > 1 else "dcp=1"
     desc = f"block {g.block_size}, span {g.span}, {dealing}"
     parts = [

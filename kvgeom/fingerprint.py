@@ -124,10 +124,9 @@ def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:
 
 def _group_fields(geometry: Geometry, g: GroupGeometry, offloaded: set[int]) -> dict[str, Any]:
     par = geometry.parallel
-    shards = geometry.kv_shards
     leaves = list(iter_leaves(g.spec))
     slicing = None
-    if g.dcp_sharded and shards > 1:
+    if g.dealt:
         slicing = {
             "dcp": par.dcp,
             "interleave": par.cp_interleave,

@@ -86,6 +86,9 @@ class GroupGeometry:
     row_width: int | None
     mamba_mode: MambaMode | None
     """Resolved Mamba mode of a Mamba group (``None`` for other families)."""
+    dealt: bool
+    """Whether DCP actually deals this group's positions over several ranks: DCP-sharded and
+    ``kv_shards > 1``. Every consumer (dealing, key maps, fingerprint, simulator) reads this."""
 
     @property
     def is_align_mamba(self) -> bool:
@@ -491,6 +494,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                 if cache.max_model_len is None
                 else _row_width(spec, factor, cache.max_model_len, mode),
                 mamba_mode=mode,
+                dealt=bool(sharded) and shards > 1,
             )
         )
     # A span or an lcm past int64 would break every batch path: refuse it here.

@@ -225,7 +225,7 @@ def key_map(geom: Geometry, prefix_tokens: int) -> dict[str, Any]:
                 entry["block_entries"] = list(chunk_block_entries(geom, og.index, j))
             keys.append(entry)
         item: dict[str, Any] = {"index": g.index, "kind": g.kind, "keys": keys}
-        if g.dcp_sharded and geom.kv_shards > 1:
+        if g.dealt:
             item["rank_lengths"] = list(rank_lengths(geom, og.index, n))
         groups.append(item)
     return {"prefix_tokens": n, "groups": groups}

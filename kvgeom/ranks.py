@@ -30,10 +30,6 @@ class Placement(NamedTuple):
     offset: int
 
 
-def _dealt(g: GroupGeometry, shards: int) -> bool:
-    return g.dcp_sharded and shards > 1
-
-
 def dcp_placement(geom: Geometry, group: int, position: int) -> Placement:
     """Column, owning rank and in-page offset of ``position`` in ``group``.
 
@@ -51,7 +47,7 @@ def dcp_placement(geom: Geometry, group: int, position: int) -> Placement:
     g = geom.group(group)
     p = nonneg("position", position)
     shards = geom.kv_shards
-    if not _dealt(g, shards):
+    if not g.dealt:
         return Placement(p // g.block_size, None, p % g.block_size)
     interleave = geom.config.parallel.cp_interleave
     o = p % g.span
@@ -113,7 +109,7 @@ def rank_lengths(geom: Geometry, group: int, num_tokens: int) -> tuple[int, ...]
     g = geom.group(group)
     n = nonneg("num_tokens", num_tokens)
     shards = geom.kv_shards
-    if not _dealt(g, shards):
+    if not g.dealt:
         return (n,) * shards
     interleave = geom.config.parallel.cp_interleave
     rounds, rem = divmod(n, shards * interleave)

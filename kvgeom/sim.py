@@ -109,7 +109,7 @@ class Simulator:
                 span=og.tokens_per_block,
                 k=geom.offload.blocks_per_chunk,
                 chunk=og.tokens_per_chunk,
-                dealt=g.dcp_sharded and geom.kv_shards > 1,
+                dealt=g.dealt,
             )
         self._placements: dict[int, list[Placement]] = {} if _placements is None else _placements
         self.tier: dict[tuple[int, int], Any] = {}

@@ -273,3 +273,11 @@ def test_specs_are_hashable_values():
     assert kvgeom.MambaSpec.model_validate(s.model_dump()) == s
     cfg_model = kvgeom.load_config(kvgeom.DEFAULT_CONFIG)
     assert kvgeom.KVGeomConfig.model_validate(cfg_model.to_dict()) == cfg_model
+
+
+def test_dealt_is_sharded_with_more_than_one_kv_shard():
+    # the one place consumers read "are this group's positions spread over ranks?"
+    assert [g.dealt for g in kvgeom.resolve(kvgeom.DEFAULT_CONFIG).groups] == [True, False]
+    # DCP 1: a sharded-by-kind attention group is still held whole by its one rank
+    one = kvgeom.resolve(cfg([fa(16), mamba(16)]))
+    assert [(g.dcp_sharded, g.dealt) for g in one.groups] == [(True, False), (False, False)]
