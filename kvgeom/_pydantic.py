@@ -9,21 +9,6 @@ from pydantic._internal._model_construction import ModelMetaclass
 
 from kvgeom.errors import ConfigError, Problem
 
-_KINDS = frozenset(
-    {
-        "full_attention",
-        "mla",
-        "sink_full_attention",
-        "sliding_window",
-        "sliding_window_mla",
-        "chunked_local",
-        "cross_attention",
-        "mamba",
-        "circular_buffer",
-        "uniform",
-    }
-)
-
 _CODES = {
     "missing": "missing_field",
     "extra_forbidden": "unknown_key",
@@ -42,11 +27,13 @@ _CODES = {
 
 def field_path(loc: tuple[Any, ...], prefix: str = "") -> str:
     """``('groups', 0, 'mla', 'block_size')`` -> ``groups[0].block_size``."""
+    from kvgeom.specs import KINDS  # at call time: specs imports this module
+
     out = prefix
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in _KINDS or (isinstance(part, str) and part.startswith("function-")):
+        elif part in KINDS or (isinstance(part, str) and part.startswith("function-")):
             continue  # the tag pydantic adds for a tagged union member, or a validator name
         else:
             out += f".{part}" if out else str(part)

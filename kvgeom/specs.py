@@ -69,6 +69,7 @@ __all__ = [
     "tokens_per_state_of",
     "is_latent",
     "LATENT_KINDS",
+    "KINDS",
 ]
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -494,4 +495,22 @@ def is_latent(spec: AnySpec) -> bool:
 #: (the vLLM adapter).
 LATENT_KINDS: frozenset[str] = frozenset(
     str(cls.model_fields["kind"].default) for cls in (MLASpec, SlidingWindowMLASpec)
+)
+
+
+#: Every ``kind`` name of a group spec, read off the spec classes.
+KINDS: frozenset[str] = frozenset(
+    str(cls.model_fields["kind"].default)
+    for cls in (
+        FullAttentionSpec,
+        MLASpec,
+        SinkFullAttentionSpec,
+        SlidingWindowSpec,
+        SlidingWindowMLASpec,
+        ChunkedLocalSpec,
+        CrossAttentionSpec,
+        MambaSpec,
+        CircularBufferSpec,
+        UniformSpec,
+    )
 )
