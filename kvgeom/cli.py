@@ -48,19 +48,7 @@ from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, resolve
 from kvgeom.presets import load_preset, preset_description, preset_names
 from kvgeom.ranks import dcp_placement, rank_lengths
-from kvgeom.specs import (
-    ChunkedLocalSpec,
-    CircularBufferSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    MambaSpec,
-    MLASpec,
-    SinkFullAttentionSpec,
-    SlidingWindowMLASpec,
-    SlidingWindowSpec,
-    iter_leaves,
-    scheduler_view,
-)
+from kvgeom.specs import attention_chunk_size_of, iter_leaves, sliding_window_of
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -212,22 +200,23 @@ def _kind_label(g: GroupGeometry) -> str:
 
 
 def _window_label(g: GroupGeometry) -> str:
-    view = scheduler_view(g.spec)
-    match view:
-        case FullAttentionSpec() | MLASpec() | SinkFullAttentionSpec():
+    window = sliding_window_of(g.spec)
+    if window is not None:
+        return f"{window[0]} tokens"
+    size = attention_chunk_size_of(g.spec)
+    if size is not None:
+        return f"chunks of {size}"
+    match g.family:
+        case "full" | "sliding" | "chunked":
             return "full"
-        case SlidingWindowSpec() | SlidingWindowMLASpec():
-            return f"{view.sliding_window} tokens"
-        case ChunkedLocalSpec():
-            return f"chunks of {view.attention_chunk_size}"
-        case CrossAttentionSpec():
+        case "cross":
             return "encoder"
-        case MambaSpec():
+        case "mamba":
             return f"state ({g.mamba_mode})"
-        case CircularBufferSpec():
+        case "circular":
             return "ring"
         case _:
-            assert_never(view)
+            assert_never(g.family)
 
 
 def _table(rows: list[list[str]], right: set[int]) -> list[str]:
