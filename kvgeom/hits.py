@@ -24,9 +24,10 @@ from typing import Any
 
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
+from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.keys import offload_group
+from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
@@ -284,7 +285,7 @@ def lookup_hit(
         M = realign(max(M - 1, 0))
 
     def clamp(og: OffloadGroupGeometry, m: int) -> int:
-        m = min(m, (n // H // og.hashes_per_chunk) * og.tokens_per_chunk)
+        m = min(m, num_keys(geom, og.index, n) * og.tokens_per_chunk)
         if max_load_tokens is not None:
             m = rdown(m, og.tokens_per_chunk)
         return realign(m)
@@ -379,7 +380,7 @@ def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
         keys = tuple((j + 1) * C for j in range(first // k, last))
         if hit.partial_tail:
             keys += (N,)
-        state = (N - 1) // g.block_size if g.is_align_mamba else None
+        state = restore_read_block(geom, og.index, N) if g.is_align_mamba else None
         out.append(GroupLoad(og.index, keys, tuple(range(first, stop)), first % k, state))
     return tuple(out)
 
@@ -495,13 +496,12 @@ def plan_store(
     if finished:
         offloadable = min(offloadable, max(prompt, n - 1))
     points = tuple(reachable) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
-    H = geom.hash_block_size
     out = []
     for og in off.groups:
         g = geom.groups[og.index]
         C = og.tokens_per_chunk
         k = off.blocks_per_chunk
-        keyed = (n // H) // og.hashes_per_chunk
+        keyed = num_keys(geom, og.index, n)
         storable = min(offloadable // C, keyed)
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
@@ -511,10 +511,9 @@ def plan_store(
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.
-            chunks = tuple(
-                j for j in range(start, storable) if mask is None or ((j + 1) * C // g.block_size - 1) in mask
-            )
-            entries = tuple(((j + 1) * C // g.block_size - 1,) for j in chunks)
+            states = {j: state_block_for_boundary(geom, og.index, (j + 1) * C) for j in range(start, storable)}
+            chunks = tuple(j for j, b in states.items() if mask is None or b in mask)
+            entries = tuple((states[j],) for j in chunks)
         else:
             chunks = tuple(
                 j for j in range(start, storable) if mask is None or any(b in mask for b in range(j * k, (j + 1) * k))
