@@ -27,9 +27,11 @@ from kvgeom.geometry import (
     GroupGeometry,
     OffloadGeometry,
     OffloadGroupGeometry,
+    SpeculativeGeometry,
     resolve,
 )
 from kvgeom.parallel import ParallelConfig
+from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.presets import load_preset, preset_names
 from kvgeom.specs import (
     ChunkedLocalSpec,
@@ -139,4 +141,9 @@ __all__ = [
     "maybe_page_bytes",
     "page_bytes",
     "resolve_block_sizes",
+    # 0.2: residency (connector, prefix cache, router), speculative decoding
+    "Residency",
+    "SpeculativeGeometry",
+    "make_offload_key",
+    "split_offload_key",
 ]

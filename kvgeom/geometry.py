@@ -61,6 +61,7 @@ __all__ = [
     "GroupGeometry",
     "OffloadGeometry",
     "OffloadGroupGeometry",
+    "SpeculativeGeometry",
     "resolve",
 ]
 
@@ -89,6 +90,13 @@ class GroupGeometry:
     dealt: bool
     """Whether DCP actually deals this group's positions over several ranks: DCP-sharded and
     ``kv_shards > 1``. Every consumer (dealing, key maps, fingerprint, simulator) reads this."""
+    eagle_group: bool = False
+    """Speculative decoding: the group holds drafter layers and is flagged as vLLM 0.33 flags it
+    (``is_eagle_group``, only when the block drop is in use). False without a ``speculative`` section."""
+    proof_margin: int | None = None
+    """Speculative decoding, GPU prefix cache: the tokens a lookup of this group must see past a
+    candidate hit and then drop (H with fine-grained lookups and S > H, else S). Non-null iff the
+    group's GPU prefix-cache lookup drops; always None for Mamba and without a drop."""
 
     @property
     def is_align_mamba(self) -> bool:
@@ -106,6 +114,12 @@ class OffloadGroupGeometry:
     hashes_per_chunk: int
     window_chunks: int | None
     """Chunks a lookup needs ending at the hit (Mamba 1, full attention None)."""
+    eagle_group: bool = False
+    """Speculative decoding: the connector treats this group as an eagle group (vLLM
+    ``GroupOffloadConfig.is_eagle_group``: flagged groups only, no fallback)."""
+    proof_margin: int | None = None
+    """Speculative decoding, offload partial tails: the group's boundary key sits at ``b + proof_margin``
+    (eagle non-recurrent groups, partial tails on, DCP 1); None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +148,25 @@ class OffloadGeometry:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeGeometry:
+    """Effective speculative-decoding settings of a geometry (what vLLM 0.33 actually does).
+
+    ``block_drop``: the method is eagle, eagle3 or mtp and the drop is not disabled.
+    ``lookahead_hashes``: ``block_drop``, not disabled, prefix caching on and no KV connector
+    (an offload section counts as one). ``gpu_drop``: the GPU prefix cache drops a proven unit,
+    i.e. ``block_drop and not lookahead_hashes`` with prefix caching on.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    block_drop: bool
+    lookahead_hashes: bool
+    gpu_drop: bool
+    prefill_lookahead_tokens: int
+    """P: 0 unless the method drafts from hidden states (eagle family); K for multi-module MTP; else 1."""
+
+
+@dataclass(frozen=True, slots=True)
 class GeometryWarning:
     """Something legal but likely unintended, with a stable code and a fix."""
 
@@ -156,6 +189,8 @@ class Geometry:
     partial_hash_hits: bool
     offload: OffloadGeometry | None
     warnings: tuple[GeometryWarning, ...]
+    speculative: SpeculativeGeometry | None = None
+    """The effective speculative-decoding settings, or None without a drafter."""
 
     @property
     def parallel(self) -> ParallelConfig:

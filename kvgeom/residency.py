@@ -1,0 +1,228 @@
+"""Which cache entries a tier holds: one residency type for the offload connector, the GPU prefix
+cache and KV-aware routers.
+
+A :class:`Residency` records, per cache group, which block hashes are held, and by which
+*holders*. A holder is whatever the caller needs to tell apart: a single offload tier uses one
+holder (``0``, the default); a router uses one holder per replica. Block hashes are opaque
+hashable keys (vLLM's ``BlockHash`` bytes, or anything else): kvgeom never recomputes an engine's
+hash function, the caller hands it the request's hash chain.
+
+The hash chain of a request is the list of its block hashes at the hash unit H (hash *i* covers
+tokens ``[0, (i+1)*H)``), so an entry of group g keyed by hash *i* is the entry whose prefix ends
+at token ``(i+1)*H``. That is the link between residency and geometry: :meth:`Residency.probe`
+turns a chain into the ``contains(group, end_token)`` question the lookups ask.
+
+Invariants (tested in ``tests/test_residency.py``):
+
+* every update is O(1) in the number of entries held (a dict operation and one integer bit
+  operation);
+* ``contains(g, h, holder)`` is true iff the last update of ``(g, h, holder)`` was an add;
+* ``clear(holder)`` removes exactly that holder's entries and no one else's;
+* ``version`` changes on every update that changes what is held, so derived caches know when to
+  rebuild.
+
+vLLM's offload key is the block hash bytes followed by the 4-byte big-endian group index
+(OffloadingConnector ``make_offload_key``, vLLM 0.33); :meth:`add_key` / :meth:`discard_key` take
+that form directly.
+
+>>> r = Residency()
+>>> r.add(0, b"h0"); r.add(0, b"h1"); r.add(1, b"h1")
+>>> r.contains(0, b"h1"), r.contains(1, b"h0")
+(True, False)
+>>> r.discard(0, b"h1"); r.contains(0, b"h1")
+False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from kvgeom.errors import QueryError
+
+if TYPE_CHECKING:
+    from kvgeom.geometry import Geometry
+
+__all__ = ["GROUP_INDEX_BYTES", "Residency", "split_offload_key", "make_offload_key"]
+
+GROUP_INDEX_BYTES = 4
+"""vLLM appends the group index to the block hash as 4 big-endian bytes (``make_offload_key``)."""
+
+
+def make_offload_key(block_hash: bytes, group: int) -> bytes:
+    """vLLM's offload key bytes for ``block_hash`` in ``group``.
+
+    >>> make_offload_key(b"ab", 3)
+    b'ab\\x00\\x00\\x00\\x03'
+    """
+    if not isinstance(block_hash, bytes | bytearray | memoryview):
+        raise QueryError.single(
+            "bad_block_hash", f"a block hash for an offload key must be bytes, got {type(block_hash).__name__}",
+            "block_hash",
+        )
+    if type(group) is not int or not 0 <= group < 2**32:
+        raise QueryError.single(
+            "bad_group_index", f"group index {group!r} does not fit vLLM's 4-byte key suffix", "group"
+        )
+    return bytes(block_hash) + group.to_bytes(GROUP_INDEX_BYTES, "big")
+
+
+def split_offload_key(key: bytes) -> tuple[bytes, int]:
+    """``(block_hash, group)`` of vLLM offload key bytes (the inverse of :func:`make_offload_key`).
+
+    >>> split_offload_key(b'ab\\x00\\x00\\x00\\x03')
+    (b'ab', 3)
+    """
+    if not isinstance(key, bytes | bytearray | memoryview) or len(key) <= GROUP_INDEX_BYTES:
+        size = len(key) if isinstance(key, bytes | bytearray | memoryview) else None
+        raise QueryError.single(
+            "bad_offload_key",
+            f"an offload key is block-hash bytes followed by a {GROUP_INDEX_BYTES}-byte group index; got "
+            f"{type(key).__name__}" + (f" of {size} bytes" if size is not None else ""),
+            "key",
+        )
+    raw = bytes(key)
+    return raw[:-GROUP_INDEX_BYTES], int.from_bytes(raw[-GROUP_INDEX_BYTES:], "big")
+
+
+def _holder(holder: int) -> int:
+    if type(holder) is not int or holder < 0:
+        raise QueryError.single(
+            "bad_holder", f"a holder is a non-negative int (0 for a single tier), got {holder!r}", "holder"
+        )
+    return holder
+
+
+class Residency:
+    """Per group, which block hashes are held and by which holders (a bit mask per hash).
+
+    Updates are O(1); reads never copy the index. Use one instance per tier (GPU prefix cache, CPU
+    tier, storage), with holder 0, or one instance per tier across replicas, one holder per replica.
+    """
+
+    __slots__ = ("_held", "version")
+
+    def __init__(self) -> None:
+        self._held: dict[int, dict[Hashable, int]] = {}
+        self.version = 0
+
+    # -- updates ------------------------------------------------------------------------------------
+    def add(self, group: int, block_hash: Hashable, holder: int = 0) -> None:
+        """Record that ``holder`` holds the entry of ``group`` keyed by ``block_hash``."""
+        bit = 1 << _holder(holder)
+        held = self._held.get(group)
+        if held is None:
+            held = self._held[group] = {}
+        old = held.get(block_hash, 0)
+        if not old & bit:
+            held[block_hash] = old | bit
+            self.version += 1
+
+    def discard(self, group: int, block_hash: Hashable, holder: int = 0) -> None:
+        """Record that ``holder`` no longer holds that entry (a no-op when it did not)."""
+        bit = 1 << _holder(holder)
+        held = self._held.get(group)
+        if held is None:
+            return
+        old = held.get(block_hash, 0)
+        if old & bit:
+            new = old & ~bit
+            if new:
+                held[block_hash] = new
+            else:
+                del held[block_hash]
+            self.version += 1
+
+    def add_key(self, key: bytes, holder: int = 0) -> None:
+        """:meth:`add` from vLLM offload key bytes (block hash + 4-byte group index)."""
+        block_hash, group = split_offload_key(key)
+        self.add(group, block_hash, holder)
+
+    def discard_key(self, key: bytes, holder: int = 0) -> None:
+        """:meth:`discard` from vLLM offload key bytes."""
+        block_hash, group = split_offload_key(key)
+        self.discard(group, block_hash, holder)
+
+    def clear(self, holder: int | None = None) -> None:
+        """Forget every entry of ``holder`` (of every holder when None). O(entries held)."""
+        if holder is None:
+            if self._held:
+                self._held.clear()
+                self.version += 1
+            return
+        keep = ~(1 << _holder(holder))
+        changed = False
+        for held in self._held.values():
+            for h, mask in list(held.items()):
+                if mask & ~keep:
+                    changed = True
+                    if mask & keep:
+                        held[h] = mask & keep
+                    else:
+                        del held[h]
+        if changed:
+            self.version += 1
+
+    # -- reads --------------------------------------------------------------------------------------
+    def contains(self, group: int, block_hash: Hashable, holder: int = 0) -> bool:
+        """Whether ``holder`` holds the entry of ``group`` keyed by ``block_hash``."""
+        held = self._held.get(group)
+        return held is not None and bool(held.get(block_hash, 0) >> holder & 1)
+
+    def holders(self, group: int, block_hash: Hashable) -> int:
+        """Bit mask of the holders of that entry (bit r set: holder r holds it); 0 when none."""
+        held = self._held.get(group)
+        return 0 if held is None else held.get(block_hash, 0)
+
+    def chain_masks(self, group: int, block_hashes: Sequence[Hashable]) -> list[int]:
+        """:meth:`holders` for every hash of a chain, in order (one dict read each, no copy)."""
+        held = self._held.get(group)
+        if held is None:
+            return [0] * len(block_hashes)
+        get = held.get
+        return [get(h, 0) for h in block_hashes]
+
+    def groups(self) -> tuple[int, ...]:
+        """The groups with at least one entry held."""
+        return tuple(sorted(g for g, held in self._held.items() if held))
+
+    def entries(self, group: int) -> Iterable[Hashable]:
+        """The hashes of ``group`` held by at least one holder (a live view; do not mutate while iterating)."""
+        return self._held.get(group, {}).keys()
+
+    def __len__(self) -> int:
+        """Number of (group, hash) entries held by at least one holder."""
+        return sum(len(h) for h in self._held.values())
+
+    def probe(
+        self, geom: Geometry, block_hashes: Sequence[Hashable], holder: int = 0
+    ) -> Callable[[int, int], bool]:
+        """``contains(group, end_token)`` for one request: whether ``holder`` holds the entry of
+        ``group`` whose prefix ends at ``end_token``, given the request's hash chain at the hash
+        unit H of ``geom`` (hash *i* ends at ``(i+1)*H``).
+
+        End tokens off the H grid, or past the chain, are never held.
+
+        >>> import kvgeom
+        >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)     # H = 16
+        >>> r = Residency(); r.add(1, "h1")
+        >>> contains = r.probe(g, ["h0", "h1", "h2"])
+        >>> contains(1, 32), contains(1, 16), contains(1, 40), contains(0, 32)
+        (True, False, False, False)
+        """
+        H = geom.hash_block_size
+        bit = 1 << _holder(holder)
+        held = self._held
+        chain = block_hashes
+        n = len(chain)
+
+        def contains(group: int, end_token: int) -> bool:
+            if end_token <= 0 or end_token % H:
+                return False
+            i = end_token // H - 1
+            if i >= n:
+                return False
+            g = held.get(group)
+            return g is not None and bool(g.get(chain[i], 0) & bit)
+
+        return contains
