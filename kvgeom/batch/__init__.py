@@ -67,9 +67,10 @@ from kvgeom._math import INT64_MAX
 from kvgeom.boundaries import _mamba
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, stored_group_index
+from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
 from kvgeom.masks import default_alignment
+from kvgeom.probes import stored_group_index
 from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
