@@ -221,6 +221,26 @@ class Residency:
         block_hash, group = split_offload_key(key)
         self.discard(group, block_hash, holder)
 
+    def add_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
+        """:meth:`add_key` for every key of a store-complete event (vLLM's ``complete_store`` keys), in one call."""
+        add = self.add
+        for key in keys:
+            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
+                block_hash, group = split_offload_key(key)  # raises bad_offload_key, or converts a bytearray
+            else:
+                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
+            add(group, block_hash, holder)
+
+    def discard_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
+        """:meth:`discard_key` for every key of an evict event (vLLM's ``evicted_keys``), in one call."""
+        discard = self.discard
+        for key in keys:
+            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
+                block_hash, group = split_offload_key(key)
+            else:
+                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
+            discard(group, block_hash, holder)
+
     def clear(self, holder: int | None = None) -> None:
         """Forget every entry of ``holder`` (of every holder when None). O(entries held)."""
         if holder is None:
