@@ -173,7 +173,8 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
                     met = (k / v <= 1.0) if b < 4096 else (v / with_upkeep >= 50)
                     record(f"vs_vllm {gname} {tokens} tok {pattern} batch {b}", n=b, batch_s=k * b,
                            target=target, met=met, kvgeom_path=how, vllm_us=v * 1e6, kvgeom_us=k * 1e6,
-                           ratio_kvgeom_over_vllm=k / v, lazy_on_vllm_tier_over_vllm=on_tier / v,
+                           ratio_kvgeom_over_vllm=k / v, lazy_over_vllm=lazy / v,
+                           lazy_on_vllm_tier_over_vllm=on_tier / v, speedup_lookup_only=v / k,
                            upkeep_us=upkeep * 1e6, ratio_incl_upkeep=with_upkeep / v,
                            speedup_incl_upkeep=v / with_upkeep, keys_stored_per_request=keys_per_req,
                            mean_hit=float(np.mean([w or 0 for w in want])), same_answers=same)

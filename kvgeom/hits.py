@@ -311,7 +311,19 @@ def _lookup(
             if all(contains(og.index, b) for og in groups):
                 return Hit(b - c, b, c, True)
             b -= H
+    if done == c:
+        hit = _NO_HIT.get(c)
+        if hit is None:
+            if len(_NO_HIT) >= 1024:
+                _NO_HIT.clear()
+            hit = _NO_HIT[c] = Hit(0, c, c, False)
+        return hit
     return Hit(done - c, done, c, False)
+
+
+#: "No hit past c", by c: a Hit is immutable, so a lookup that finds nothing hands back a shared one
+#: instead of building a frozen dataclass per call (a third of a trivial lookup's cost).
+_NO_HIT: dict[int, Hit] = {}
 
 
 def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool) -> int:

@@ -1256,7 +1256,11 @@ def _forward_run(hc: Any, rows: I64, start: I64, limit: I64) -> I64:
         got = np.where(full, width, np.argmin(vals, axis=1))
         out[active] = np.minimum(out[active] + got, limit[active])
         active = active[full & (out[active] < limit[active])]
-        width = min(width * 2, 4096)
+        if active.size:
+            # Past the first window a run is usually long (a stored prefix): take the rest of the longest
+            # one at once, within a budget of 2^22 cells per step.
+            rest = int((limit[active] - out[active]).max())
+            width = max(16, min(rest, 4096, (1 << 22) // active.size))
     return out
 
 
