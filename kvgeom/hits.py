@@ -263,6 +263,8 @@ class _Order(NamedTuple):
     """Windowed groups by decreasing window, stable: vLLM's ``_lookup_groups`` order after the full ones."""
     partial_tail_span: int
     """The common span when partial tails are supported, else 0."""
+    first_chunk: int
+    """The chunk of the first group looked up: a candidate less than this past the local prefix is no hit."""
 
 
 _ORDERS: dict[int, tuple[Geometry, _Order]] = {}
@@ -276,10 +278,11 @@ def _order(geom: Geometry) -> _Order:
     off = _offload(geom)
     windowed = [og for og in off.groups if og.window_chunks is not None]
     windowed.sort(key=lambda og: -(og.window_chunks or 0))
+    full = [og for og in off.groups if og.window_chunks is None]
     order = _Order(
-        off, geom.scheduler_block_size, geom.hash_block_size, off.mamba_align_size,
-        tuple(og for og in off.groups if og.window_chunks is None), tuple(windowed),
+        off, geom.scheduler_block_size, geom.hash_block_size, off.mamba_align_size, tuple(full), tuple(windowed),
         off.groups[0].tokens_per_block if off.supports_partial_tail else 0,
+        (full[0] if full else windowed[0]).tokens_per_chunk,
     )
     if len(_ORDERS) >= 256:
         _ORDERS.clear()
@@ -300,7 +303,8 @@ def _lookup(
     limit = M
     if order.windowed:
         M = _align_to_mamba_chunk(max(M - 1, 0), order.Cm)
-    done = _complete(geom, order, probe, n, c, M, mlt is not None)
+    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
+    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
     span = order.partial_tail_span
     if span:
         H = order.H
