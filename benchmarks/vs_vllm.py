@@ -17,6 +17,9 @@ kvgeom side, on the same requests and the same tier contents:
   one lookup (no reuse of a stored prefix by later requests: the worst case for the index).
 
 Runs alternate (vLLM, kvgeom lazy, kvgeom on vLLM's tier, kvgeom batch) and every figure is a median.
+Answers are checked request by request: every kvgeom path gives the same hit, and it equals vLLM's
+except where vLLM's hit is off the Mamba chunk (counted in ``vllm_unaligned_hits``): there kvgeom's
+registered deviation ``realign-after-clamp`` gives the lower, aligned hit.
 vLLM has no batch lookup; its time per request at batch B is its time per request over a pool of
 distinct requests, called one after another (the batch of 4096 cycles through the pool).
 """
@@ -56,7 +59,7 @@ def vllm_available() -> str | None:
     return str(vllm.__version__)
 
 
-def _median(fn: Callable[[], Any], times: list[float]) -> None:
+def _timed(fn: Callable[[], Any], times: list[float]) -> None:
     t0 = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t0)
@@ -151,16 +154,24 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
             for pattern in ("contiguous", "gapped"):
                 cell = Cell(vt, cfg, tokens, pattern, pool, seed=tokens + (pattern == "gapped"))
                 want = cell.vllm()
-                same = want == cell.lazy() == cell.lazy_on_tier()
+                lazy_hits, tier_hits = cell.lazy(), cell.lazy_on_tier()
+                Cm = cell.geom.offload.mamba_align_size if cell.geom.offload is not None else None
+                # Requests where vLLM's hit is not on the Mamba chunk (its Mamba scan after an attention
+                # clamp rounds up to the next state): kvgeom answers lower, by its registered deviation
+                # "realign-after-clamp". Every other request must agree exactly.
+                realigned = [i for i, w in enumerate(want) if Cm and w and w % Cm]
+                same = lazy_hits == tier_hits and all(
+                    lazy_hits[i] == want[i] for i in range(pool) if i not in realigned)
+                same = same and all(lazy_hits[i] < want[i] and lazy_hits[i] % Cm == 0 for i in realigned)
                 t_v: list[float] = []
                 t_l: list[float] = []
                 t_t: list[float] = []
                 t_u: list[float] = []
                 for _ in range(repeat):
-                    _median(cell.vllm, t_v)
-                    _median(cell.lazy, t_l)
-                    _median(cell.lazy_on_tier, t_t)
-                    _median(cell.upkeep, t_u)
+                    _timed(cell.vllm, t_v)
+                    _timed(cell.lazy, t_l)
+                    _timed(cell.lazy_on_tier, t_t)
+                    _timed(cell.upkeep, t_u)
                 v = statistics.median(t_v) / pool
                 lazy = statistics.median(t_l) / pool
                 on_tier = statistics.median(t_t) / pool
@@ -173,11 +184,11 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
                         rows = cell.chains.rows([cell.states[i % pool].req.request_id for i in range(b)])
                         n = np.full(b, tokens, dtype=np.int64)
                         got = lookup_resident(cell.geom, cell.res, rows, n)
-                        same = same and got.hit_tokens.tolist() == [want[i % pool] for i in range(b)]
+                        same = same and got.hit_tokens.tolist() == [lazy_hits[i % pool] for i in range(b)]
                         t_b: list[float] = []
                         reps = max(3, repeat if b <= 64 else 5)
                         for _ in range(reps):
-                            _median(lambda rows=rows, n=n: lookup_resident(cell.geom, cell.res, rows, n), t_b)
+                            _timed(lambda c=cell, rows=rows, n=n: lookup_resident(c.geom, c.res, rows, n), t_b)
                         k, how = statistics.median(t_b) / b, "batch"
                     with_upkeep = k + upkeep
                     target = "<=1.0x vLLM" if b < 4096 else ">=50x vs vLLM incl. upkeep"
@@ -188,4 +199,5 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
                            lazy_on_vllm_tier_over_vllm=on_tier / v, speedup_lookup_only=v / k,
                            upkeep_us=upkeep * 1e6, ratio_incl_upkeep=with_upkeep / v,
                            speedup_incl_upkeep=v / with_upkeep, keys_stored_per_request=keys_per_req,
-                           mean_hit=float(np.mean([w or 0 for w in want])), same_answers=same)
+                           mean_hit=float(np.mean([w or 0 for w in want])), same_answers=same,
+                           vllm_unaligned_hits=len(realigned))
