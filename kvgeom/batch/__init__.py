@@ -1456,6 +1456,10 @@ def _lookup_views(
     full = [og for og in off.groups if og.window_chunks is None]
     if windowed:
         M = realign(np.maximum(M - 1, 0))
+    first_chunk = (full[0] if full else windowed[0]).tokens_per_chunk
+    if not off.supports_partial_tail and not (M - c >= first_chunk).any():
+        # the first group's clamp only lowers M: no request can get a chunk past its local prefix
+        return Hits(np.zeros(size, dtype=np.int64), c.copy(), c, np.zeros(size, dtype=np.bool_))
     keyed = _div(n, H)
 
     def clamp(og: OffloadGroupGeometry, m: I64, rows: I64) -> I64:
