@@ -17,14 +17,17 @@ caller holds the tier in (:func:`as_probe`):
   ``set`` / ``frozenset`` value is read in place, only at the probed entries; any other
   collection is checked entry by entry as it is turned into a set (no sorting);
 * a mapping ``{group: bool array over chunk indices}`` (entry j: the key ending at
-  ``(j + 1) * C_g``).
+  ``(j + 1) * C_g``);
+* a :class:`Probe` subclass (its ``contains``, and ``forward`` / ``below`` when it can answer
+  them faster than the defaults).
 
 Invariants (``tests/property/test_probe_laws.py``):
 
 * every form answers exactly what the ``stored`` mapping form answers for the same keys, so
   :func:`kvgeom.hits.lookup_hit` returns the same :class:`kvgeom.hits.Hit` whatever the form;
 * an end token off the hash grid, not positive, or past a known :attr:`Probe.bound` is never held;
-* :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss.
+* :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss, and
+  :meth:`Probe.forward` stops exactly where stepping with ``contains`` would.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ Invariants (tested in ``tests/test_residency.py``):
   ids, equal at every moment to :meth:`contains` for that group and holder. Once asked for, it is
   kept current by every update (one array store per update, still O(1)); the batch lookup
   (:func:`kvgeom.batch.lookup.lookup_resident`) reads it with numpy, without converting any key.
-  Ids are never reused, so the id table grows by one entry per distinct hash ever seen.
+  Ids are never reused, so the id table grows by one entry per distinct hash ever seen
+  (``tests/property/test_resident_batch_laws.py``: any sequence of store and evict events leaves
+  the index, its arrays and the request chains equal to ones rebuilt from scratch).
 
 vLLM's offload key is the block hash bytes followed by the 4-byte big-endian group index
 (OffloadingConnector ``make_offload_key``, vLLM 0.33); :meth:`add_key` / :meth:`discard_key` take
