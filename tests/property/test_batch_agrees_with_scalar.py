@@ -438,6 +438,56 @@ def test_hits_and_load_plans_agree_with_lookup_hit(geom, data):
     check(run, scalar, list(range(size)), lambda v: v)
 
 
+@given(st.one_of(geometries(offload=True), tail_geometries()), st.data())
+def test_resident_batch_lookup_agrees_with_the_matrix_batch_and_the_scalar(geom, data):
+    """batch.lookup.lookup_resident over a Residency (tier fed as vLLM offload key bytes, chains kept by
+    RequestChains) == batch.lookup_hits over the same keys as bool matrices == lookup_hit per request."""
+    from kvgeom.batch.lookup import RequestChains, lookup_resident
+
+    H = geom.hash_block_size
+    size = data.draw(st.integers(0, 10), label="requests")
+    top = max(og.tokens_per_chunk for og in geom.offload.groups) * 8 + 3 * H
+    n = [data.draw(st.integers(0, top) | st.integers(top // 2, top)) for _ in range(size)]
+    local = [data.draw(st.integers(0, x)) if data.draw(st.integers(0, 3)) == 0 else 0 for x in n]
+    prompt = [data.draw(st.integers(0, x)) if data.draw(st.booleans()) else x for x in n]
+    width = top // H
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    stored = {}
+    for og in geom.offload.groups:
+        density = rng.choice([0.0, 0.3, 0.85, 1.0], size=(size, 1))
+        prefix = rng.integers(0, width + 1, size=(size, 1))
+        stored[og.index] = (np.arange(width)[None, :] < prefix) | (rng.random((size, width)) < density)
+    tier = kvgeom.Residency()
+    chains = RequestChains(tier)
+    shared = data.draw(st.booleans(), label="requests share hashes")
+    for i in range(size):
+        chain = [b"h%d-%d" % (0 if shared else i, j) for j in range(n[i] // H)]
+        chains.update(i, chain)
+        for g, m in stored.items():
+            for col in np.flatnonzero(m[i][: len(chain)]):
+                tier.add_key(kvgeom.make_offload_key(chain[col], g))
+    if shared:  # one tier for all: a key held for one request is held for every request with that hash
+        merged = np.zeros((size, width), dtype=bool)
+        for g in stored:
+            merged[:] = False
+            for i in range(size):
+                merged[:, : n[i] // H] |= stored[g][i, : n[i] // H]
+            stored[g] = merged.copy()
+    for g in stored:  # keys past a request's chain cannot be named by its hashes
+        for i in range(size):
+            stored[g][i, n[i] // H:] = False
+    mlt = data.draw(st.none() | st.integers(0, top), label="mlt")
+    got = lookup_resident(geom, tier, chains.rows(list(range(size))), n, num_prompt_tokens=prompt,
+                          local_computed_tokens=local, max_load_tokens=mlt)
+    want = batch.lookup_hits(geom, n, stored=stored, num_prompt_tokens=prompt, local_computed_tokens=local,
+                             max_load_tokens=mlt)
+    assert [got.hit(i) for i in range(size)] == [want.hit(i) for i in range(size)]
+    for i in range(size):
+        chain = [b"h%d-%d" % (0 if shared else i, j) for j in range(n[i] // H)]
+        assert got.hit(i) == hits.lookup_hit(geom, n[i], stored=tier, block_hashes=chain, num_prompt_tokens=prompt[i],
+                                             local_computed_tokens=local[i], max_load_tokens=mlt)
+
+
 @given(geometries(offload=True), st.sampled_from([-1, INT64_MAX + 1]))
 def test_hits_refuse_values_past_int64_or_negative(geom, bad):
     with pytest.raises(QueryError):

@@ -123,3 +123,31 @@ def test_rank_lengths_sum_to_n_and_every_position_has_exactly_one_owner(g, n):
             slots.add((col, rank, offset))
         assert tuple(owned) == lengths
         assert len(slots) == n  # no two positions share a slot
+
+
+@example(case=(_DENSE_49964, _scenario(65)))
+@example(case=(_SCALED_55168, _scenario(97, evict=_EVICT_MAMBA_96)))
+@given(case=hit_cases())
+def test_a_tier_read_through_a_residency_gives_the_hit_of_its_stored_lists(case):
+    # The simulator's tier after kvgeom's store plan and the scenario's evictions, handed to the lookup
+    # three ways: as stored end-token lists (the plan_hit contract), as a Residency fed with vLLM offload
+    # key bytes + the request's hash chain, and as a contains() callable. Same Hit every time.
+    cfg, sc = case
+    geom = kvgeom.resolve(cfg)
+    n, local = sc["num_tokens"], sc["local_computed_tokens"]
+    sim = Simulator(geom)
+    sim.prefill(n)
+    sim.store(hits.plan_store(geom, num_tokens=n, num_computed_tokens=n))
+    order = sorted(sim.tier)
+    gone = {key for key, bit in zip(order, sc["evict"], strict=False) if bit}
+    sim.evict(lambda g, e: (e // geom.hash_block_size - 1, g) not in gone)
+    stored = sim.tier_end_tokens()
+    H = geom.hash_block_size
+    chain = [b"hash-%d" % i for i in range(n // H)]
+    tier = kvgeom.Residency()
+    for g, ends in stored.items():
+        tier.add_keys(kvgeom.make_offload_key(chain[e // H - 1], int(g)) for e in ends)
+    want = hits.lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
+    assert hits.lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local) == want
+    held = {(int(g), e) for g, ends in stored.items() for e in ends}
+    assert hits.lookup_hit(geom, n, stored=lambda g, e: (g, e) in held, local_computed_tokens=local) == want
