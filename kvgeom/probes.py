@@ -202,18 +202,17 @@ class _ResidencyProbe(Probe):
 class _LookupProbe(Probe):
     """An object with the offload manager's ``lookup(key, req_context)``, keyed by the chain's bytes hashes."""
 
-    __slots__ = ("_H", "_chain", "_ctx", "_lookup", "_n")
+    __slots__ = ("_H", "_answers", "_chain", "_ctx", "_lookup", "_n", "_suffix")
 
     def __init__(self, lookup: Callable[[bytes, Any], Any], chain: Sequence[Hashable], H: int, ctx: Any) -> None:
         n = len(chain)
         super().__init__(n * H)
         self._lookup, self._chain, self._H, self._ctx, self._n = lookup, chain, H, ctx, n
+        self._suffix: dict[int, bytes] = {}
+        self._answers: dict[Any, bool] = {}
+        """Each answer object seen (an enum member, say) and whether it means held: read once by name."""
 
-    def contains(self, group: int, end_token: int) -> bool:
-        H = self._H
-        i = end_token // H - 1
-        if i >= self._n or end_token <= 0 or end_token % H:
-            return False
+    def _key(self, i: int, group: int) -> bytes:
         block_hash = self._chain[i]
         if type(block_hash) is not bytes:
             raise QueryError.single(
@@ -221,8 +220,36 @@ class _LookupProbe(Probe):
                 f"block_hashes[{i}] is {type(block_hash).__name__}; an offload manager is keyed by bytes hashes",
                 f"block_hashes[{i}]",
             )
-        key = block_hash + group.to_bytes(GROUP_INDEX_BYTES, "big")
-        return _result_held(self._lookup(key, self._ctx), key)
+        suffix = self._suffix.get(group)
+        if suffix is None:
+            suffix = self._suffix[group] = group.to_bytes(GROUP_INDEX_BYTES, "big")
+        return block_hash + suffix
+
+    def _held(self, key: bytes) -> bool:
+        answer = self._lookup(key, self._ctx)
+        try:
+            known = self._answers.get(answer)
+        except TypeError:  # an unhashable answer: read it every time
+            return _result_held(answer, key)
+        if known is None:
+            known = self._answers[answer] = _result_held(answer, key)
+        return known
+
+    def contains(self, group: int, end_token: int) -> bool:
+        H = self._H
+        i = end_token // H - 1
+        if i >= self._n or end_token <= 0 or end_token % H:
+            return False
+        return self._held(self._key(i, group))
+
+    def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
+        C = tokens_per_chunk
+        hpc = C // self._H
+        stop = min(-(-top // C), self._n // hpc)
+        held, key = self._held, self._key
+        while j < stop and held(key((j + 1) * hpc - 1, group)):
+            j += 1
+        return j
 
 
 def _plain_ints(values: AbstractSet[Any]) -> bool:
