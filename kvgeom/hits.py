@@ -30,6 +30,7 @@ from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGro
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.probes import Probe, as_probe
+from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
