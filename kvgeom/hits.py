@@ -30,6 +30,15 @@ from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGro
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.speculative import (
+    eagle_pair_held,
+    eagle_pops,
+    eagle_query_end,
+    mamba_store_boundary,
+    partial_tail_key,
+    partial_tail_max_boundary,
+    store_holdback_chunks,
+)
 
 __all__ = [
     "GroupLoad",
@@ -290,20 +299,29 @@ def lookup_hit(
             m = rdown(m, og.tokens_per_chunk)
         return realign(m)
 
+    verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
+
     def complete() -> int:
         m = M
         for og in full:
             C = og.tokens_per_chunk
+            before = m
             m = clamp(og, m)
             if m - c < C:
                 return c
             first = c // C
+            pop = eagle_pops(og, verified)
+            query = eagle_query_end(og, m, num_keys(geom, og.index, n) * C, pop)
             hits = 0
-            while (first + hits + 1) * C in held[og.index] and (first + hits) * C < m:
+            while (first + hits + 1) * C in held[og.index] and (first + hits) * C < query:
                 hits += 1
-            m = realign(min(m, C * (first + hits)))
+            if hits == 0:
+                return c
+            m = realign(min(m, C * (first + hits - pop)))
             if m - c < C:
                 return c
+            if m < before and not og.eagle_group:
+                verified.clear()
         ordered = sorted(windowed, key=lambda og: -(og.window_chunks or 0))
         while True:
             changed = False
@@ -313,12 +331,21 @@ def lookup_hit(
                 m = clamp(og, m)
                 if m - c < C:
                     return c
-                found = _scan_window(groups[og.index], og, held[og.index], m, c // C)
+                pop = eagle_pops(og, verified)
+                if pop:
+                    query = eagle_query_end(og, m, num_keys(geom, og.index, n) * C, pop)
+                    stop = min(cdiv(query, C), num_keys(geom, og.index, n))
+                    found = _scan_window(groups[og.index], og, eagle_pair_held(held[og.index], C, stop * C),
+                                         min(m, (stop - 1) * C), c // C)
+                else:
+                    found = _scan_window(groups[og.index], og, held[og.index], m, c // C)
                 if found is None:
                     return c
                 m = realign(min(m, found))
                 if m - c < C:
                     return c
+                if m < before and not og.eagle_group:
+                    verified.clear()
                 changed = changed or m < before
             if not changed:
                 return m
@@ -326,9 +353,13 @@ def lookup_hit(
     done = complete()
     if off.supports_partial_tail:
         span = off.groups[0].tokens_per_block
-        b = rdown(min(prompt - 1, done + span - 1, limit), H) if prompt else 0
+        b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+        if b >= done + span and not all(
+            done + span in held[og.index] for og in off.groups if not groups[og.index].is_align_mamba
+        ):
+            b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
         while b > done:
-            if all(b in held[og.index] for og in off.groups):
+            if all(partial_tail_key(og, b) in held[og.index] for og in off.groups):
                 return Hit(b - c, b, c, True)
             b -= H
     return Hit(done - c, done, c, False)
@@ -379,7 +410,7 @@ def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
         last = cdiv(N, C) - (1 if hit.partial_tail else 0)
         keys = tuple((j + 1) * C for j in range(first // k, last))
         if hit.partial_tail:
-            keys += (N,)
+            keys += (partial_tail_key(og, N),)
         state = restore_read_block(geom, og.index, N) if g.is_align_mamba else None
         out.append(GroupLoad(og.index, keys, tuple(range(first, stop)), first % k, state))
     return tuple(out)
@@ -502,12 +533,16 @@ def plan_store(
         C = og.tokens_per_chunk
         k = off.blocks_per_chunk
         keyed = num_keys(geom, og.index, n)
-        storable = min(offloadable // C, keyed)
+        storable = store_holdback_chunks(geom, og.index, min(offloadable // C, keyed), offloadable, prompt, finished)
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
         _fits(storable - start)
-        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=points)
+        group_points = points
+        if reachable is None and g.is_align_mamba:
+            shifted = mamba_store_boundary(geom, prompt)
+            group_points = points if shifted is None else (shifted,)
+        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         GeometryWarning,
         GroupGeometry,
         OffloadGeometry,
+        OffloadGroupGeometry,
         SpeculativeGeometry,
     )
 
@@ -502,13 +503,55 @@ def store_holdback_chunks(
     return storable
 
 
-def eagle_query_end(geom: Geometry, group: int, m: int, keyed_end: int, verified: bool) -> int:
-    """How far an offload lookup of ``group`` queries for a candidate ``m``: one chunk past it for an
-    unverified eagle group, capped at the group's keyed end (``_lookup_complete_chunks``); ``m`` otherwise."""
+# ------------------------------------------------------------------ offload lookup helpers
+# vLLM 0.33 offloading/scheduler.py::OffloadingConnectorScheduler._lookup_complete_chunks and _lookup.
+
+
+def eagle_pops(og: OffloadGroupGeometry, verified: set[int]) -> int:
+    """1 when an offload lookup of ``og`` must query one extra chunk and then pop it (an eagle group not yet
+    verified at the current candidate), else 0; marks the group verified. A non-eagle group that lowers the
+    candidate clears ``verified`` (the caller does that), so the eagle group pops again."""
+    if og.eagle_group and og.index not in verified:
+        verified.add(og.index)
+        return 1
+    return 0
+
+
+def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) -> int:
+    """How far a lookup of ``og`` queries for candidate ``m``: one chunk further when it pops, capped at the
+    group's keyed end; ``m`` otherwise."""
+    return min(m + og.tokens_per_chunk, keyed_end) if pop else m
+
+
+def eagle_pair_held(held: frozenset[int], chunk: int, stop: int) -> frozenset[int]:
+    """The chunk ends ``e`` whose chunk and the next one are both stored, the next one ending at or before
+    ``stop``. A windowed eagle group needs its window plus one more chunk and pops that one: a run of
+    ``w + 1`` stored chunks ending at ``e + C`` is a run of ``w`` such pairs ending at ``e``, so the
+    ordinary window scan over this set gives the popped answer directly."""
+    return frozenset(e for e in held if e % chunk == 0 and e + chunk <= stop and e + chunk in held)
+
+
+def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:
+    """End token of the key holding a group's partial tail at ``boundary``: ``boundary + proof_margin`` for an
+    eagle group (``_partial_tail_key_tokens``), ``boundary`` otherwise."""
+    return boundary + (og.proof_margin or 0)
+
+
+def partial_tail_max_boundary(geom: Geometry, num_tokens: int, prompt: int, done: int, limit: int) -> int:
+    """The highest partial-tail boundary an offload lookup tries (``_lookup``).
+
+    ``rdown(min(prompt - 1, done + blocks * S - 1, limit, hashes * H - margin), H)`` where ``blocks`` is 2 when
+    some group has an eagle proof margin (a tail may lie in the block after the popped chunk), else 1, and the
+    last term (the proof key needs a hash past the boundary) applies only with a margin. 0 for an empty prompt.
+    """
     off = geom.offload
     assert off is not None
-    og = off.group(group)
-    if og.eagle_group and not verified:
-        return min(m + og.tokens_per_chunk, keyed_end)
-    return m
-
+    if not prompt:
+        return 0
+    H = geom.hash_block_size
+    span = off.groups[0].tokens_per_block
+    margin = max((og.proof_margin or 0 for og in off.groups), default=0)
+    top = min(prompt - 1, done + (2 if margin else 1) * span - 1, limit)
+    if margin:
+        top = min(top, (num_tokens // H) * H - margin)
+    return rdown(max(top, 0), H)
