@@ -336,6 +336,17 @@ class MambaCheckpoint:
     """The last Mamba block boundary a prefill chunk may run to mid-prefill (Mamba block grid)."""
     prefill_chunks: tuple[int, ...]
     """Chunk lengths of a prefill from 0 with an unbounded token budget (no junction, no prior hit)."""
+    state_block: int | None
+    """The align Mamba block holding the checkpoint state, ``position // B_m - 1`` in the Mamba group's own
+    block units; None when ``position`` is 0 or off the Mamba block grid (a copy-on-write partial tail)."""
+
+
+def _checkpoint_state_block(geom: Geometry, group: int, position: int) -> int | None:
+    """The block of an align Mamba group that holds the state after ``position`` tokens, counted in the
+    group's own ``block_size`` -- never the scheduler block, H or a DCP-scaled span (vLLM #55600 seeded the
+    state index in the wrong block units). Module level so a teeth test can break it on purpose."""
+    B = geom.groups[group].block_size
+    return position // B - 1 if position > 0 and position % B == 0 else None
 
 
 def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int | None = None) -> MambaCheckpoint:
@@ -347,7 +358,8 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split``). ``last_cacheable`` is
     the same rule on the align Mamba group's own block. ``prefill_chunks`` splits ``[0, prompt)``
     at ``last_cacheable`` when it lies strictly inside. Needs an align-mode Mamba group, else
-    :class:`kvgeom.QueryError` ``no_align_mamba``.
+    :class:`kvgeom.QueryError` ``no_align_mamba``. ``state_block`` is the first align Mamba group's block
+    holding the checkpoint state.
 
     Postconditions: ``position`` is a multiple of ``unit`` and ``< max(prompt, 1)``; ``shift`` is 0
     without a ``speculative`` section; ``sum(prefill_chunks) == prompt``.
@@ -388,7 +400,9 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     block = mamba[0].block_size
     last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
     chunks = (last, prompt - last) if 0 < last < prompt else ((prompt,) if prompt else ())
-    return MambaCheckpoint(position, unit, plain - position, last, chunks)
+    return MambaCheckpoint(
+        position, unit, plain - position, last, chunks, _checkpoint_state_block(geom, mamba[0].index, position)
+    )
 
 
 def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:
@@ -412,7 +426,7 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
 
     * ``speculative_pop_vs_mamba_shift``: with the GPU drop the Mamba checkpoint moves down one A
       while the connector pops one whole chunk C of each eagle group; when C != A or the Mamba chunk
-      C_m != A the popped boundary holds no stored state and offloaded hits fall to 0;
+      C_m does not divide A the popped boundary holds no stored state and offloaded hits fall to 0;
     * ``speculative_sliding_drafter_offload``: an offloaded sliding-window eagle group needs one
       chunk more than its window past the hit, which prompt-only stores never hold;
     * ``speculative_mtp_prefill_stall``: multi-module MTP (P = K > 1) with the drop disabled and an
@@ -430,14 +444,14 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
             if not og.eagle_group:
                 continue
             Cm = mamba_chunks[0]
-            if og.tokens_per_chunk != A or Cm != A:
+            if og.tokens_per_chunk != A or A % Cm:
                 why = []
                 if cfg.parallel.dcp > 1 and groups[og.index].dealt:
                     why.append(f"dcp={cfg.parallel.dcp} scales the drafter's span to {og.tokens_per_block}")
                 if off.blocks_per_chunk > 1:
                     why.append(f"blocks_per_chunk={off.blocks_per_chunk}")
-                if Cm != A:
-                    why.append(f"the Mamba chunk is {Cm} tokens")
+                if A % Cm:
+                    why.append(f"the Mamba chunk {Cm} does not divide A")
                 out.append(
                     GeometryWarning(
                         "speculative_pop_vs_mamba_shift",
@@ -446,8 +460,8 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
                         f"{og.index} ({'; '.join(why) or 'C != A'}): the popped boundary has no stored Mamba state "
                         f"(Mamba keys every {Cm} tokens), so an offloaded hit is 0 unless the popped boundary "
                         "happens to be the checkpoint. Make the "
-                        f"drafter's chunk and the Mamba chunk equal A (dcp=1, blocks_per_chunk=1, Mamba block "
-                        f"= A) or set speculative.eagle_block_drop=false",
+                        f"drafter's chunk equal A and the Mamba chunk a divisor of A (dcp=1, blocks_per_chunk=1, "
+                        f"Mamba block dividing A) or set speculative.eagle_block_drop=false",
                     )
                 )
     if off is not None:
