@@ -20,9 +20,7 @@ def speculative_sections(draw: st.DrawFn, *, block_drop: bool | None = None) -> 
         st.sampled_from(["eagle", "eagle3", "mtp"]) if block_drop else METHODS
     )
     sec: dict[str, Any] = {"method": method, "num_speculative_tokens": draw(st.integers(1, 4))}
-    if block_drop is False:
-        sec["eagle_block_drop"] = False
-    elif draw(st.integers(0, 4)) == 0:
+    if block_drop is False or draw(st.integers(0, 4)) == 0:
         sec["eagle_block_drop"] = False
     if draw(st.integers(0, 3)) == 0:
         sec["lookahead_hashes"] = False

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import numpy as np
-from _spec_strategies import speculative_configs, speculative_geometries, tail_speculative_geometries
+from _spec_strategies import speculative_geometries, tail_speculative_geometries
 from hypothesis import assume, event, example, given
 from hypothesis import strategies as st
 
@@ -270,9 +270,10 @@ def pop_configs():
 
 
 def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
-    """With an eagle group in the tier: without ``speculative_pop_vs_mamba_shift`` a resend of any stored prompt hits exactly the shifted
-    checkpoint (or 0 when that is less than the largest chunk); with it, some prompt's resend falls to 0
-    although its checkpoint is at least a chunk -- the warning is present exactly when the offload tier loses the checkpoint."""
+    """With an eagle group in the tier: without ``speculative_pop_vs_mamba_shift`` a resend of any stored
+    prompt hits exactly the shifted checkpoint (or 0 when that is less than the largest chunk); with it,
+    some prompt's resend falls to 0 although its checkpoint is at least a chunk -- the warning is present
+    exactly when the offload tier loses the checkpoint."""
     try:
         geom = kvgeom.resolve(cfg)
     except kvgeom.KVGeomError:
@@ -296,8 +297,10 @@ def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
         assert lost, "the warning fired but no resend lost its checkpoint"
 
 
-@example({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True}, {"kind": "mamba", "block_size": 16}],
-          "parallel": {"tp": 2, "dcp": 2}, "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+@example({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                     {"kind": "mamba", "block_size": 16}],
+          "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+          "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
 @given(pop_configs())
 def test_checkpoint_and_pop_reported_consistently_under_any_dcp(cfg):
     check_pop_and_checkpoint_consistent(cfg)
