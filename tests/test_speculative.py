@@ -379,3 +379,23 @@ def test_mtp_prefill_stall_warning():
     # with the drop, or with lookahead hashes, there is no warning
     assert "speculative_mtp_prefill_stall" not in codes(kvgeom.resolve({**cfg, "speculative": spec("mtp", 3,
                                                                                                   mtp_modules=3)}))
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def test_explain_shows_the_drafter_lane_and_margins_and_check_reports_the_hazard(capsys, tmp_path):
+    import json
+
+    from kvgeom.cli import main
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"groups": [FA16, M16, DRAFT16], "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+                                "speculative": spec()}))
+    assert main(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "group 2 (full_attention): drafter lane; eagle group; GPU lookup matches 16 tokens" in out
+    assert "queries one extra chunk of 32 and pops it" in out
+    assert main(["check", str(path)]) == 0
+    assert "[speculative_pop_vs_mamba_shift]" in capsys.readouterr().out
+    assert main(["check", "--strict", str(path)]) == 1
