@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         OffloadGroupGeometry,
         SpeculativeGeometry,
     )
+    from kvgeom.probes import Probe
 
 __all__ = [
     "BLOCK_DROP_METHODS",
@@ -537,12 +538,19 @@ def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) 
     return min(m + og.tokens_per_chunk, keyed_end) if pop else m
 
 
-def eagle_pair_held(held: frozenset[int], chunk: int, stop: int) -> frozenset[int]:
-    """The chunk ends ``e`` whose chunk and the next one are both stored, the next one ending at or before
-    ``stop``. A windowed eagle group needs its window plus one more chunk and pops that one: a run of
-    ``w + 1`` stored chunks ending at ``e + C`` is a run of ``w`` such pairs ending at ``e``, so the
-    ordinary window scan over this set gives the popped answer directly."""
-    return frozenset(e for e in held if e % chunk == 0 and e + chunk <= stop and e + chunk in held)
+def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
+    """A probe in which chunk end ``e`` is held iff the chunk ending at ``e`` and the next one are both held,
+    the next one ending at or before ``stop``. A windowed eagle group needs its window plus one more chunk
+    and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
+    at ``e``, so the ordinary window scan over this probe gives the popped answer directly."""
+    from kvgeom.probes import Probe
+
+    inner = probe.contains
+
+    def contains(group: int, end: int) -> bool:
+        return end % chunk == 0 and end + chunk <= stop and inner(group, end) and inner(group, end + chunk)
+
+    return Probe(contains, probe.bound)
 
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:

@@ -67,9 +67,10 @@ from kvgeom._math import INT64_MAX
 from kvgeom.boundaries import _mamba
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, stored_group_index
+from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
 from kvgeom.masks import default_alignment
+from kvgeom.probes import stored_group_index
 from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
@@ -1235,6 +1236,10 @@ class _Held:
         """Whether chunk ``chunks`` of request ``rows`` is held (chunks past the matrix are not)."""
         return _gather_flat(self.flat, self.width, rows, (chunks + 1) * self.hpc - 1)
 
+    def hashes(self, rows: I64, cols: I64) -> Bools:
+        """Whether the key of request ``rows`` ending at ``(cols + 1) * H`` is held (a partial-tail boundary)."""
+        return _gather_flat(self.flat, self.width, rows, cols)
+
 
 def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
     """``matrix[rows, cols]`` of a row-major bool matrix; columns outside ``[0, width)`` read as False."""
@@ -1246,7 +1251,7 @@ def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
     return np.take(flat, idx, mode="clip") & inside
 
 
-def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
+def _forward_run(hc: Any, rows: I64, start: I64, limit: I64) -> I64:
     """Consecutive held chunks from ``start`` upwards, capped at ``limit`` (the full-attention prefix scan)."""
     out = np.zeros(rows.shape, dtype=np.int64)
     active = np.flatnonzero(limit > 0)
@@ -1263,7 +1268,7 @@ def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
 
 
 def _scan_windows(
-    g: GroupGeometry, og: OffloadGroupGeometry, hc: _Held, rows: I64, end: I64, start_chunk: I64
+    g: GroupGeometry, og: OffloadGroupGeometry, hc: Any, rows: I64, end: I64, start_chunk: I64
 ) -> tuple[I64, Bools]:
     """:func:`kvgeom.hits._scan_window` for many requests: ``(found, has)``.
 
@@ -1422,6 +1427,19 @@ def lookup_hits(
     mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
     mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
     held = _stored_matrices(geom, off, stored, size)
+    views = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
+    return _lookup_views(geom, off, n, prompt, local, mlt, mnn, views)
+
+
+def _lookup_views(
+    geom: Geometry, off: OffloadGeometry, n: I64, prompt: I64, local: I64, mlt: I64 | None, mnn: I64 | None,
+    chunk_held: Mapping[int, Any],
+) -> Hits:
+    """The :func:`lookup_hits` core over checked arrays and one held-key view per offloaded group (an object
+    with ``view(rows, chunks)``, ``view.hashes(rows, cols)`` and ``view.chunks``, the chunk count past
+    which nothing is held; :class:`_Held` over a bool matrix, or :mod:`kvgeom.batch.lookup`'s view of a
+    :class:`kvgeom.Residency`)."""
+    size = n.shape[0]
     H = geom.hash_block_size
     c = _rdown(local, geom.scheduler_block_size)
 
@@ -1441,7 +1459,6 @@ def lookup_hits(
     full = [og for og in off.groups if og.window_chunks is None]
     if windowed:
         M = realign(np.maximum(M - 1, 0))
-    chunk_held = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
     keyed = _div(n, H)
 
     def clamp(og: OffloadGroupGeometry, m: I64, rows: I64) -> I64:
@@ -1548,15 +1565,13 @@ def lookup_hits(
             bridge = np.ones(far.shape, dtype=np.bool_)
             for og in off.groups:
                 if not groups[og.index].is_align_mamba:
-                    ch = chunk_held[og.index]
-                    bridge &= _gather_flat(ch.flat, ch.width, far, (done[far] + span) // H - 1)
+                    bridge &= chunk_held[og.index].hashes(far, (done[far] + span) // H - 1)
             b[far[~bridge]] = done[far[~bridge]] + span - H
         rows = np.flatnonzero(b > done)
         while rows.size:
             all_held = np.ones(rows.shape, dtype=np.bool_)
             for og in off.groups:
-                ch = chunk_held[og.index]
-                all_held &= _gather_flat(ch.flat, ch.width, rows, (b[rows] + (og.proof_margin or 0)) // H - 1)
+                all_held &= chunk_held[og.index].hashes(rows, (b[rows] + (og.proof_margin or 0)) // H - 1)
             tail[rows[all_held]] = True
             done[rows[all_held]] = b[rows[all_held]]
             rows = rows[~all_held]

@@ -7,31 +7,39 @@ batch and scalar answers agree element by element under speculation too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
 
 if TYPE_CHECKING:
-    from kvgeom.batch import I64, Bools, _Held
+    from kvgeom.batch import I64, Bools
 
 __all__ = ["eagle_pair_held", "mamba_store_points", "partial_tail_top", "store_holdback"]
 
 
-def eagle_pair_held(hc: _Held) -> _Held:
-    """:func:`kvgeom.speculative.eagle_pair_held` for a stored matrix: chunk ``j`` reads as held iff chunks
-    ``j`` and ``j + 1`` are both held (the scan's start keeps ``j + 1`` inside the queried range)."""
-    from kvgeom.batch import _Held
+class _PairView:
+    """A held-key view (see ``kvgeom.batch._lookup_views``) in which chunk ``j`` reads as held iff chunks
+    ``j`` and ``j + 1`` are both held; keys by hash index read through unchanged."""
 
-    width, hpc = hc.width, hc.hpc
-    flat = hc.flat.reshape(-1, width) if width else np.zeros((0, 0), dtype=np.bool_)
-    rows = flat.shape[0] if width else 0
-    out = np.zeros((rows, width), dtype=np.bool_)
-    if hc.chunks >= 2:
-        cols = (np.arange(hc.chunks - 1, dtype=np.int64) + 1) * hpc - 1
-        out[:, cols] = flat[:, cols] & flat[:, cols + hpc]
-    return _Held(out, hpc)
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.chunks = view.chunks
+
+    def __call__(self, rows: I64, chunks: I64) -> Bools:
+        out: Bools = self.view(rows, chunks) & self.view(rows, chunks + 1)
+        return out
+
+    def hashes(self, rows: I64, cols: I64) -> Bools:
+        out: Bools = self.view.hashes(rows, cols)
+        return out
+
+
+def eagle_pair_held(view: Any) -> Any:
+    """:func:`kvgeom.speculative.eagle_pair_held` for a held-key view: chunk ``j`` reads as held iff chunks
+    ``j`` and ``j + 1`` are both held (the scan's start keeps ``j + 1`` inside the queried range)."""
+    return _PairView(view)
 
 
 def store_holdback(
