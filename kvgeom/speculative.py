@@ -117,7 +117,7 @@ def is_drafter_group(spec: AnySpec) -> bool:
     >>> is_drafter_group(FullAttentionSpec(block_size=16, drafter=True))
     True
     """
-    return spec.drafter or any(leaf.drafter for leaf in iter_leaves(spec))
+    return bool(spec.drafter) or any(bool(leaf.drafter) for leaf in iter_leaves(spec))
 
 
 # ------------------------------------------------------------------ config defaults
@@ -249,9 +249,9 @@ def _drop_key(spec: AnySpec) -> Any:
     """A spec with its drafter flags cleared: vLLM's ``is_draft`` is ``compare=False``, so drafter and
     target layers with otherwise equal specs form one lookup group."""
     if isinstance(spec, UniformSpec):
-        layers = tuple(layer.model_copy(update={"drafter": False}) for layer in spec.layers)
-        return spec.model_copy(update={"drafter": False, "layers": layers})
-    return spec.model_copy(update={"drafter": False})
+        layers = tuple(layer.model_copy(update={"drafter": None}) for layer in spec.layers)
+        return spec.model_copy(update={"drafter": None, "layers": layers})
+    return spec.model_copy(update={"drafter": None})
 
 
 def gpu_dropping_groups(groups: list[GroupGeometry], sg: SpeculativeGeometry | None) -> frozenset[int]:
