@@ -504,7 +504,7 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
       while the connector pops one whole chunk C of each eagle group; when C != A or the Mamba chunk
       C_m does not divide A the popped boundary holds no stored state and offloaded hits fall to 0;
     * ``speculative_sliding_drafter_offload``: an offloaded sliding-window eagle group needs one
-      chunk more than its window past the hit, which prompt-only stores never hold;
+      chunk more than its window past the hit, which prompt-only stores under retention 0 never hold;
     * ``speculative_mtp_prefill_stall``: multi-module MTP (P = K > 1) with the drop disabled and an
       align Mamba group: a prompt whose Mamba checkpoint lies fewer than P tokens before its end is
       never scheduled again (vLLM ``Scheduler._reserve_prefill_lookahead``).
@@ -553,7 +553,12 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
         for og in off.groups:
             g = groups[og.index]
             window = sliding_window_of(g.spec)
-            if og.eagle_group and window is not None and og.window_chunks is not None:
+            # the store mask keeps only the window before the aligned replay boundary (retention 0, a
+            # connector alignment on the group's block grid; otherwise every block is stored)
+            align = off.alignment_tokens
+            sparse = cfg.cache.retention_interval == 0 and align is not None and align % og.tokens_per_block == 0
+            reach = window is not None and window[0] - 1 + window[1] > 0
+            if og.eagle_group and window is not None and reach and og.window_chunks is not None and sparse:
                 need = og.window_chunks + 1
                 out.append(
                     GeometryWarning(
@@ -561,9 +566,13 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
                         f"group {og.index} is a sliding-window eagle group (window {window[0]}, extra {window[1]}): "
                         f"an offload lookup needs {need} consecutive chunks of {og.tokens_per_chunk} tokens (its "
                         f"window of {og.window_chunks} plus the chunk it pops), the last one past the proven "
-                        "boundary; stores of the prompt only (vLLM's default offload_prompt_only) never hold it, "
-                        "so this group never hits and zeroes the request's offload hit. Store decoded tokens "
-                        "too, or do not mark the group drafter",
+                        "boundary; with retention_interval 0 (only reachable boundaries kept) stores of the "
+                        "prompt only (vLLM's default offload_prompt_only) never hold it, so once the kept "
+                        "window no longer reaches token 0 "
+                        f"-- a stored prompt of {need * og.tokens_per_chunk + (align or 0)} tokens or more -- it "
+                        "never serves an offload hit (this group "
+                        "zeroes the request's hit). Store decoded tokens too, use dense retention, or do not mark "
+                        "the group drafter",
                     )
                 )
     P = sg.prefill_lookahead_tokens

@@ -342,10 +342,20 @@ def test_sliding_drafter_offload_warning():
     g = kvgeom.resolve({"groups": [FA16, M16, sw], "offload": {}, "speculative": spec()})
     need = max(-(-40 // 16), -(-(40 - 1) // 16)) + 1
     msg = codes(g)["speculative_sliding_drafter_offload"]
-    assert f"needs {need} consecutive chunks of 16 tokens" in msg
+    # the kept window stops reaching token 0 at need * C + the connector alignment (the attention chunk 16)
+    start = need * 16 + 16
+    assert f"needs {need} consecutive chunks of 16 tokens" in msg and f"prompt of {start} tokens or more" in msg
+    # and the hazard is real: from there on a stored prompt's resend (or a longer request sharing it) never
+    # hits; shorter prompts can, through a run that reaches the start of the scan
+    assert all(roundtrip(g, p).end_token == 0 and roundtrip(g, p, p + 50).end_token == 0 for p in range(start, 400))
+    assert any(roundtrip(g, p).end_token for p in range(1, start))
     # not flagged -> not an eagle group -> no warning
     plain = kvgeom.resolve({"groups": [FA16, M16, {**sw, "drafter": False}], "offload": {}, "speculative": spec()})
     assert "speculative_sliding_drafter_offload" not in codes(plain)
+    # dense retention stores every block: the window plus one is there, no warning
+    dense = kvgeom.resolve({"groups": [FA16, M16, sw], "offload": {}, "cache": {"retention_interval": None},
+                            "speculative": spec()})
+    assert "speculative_sliding_drafter_offload" not in codes(dense) and roundtrip(dense, 200).end_token == 176
 
 
 def _stalls(n, block, P):

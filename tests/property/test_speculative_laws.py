@@ -304,3 +304,42 @@ def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
 @given(pop_configs())
 def test_checkpoint_and_pop_reported_consistently_under_any_dcp(cfg):
     check_pop_and_checkpoint_consistent(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sliding-window drafter warning
+# ---------------------------------------------------------------------------------------------
+
+
+def sliding_drafter_configs():
+    def build(dcp, k, block, window, target, mamba, method):
+        groups = [{"kind": "full_attention", "block_size": block}] if target else []
+        if mamba:
+            groups.append({"kind": "mamba", "block_size": block})
+        groups.append({"kind": "sliding_window", "block_size": block, "sliding_window": window, "drafter": True,
+                       "dcp_sharded": False})
+        return {"groups": groups, "parallel": {"tp": dcp, "dcp": dcp}, "offload": {"blocks_per_chunk": k},
+                "speculative": {"method": method, "num_speculative_tokens": 2}}
+
+    return st.builds(build, st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([8, 16, 32]),
+                     st.integers(2, 120), st.booleans(), st.booleans(), st.sampled_from(["eagle", "eagle3", "mtp"]))
+
+
+@given(sliding_drafter_configs(), st.integers(0, 200), st.integers(0, 64))
+def test_sliding_drafter_warning_means_no_offload_hit(cfg, extra, more):
+    """When ``speculative_sliding_drafter_offload`` fires, every prompt of at least the stated length stores
+    nothing a later request sharing it can load (the length derived here from the window, chunk and
+    connector alignment)."""
+    geom = kvgeom.resolve(cfg)
+    warned = [w for w in geom.warnings if w.code == "speculative_sliding_drafter_offload"]
+    assert warned  # an offloaded sliding-window eagle group under retention 0 always warns
+    og = next(o for o in geom.offload.groups if o.eagle_group and o.window_chunks is not None
+              and f"group {o.index} is a sliding-window eagle group" in warned[0].message)
+    # the kept window ends at the replay boundary rounded to the connector alignment and holds fewer chunks
+    # than the window plus the pop: once it no longer reaches token 0 no run is long enough
+    start = (og.window_chunks + 1) * og.tokens_per_chunk + geom.offload.alignment_tokens
+    assert f"prompt of {start} tokens or more" in warned[0].message
+    p = start + extra
+    stored = store_prompt(geom, p)
+    assert hits.lookup_hit(geom, p, stored=stored).hit_tokens == 0
+    assert hits.lookup_hit(geom, p + more, stored=stored, num_prompt_tokens=p + more).hit_tokens == 0
