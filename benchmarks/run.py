@@ -31,6 +31,9 @@ import numpy as np  # noqa: E402
 import kvgeom  # noqa: E402
 from kvgeom import batch, boundaries, hits, keys, ranks  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vs_vllm  # noqa: E402  (side-by-side with vLLM; skipped when vllm does not import)
+
 RESULTS: list[dict[str, Any]] = []
 
 
@@ -307,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (under a minute)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--only", metavar="NAME", action="append",
-                    help="run only these cases: slots, keys, hits, queries, resolve, import, scaling")
+                    help="run only these cases: slots, keys, hits, queries, resolve, import, scaling, vllm")
     args = ap.parse_args(argv)
     q = args.quick
     print(f"kvgeom benchmarks ({'quick' if q else 'full'}), numpy {np.__version__}, load {os.getloadavg()}")
@@ -330,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "resolve": lambda: resolve_case(repeat=repeat),
         "import": lambda: import_case(runs=3 if q else 9),
         "scaling": lambda: scaling_case(18 if q else 24, repeat=repeat),
+        "vllm": lambda: vs_vllm.run(record, quick=q),
     }
     unknown = set(args.only or ()) - set(cases)
     if unknown:

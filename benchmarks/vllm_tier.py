@@ -24,26 +24,26 @@ from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-import torch  # noqa: E402
-import vllm  # noqa: E402
-from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (  # noqa: E402
+import torch
+import vllm
+from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import (
     generate_scheduler_kv_cache_config,
     get_request_block_hasher,
     init_none_hash,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec  # noqa: E402
-from vllm.v1.kv_offload.base import OffloadingSpec, ReqContext, make_offload_key  # noqa: E402
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+from vllm.v1.kv_offload.base import OffloadingSpec, ReqContext, make_offload_key
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.request import Request
 
-from kvgeom.geometry import Geometry  # noqa: E402
+from kvgeom.geometry import Geometry
 
 for _name in ("vllm", "vllm.v1", "vllm.distributed"):
     logging.getLogger(_name).setLevel(logging.ERROR)

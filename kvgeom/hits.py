@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvgeom._check import nonneg
-from kvgeom._math import cdiv, rdown
+from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
@@ -127,18 +127,6 @@ def _need_tokens(g: GroupGeometry) -> int | None:
 _MISSES_BEFORE_SKIP = 8
 
 
-def _full_run(probe: Probe, og: OffloadGroupGeometry, c: int, m: int) -> int:
-    """Full attention: the candidate end after the run of held chunks from chunk ``c // C`` (vLLM's
-    prefix scan, stopping at the first miss and never probing a chunk that starts at or past ``m``)."""
-    C = og.tokens_per_chunk
-    contains, g = probe.contains, og.index
-    j = c // C
-    top = m
-    while j * C < top and contains(g, (j + 1) * C):
-        j += 1
-    return min(m, C * j)
-
-
 def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: int, start_chunk: int) -> int | None:
     """Right-to-left scan for a run of stored chunks that serves a hit ending at ``end``.
 
@@ -195,7 +183,7 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
 def _align_to_mamba_chunk(m: int, mamba_chunk: int | None) -> int:
     """A candidate hit rounded down to the Mamba chunk (#44599); module level so the property tests
     can break it on purpose and show the hit laws catch it."""
-    return rdown(m, mamba_chunk) if mamba_chunk else m
+    return m - m % mamba_chunk if mamba_chunk else m
 
 
 def lookup_hit(
@@ -240,18 +228,24 @@ def lookup_hit(
     >>> lookup_hit(g, 65, stored=lambda group, end: end <= 64).end_token
     64
     """
-    off = _offload(geom)
-    n = nonneg("num_tokens", num_tokens)
-    prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
-    if prompt > n:
-        raise QueryError.single(
-            "prompt_longer_than_request",
-            f"num_prompt_tokens={prompt} exceeds num_tokens={n}; a request holds its whole prompt",
-            "num_prompt_tokens",
-            num_prompt_tokens=prompt,
-            num_tokens=n,
-        )
-    local = nonneg("local_computed_tokens", local_computed_tokens)
+    order = _order(geom)
+    # ints in [0, int64 max] pass without a call; anything else gets nonneg's checks and messages
+    n = num_tokens if type(num_tokens) is int and 0 <= num_tokens <= INT64_MAX else nonneg("num_tokens", num_tokens)
+    if num_prompt_tokens is None:
+        prompt = n
+    else:
+        prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+        if prompt > n:
+            raise QueryError.single(
+                "prompt_longer_than_request",
+                f"num_prompt_tokens={prompt} exceeds num_tokens={n}; a request holds its whole prompt",
+                "num_prompt_tokens",
+                num_prompt_tokens=prompt,
+                num_tokens=n,
+            )
+    local = local_computed_tokens
+    if type(local) is not int or not 0 <= local <= INT64_MAX:
+        local = nonneg("local_computed_tokens", local)
     if local > n:
         raise QueryError.single(
             "local_past_request",
@@ -263,62 +257,101 @@ def lookup_hit(
     mnn = None if max_num_new_tokens is None else nonneg("max_num_new_tokens", max_num_new_tokens)
     mlt = None if max_load_tokens is None else nonneg("max_load_tokens", max_load_tokens)
     probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
-    return _lookup(geom, off, probe, n, prompt, local, mlt, mnn)
+    return _lookup(geom, order, probe, n, prompt, local, mlt, mnn)
+
+
+class _Order(NamedTuple):
+    """What a lookup reads from the geometry, computed once per geometry."""
+
+    off: OffloadGeometry
+    L: int
+    H: int
+    Cm: int | None
+    full: tuple[OffloadGroupGeometry, ...]
+    windowed: tuple[OffloadGroupGeometry, ...]
+    """Windowed groups by decreasing window, stable: vLLM's ``_lookup_groups`` order after the full ones."""
+    partial_tail_span: int
+    """The common span when partial tails are supported, else 0."""
+    first_chunk: int
+    """The chunk of the first group looked up: a candidate less than this past the local prefix is no hit."""
+
+
+_ORDERS: dict[int, tuple[Geometry, _Order]] = {}
+
+
+def _order(geom: Geometry) -> _Order:
+    """The geometry's :class:`_Order` (cached by identity; a geometry is immutable)."""
+    cached = _ORDERS.get(id(geom))
+    if cached is not None and cached[0] is geom:
+        return cached[1]
+    off = _offload(geom)
+    windowed = [og for og in off.groups if og.window_chunks is not None]
+    windowed.sort(key=lambda og: -(og.window_chunks or 0))
+    full = [og for og in off.groups if og.window_chunks is None]
+    order = _Order(
+        off, geom.scheduler_block_size, geom.hash_block_size, off.mamba_align_size, tuple(full), tuple(windowed),
+        off.groups[0].tokens_per_block if off.supports_partial_tail else 0,
+        (full[0] if full else windowed[0]).tokens_per_chunk,
+    )
+    if len(_ORDERS) >= 256:
+        _ORDERS.clear()
+    _ORDERS[id(geom)] = (geom, order)
+    return order
 
 
 def _lookup(
-    geom: Geometry, off: OffloadGeometry, probe: Probe, n: int, prompt: int, local: int, mlt: int | None,
-    mnn: int | None,
+    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, local: int, mlt: int | None, mnn: int | None,
 ) -> Hit:
     """The lookup core over checked arguments: complete chunks to a fixed point, then a partial tail."""
-    c = rdown(local, geom.scheduler_block_size)
-    H = geom.hash_block_size
+    c = local - local % order.L
     M = n
     if mnn is not None:
         M = min(M, c + mnn)
     if mlt is not None:
         M = min(M, c + mlt)
     limit = M
-    Cm = off.mamba_align_size
-    windowed, full = _lookup_order(off)
-    if windowed:
-        M = _align_to_mamba_chunk(max(M - 1, 0), Cm)
-    done = _complete(geom, probe, n, c, M, mlt is not None, full, windowed)
-    if off.supports_partial_tail:
-        span = off.groups[0].tokens_per_block
+    if order.windowed:
+        M = _align_to_mamba_chunk(max(M - 1, 0), order.Cm)
+    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
+    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
+    span = order.partial_tail_span
+    if span:
+        H = order.H
         contains = probe.contains
+        groups = order.off.groups
         b = partial_tail_max_boundary(geom, n, prompt, done, limit)
         if b >= done + span and not all(
-            contains(og.index, done + span) for og in off.groups if not geom.groups[og.index].is_align_mamba
+            contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
         ):
             b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
         while b > done:
-            if all(contains(og.index, partial_tail_key(og, b)) for og in off.groups):
+            if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
                 return Hit(b - c, b, c, True)
             b -= H
+    if done == c:
+        hit = _NO_HIT.get(c)
+        if hit is None:
+            if len(_NO_HIT) >= 1024:
+                _NO_HIT.clear()
+            hit = _NO_HIT[c] = Hit(0, c, c, False)
+        return hit
     return Hit(done - c, done, c, False)
 
 
-def _lookup_order(off: OffloadGeometry) -> tuple[tuple[OffloadGroupGeometry, ...], tuple[OffloadGroupGeometry, ...]]:
-    """(windowed groups by decreasing window, stable; full-attention groups in index order): vLLM's
-    ``OffloadingConnectorScheduler._lookup_groups`` order."""
-    windowed = [og for og in off.groups if og.window_chunks is not None]
-    windowed.sort(key=lambda og: -(og.window_chunks or 0))
-    return tuple(windowed), tuple(og for og in off.groups if og.window_chunks is None)
+#: "No hit past c", by c: a Hit is immutable, so a lookup that finds nothing hands back a shared one
+#: instead of building a frozen dataclass per call (a third of a trivial lookup's cost).
+_NO_HIT: dict[int, Hit] = {}
 
 
-def _complete(
-    geom: Geometry, probe: Probe, n: int, c: int, M: int, load_capped: bool,
-    full: tuple[OffloadGroupGeometry, ...], windowed: tuple[OffloadGroupGeometry, ...],
-) -> int:
+def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool) -> int:
     """Complete-chunk hit end: each group in turn clamps the candidate (re-aligned to the Mamba chunk
     after every clamp, kvgeom's difference from vLLM), then scans its keys; windowed groups repeat
     until no group lowers the candidate. A candidate less than one chunk past ``c`` is no hit."""
-    Cm = geom.offload.mamba_align_size if geom.offload is not None else None
-    keyed = n // geom.hash_block_size
+    Cm = order.Cm
+    keyed = n // order.H
     verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
     m = M
-    for og in full:
+    for og in order.full:
         before = m
         found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
         if found is None:
@@ -328,7 +361,8 @@ def _complete(
             return c
         if m < before and not og.eagle_group:
             verified.clear()
-    while True:
+    windowed = order.windowed
+    while windowed:
         changed = False
         for og in windowed:
             before = m
@@ -342,7 +376,8 @@ def _complete(
                 verified.clear()
             changed = changed or m < before
         if not changed:
-            return m
+            break
+    return m
 
 
 def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: bool, Cm: int | None) -> int:
@@ -365,11 +400,11 @@ def _group_end(
     (:func:`kvgeom.speculative.eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
     if m - c < og.tokens_per_chunk:
         return None
-    pop = eagle_pops(og, verified)
-    if pop:
+    if og.eagle_group and eagle_pops(og, verified):
         return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk)
     if og.window_chunks is None:
-        return _full_run(probe, og, c, m)
+        C = og.tokens_per_chunk
+        return min(m, C * probe.forward(og.index, C, c // C, m))
     found = _scan_window(geom.groups[og.index], og, probe, m, c // og.tokens_per_chunk)
     return None if found is None else min(m, found)
 
@@ -381,10 +416,7 @@ def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: 
     C = og.tokens_per_chunk
     query = eagle_query_end(og, m, keyed * C, 1)
     if og.window_chunks is None:
-        contains, g = probe.contains, og.index
-        j = c // C
-        while j * C < query and contains(g, (j + 1) * C):
-            j += 1
+        j = probe.forward(og.index, C, c // C, query)
         return None if j == c // C else min(m, C * (j - 1))
     stop = min(cdiv(query, C), keyed)
     found = _scan_window(geom.groups[og.index], og, eagle_pair_held(probe, C, stop * C), min(m, (stop - 1) * C),

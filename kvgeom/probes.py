@@ -17,14 +17,17 @@ caller holds the tier in (:func:`as_probe`):
   ``set`` / ``frozenset`` value is read in place, only at the probed entries; any other
   collection is checked entry by entry as it is turned into a set (no sorting);
 * a mapping ``{group: bool array over chunk indices}`` (entry j: the key ending at
-  ``(j + 1) * C_g``).
+  ``(j + 1) * C_g``);
+* a :class:`Probe` subclass (its ``contains``, and ``forward`` / ``below`` when it can answer
+  them faster than the defaults).
 
 Invariants (``tests/property/test_probe_laws.py``):
 
 * every form answers exactly what the ``stored`` mapping form answers for the same keys, so
   :func:`kvgeom.hits.lookup_hit` returns the same :class:`kvgeom.hits.Hit` whatever the form;
 * an end token off the hash grid, not positive, or past a known :attr:`Probe.bound` is never held;
-* :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss.
+* :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss, and
+  :meth:`Probe.forward` stops exactly where stepping with ``contains`` would.
 """
 
 from __future__ import annotations
@@ -49,48 +52,177 @@ Contains = Callable[[int, int], bool]
 
 
 class Probe:
-    """``contains(group, end_token)`` plus what the lookup may use to skip misses.
+    """The membership question of one request's lookup: ``contains(group, end_token)``.
+
+    Subclass it (or pass a plain callable to :func:`as_probe`) to read a tier kvgeom does not know.
+    :meth:`forward` and :meth:`below` have default implementations over :meth:`contains`; a store
+    that can answer them faster overrides them, with the same answers.
 
     Attributes:
-        contains: the membership question; called only for offloaded groups and end tokens
-            on the hash grid.
-        bound: per group, an end token past which nothing is held (``None``: unknown).
+        bound: an end token past which nothing is held, in every group (``None``: unknown).
     """
 
-    __slots__ = ("_chunks", "_ends", "bound", "contains")
+    __slots__ = ("bound",)
 
-    def __init__(
-        self,
-        contains: Contains,
-        bound: Mapping[int, int] | None = None,
-        ends: Mapping[int, AbstractSet[int]] | None = None,
-    ) -> None:
-        self.contains = contains
-        self.bound = dict(bound) if bound is not None else None
-        self._ends = ends
-        self._chunks: dict[tuple[int, int], list[int]] = {}
+    def __init__(self, bound: int | None = None) -> None:
+        self.bound = bound
+
+    def contains(self, group: int, end_token: int) -> bool:
+        """Whether the tier holds ``group``'s key ending at ``end_token`` (a positive multiple of H)."""
+        raise NotImplementedError
+
+    def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
+        """The first chunk ``j' >= j`` that is not held or starts at or past ``top`` (the full-attention
+        prefix scan, chunk ``i`` being the key ending at ``(i + 1) * tokens_per_chunk``)."""
+        C = tokens_per_chunk
+        contains = self.contains
+        while j * C < top and contains(group, (j + 1) * C):
+            j += 1
+        return j
 
     def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
         """Highest chunk index ``i < j`` that may be held (``-1`` when none): every chunk in
-        ``(i, j)`` is a miss. Without knowledge of the store this is ``j - 1``.
-
-        A set-backed probe sorts its held chunks the first time this is asked (only after a
-        long run of misses, see :func:`kvgeom.hits.lookup_hit`); a bounded probe jumps to its
-        bound.
-        """
-        C = tokens_per_chunk
-        if self._ends is not None:
-            chunks = self._chunks.get((group, C))
-            if chunks is None:
-                ends = self._ends.get(group, frozenset())
-                if not _plain_ints(ends):
-                    return j - 1  # foreign elements (16.0 == 16): no safe order, keep stepping
-                chunks = self._chunks[(group, C)] = sorted(int(e) // C - 1 for e in ends if e > 0 and e % C == 0)
-            k = bisect_right(chunks, j - 1) - 1
-            return chunks[k] if k >= 0 else -1
+        ``(i, j)`` is a miss. Without knowledge of the store this is ``j - 1``; a bounded probe jumps
+        to its bound; a set-backed one sorts its chunks the first time it is asked (only after a
+        long run of misses, see :func:`kvgeom.hits.lookup_hit`)."""
         if self.bound is not None:
-            return min(j - 1, self.bound.get(group, 0) // C - 1)
+            return min(j - 1, self.bound // tokens_per_chunk - 1)
         return j - 1
+
+
+class _FunctionProbe(Probe):
+    __slots__ = ("_fn",)
+
+    def __init__(self, contains: Contains) -> None:
+        super().__init__()
+        self._fn = contains
+
+    def contains(self, group: int, end_token: int) -> bool:
+        return bool(self._fn(group, end_token))
+
+
+class _SetProbe(Probe):
+    """``{group: set of end tokens}``, read in place."""
+
+    __slots__ = ("_chunks", "_sets")
+
+    def __init__(self, sets: dict[int, AbstractSet[int]]) -> None:
+        super().__init__()
+        self._sets = sets
+        self._chunks: dict[tuple[int, int], list[int] | None] = {}
+
+    def contains(self, group: int, end_token: int) -> bool:
+        return end_token in self._sets[group]
+
+    def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
+        C = tokens_per_chunk
+        held = self._sets[group]
+        while j * C < top and (j + 1) * C in held:
+            j += 1
+        return j
+
+    def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
+        C = tokens_per_chunk
+        key = (group, C)
+        if key not in self._chunks:
+            ends = self._sets[group]
+            # foreign elements (16.0 == 16) have no safe order: keep stepping for that group
+            self._chunks[key] = sorted(int(e) // C - 1 for e in ends if e > 0 and e % C == 0) if _plain_ints(
+                ends) else None
+        chunks = self._chunks[key]
+        if chunks is None:
+            return j - 1
+        k = bisect_right(chunks, j - 1) - 1
+        return chunks[k] if k >= 0 else -1
+
+
+class _MaskProbe(Probe):
+    """Some groups as bool chunk masks (entry j: the key ending at ``(j + 1) * C``), the others as sets."""
+
+    __slots__ = ("_chunk", "_lists", "_sets")
+
+    def __init__(self, sets: dict[int, AbstractSet[int]], masks: dict[int, np.ndarray],
+                 chunk: dict[int, int]) -> None:
+        # one Python list per mask: indexing a list is cheaper than indexing a numpy array element
+        self._lists = {g: m.tolist() for g, m in masks.items()}
+        self._sets = sets
+        self._chunk = chunk
+        bound = None
+        if all(_plain_ints(sets[g]) for g in sets if g not in masks):
+            bound = max([len(v) * chunk[g] for g, v in self._lists.items()]
+                        + [int(max(sets[g], default=0)) for g in sets if g not in masks])
+        super().__init__(bound)
+
+    def contains(self, group: int, end_token: int) -> bool:
+        held = self._lists.get(group)
+        if held is None:
+            return end_token in self._sets[group]
+        C = self._chunk[group]
+        if end_token % C:
+            return False
+        j = end_token // C - 1
+        return j < len(held) and bool(held[j])
+
+
+class _ResidencyProbe(Probe):
+    """A :class:`~kvgeom.Residency` read through one request's hash chain (the live index, never copied)."""
+
+    __slots__ = ("_H", "_bit", "_chain", "_index", "_n")
+
+    def __init__(self, index: dict[int, dict[Hashable, int]], chain: Sequence[Hashable], H: int, bit: int) -> None:
+        n = len(chain)
+        self.bound = n * H
+        self._index, self._chain, self._H, self._bit, self._n = index, chain, H, bit, n
+
+    def contains(self, group: int, end_token: int) -> bool:
+        H = self._H
+        if end_token <= 0 or end_token % H:
+            return False
+        i = end_token // H - 1
+        if i >= self._n:
+            return False
+        held = self._index.get(group)
+        return held is not None and bool(held.get(self._chain[i], 0) & self._bit)
+
+    def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
+        held = self._index.get(group)
+        if held is None:
+            return j
+        C = tokens_per_chunk
+        get, chain, bit = held.get, self._chain, self._bit
+        hpc = C // self._H
+        stop = min(-(-top // C), self._n // hpc)
+        k = (j + 1) * hpc - 1
+        while j < stop and get(chain[k], 0) & bit:
+            j += 1
+            k += hpc
+        return j
+
+
+class _LookupProbe(Probe):
+    """An object with the offload manager's ``lookup(key, req_context)``, keyed by the chain's bytes hashes."""
+
+    __slots__ = ("_H", "_chain", "_ctx", "_lookup", "_n")
+
+    def __init__(self, lookup: Callable[[bytes, Any], Any], chain: Sequence[Hashable], H: int, ctx: Any) -> None:
+        n = len(chain)
+        super().__init__(n * H)
+        self._lookup, self._chain, self._H, self._ctx, self._n = lookup, chain, H, ctx, n
+
+    def contains(self, group: int, end_token: int) -> bool:
+        H = self._H
+        i = end_token // H - 1
+        if i >= self._n or end_token <= 0 or end_token % H:
+            return False
+        block_hash = self._chain[i]
+        if type(block_hash) is not bytes:
+            raise QueryError.single(
+                "bad_block_hash",
+                f"block_hashes[{i}] is {type(block_hash).__name__}; an offload manager is keyed by bytes hashes",
+                f"block_hashes[{i}]",
+            )
+        key = block_hash + group.to_bytes(GROUP_INDEX_BYTES, "big")
+        return _result_held(self._lookup(key, self._ctx), key)
 
 
 def _plain_ints(values: AbstractSet[Any]) -> bool:
@@ -162,13 +294,6 @@ def _offloaded(geom: Geometry) -> tuple[int, ...]:
     return tuple(og.index for og in geom.offload.groups)
 
 
-def _sets_probe(sets: dict[int, AbstractSet[int]]) -> Probe:
-    def contains(group: int, end_token: int) -> bool:
-        return end_token in sets[group]
-
-    return Probe(contains, ends=sets)
-
-
 def _mapping_probe(geom: Geometry, stored: Mapping[Any, Any]) -> Probe:
     off = _offloaded(geom)
     sets: dict[int, AbstractSet[int]] = dict.fromkeys(off, frozenset())
@@ -189,27 +314,9 @@ def _mapping_probe(geom: Geometry, stored: Mapping[Any, Any]) -> Probe:
         else:
             sets[index] = _ends_checked(key, ends, geom.hash_block_size)
     if not masks:
-        return _sets_probe(sets)
+        return _SetProbe(sets)
     assert geom.offload is not None
-    chunk = {og.index: og.tokens_per_chunk for og in geom.offload.groups}
-    # one Python list per mask: indexing a list is cheaper than indexing a numpy array element
-    lists = {g: m.tolist() for g, m in masks.items()}
-
-    def contains(group: int, end_token: int) -> bool:
-        held = lists.get(group)
-        if held is None:
-            return end_token in sets[group]
-        C = chunk[group]
-        if end_token % C:
-            return False
-        j = end_token // C - 1
-        return j < len(held) and bool(held[j])
-
-    # a set with foreign elements (16.0 == 16) has no safe bound: the scan then steps
-    if not all(_plain_ints(sets[g]) for g in off if g not in lists):
-        return Probe(contains)
-    bound = {g: (len(lists[g]) * chunk[g] if g in lists else int(max(sets[g], default=0))) for g in off}
-    return Probe(contains, bound=bound)
+    return _MaskProbe(sets, masks, {og.index: og.tokens_per_chunk for og in geom.offload.groups})
 
 
 def _chain(block_hashes: Any, form: str) -> Sequence[Hashable]:
@@ -230,9 +337,9 @@ def _chain(block_hashes: Any, form: str) -> Sequence[Hashable]:
 
 
 def _residency_probe(geom: Geometry, res: Residency, chain: Sequence[Hashable], holder: int) -> Probe:
-    off = _offloaded(geom)
-    n = len(chain) * geom.hash_block_size
-    return Probe(res.probe(geom, chain, holder), bound=dict.fromkeys(off, n))
+    if type(holder) is not int or holder < 0:
+        res.probe(geom, chain, holder)  # raises bad_holder
+    return _ResidencyProbe(res._held, chain, geom.hash_block_size, 1 << holder)
 
 
 def _result_held(result: Any, key: bytes) -> bool:
@@ -249,29 +356,6 @@ def _result_held(result: Any, key: bytes) -> bool:
         "retried key makes vLLM defer the request: ask again when the tier settles",
         "stored",
     )
-
-
-def _lookup_probe(geom: Geometry, manager: Any, chain: Sequence[Hashable], req_context: Any) -> Probe:
-    off = _offloaded(geom)
-    H = geom.hash_block_size
-    n = len(chain)
-    lookup = manager.lookup
-
-    def contains(group: int, end_token: int) -> bool:
-        i = end_token // H - 1
-        if i >= n or end_token <= 0 or end_token % H:
-            return False
-        block_hash = chain[i]
-        if not isinstance(block_hash, bytes):
-            raise QueryError.single(
-                "bad_block_hash",
-                f"block_hashes[{i}] is {type(block_hash).__name__}; an offload manager is keyed by bytes hashes",
-                f"block_hashes[{i}]",
-            )
-        key = block_hash + group.to_bytes(GROUP_INDEX_BYTES, "big")
-        return _result_held(lookup(key, req_context), key)
-
-    return Probe(contains, bound=dict.fromkeys(off, n * H))
 
 
 def as_probe(
@@ -295,13 +379,20 @@ def as_probe(
     >>> p.contains(1, 32), p.contains(0, 32)
     (True, False)
     """
+    kind = type(stored)
+    if kind is Residency:  # the hot path first: exact type checks are cheaper than ABC checks
+        if type(block_hashes) is not list:
+            block_hashes = _chain(block_hashes, "Residency")
+        return _residency_probe(geom, stored, block_hashes, holder)
+    if kind is dict and block_hashes is None:
+        return _mapping_probe(geom, stored)
     if isinstance(stored, Probe):
         return stored
     if isinstance(stored, Residency):
         return _residency_probe(geom, stored, _chain(block_hashes, "Residency"), holder)
     if callable(getattr(stored, "lookup", None)) and not isinstance(stored, Mapping):
         chain = _chain(block_hashes, "lookup(key, req_context)")
-        return _lookup_probe(geom, stored, chain, req_context)
+        return _LookupProbe(stored.lookup, chain, geom.hash_block_size, req_context)
     if block_hashes is not None:
         raise QueryError.single(
             "unexpected_block_hashes",
@@ -312,7 +403,7 @@ def as_probe(
         return _mapping_probe(geom, stored)
     if callable(stored):
         _offloaded(geom)
-        return Probe(stored)
+        return _FunctionProbe(stored)
     raise QueryError.single(
         "bad_stored",
         f"stored must be a mapping {{group: end tokens}}, a contains(group, end_token) callable, a Residency or "

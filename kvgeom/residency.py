@@ -25,7 +25,9 @@ Invariants (tested in ``tests/test_residency.py``):
   ids, equal at every moment to :meth:`contains` for that group and holder. Once asked for, it is
   kept current by every update (one array store per update, still O(1)); the batch lookup
   (:func:`kvgeom.batch.lookup.lookup_resident`) reads it with numpy, without converting any key.
-  Ids are never reused, so the id table grows by one entry per distinct hash ever seen.
+  Ids are never reused, so the id table grows by one entry per distinct hash ever seen
+  (``tests/property/test_resident_batch_laws.py``: any sequence of store and evict events leaves
+  the index, its arrays and the request chains equal to ones rebuilt from scratch).
 
 vLLM's offload key is the block hash bytes followed by the 4-byte big-endian group index
 (OffloadingConnector ``make_offload_key``, vLLM 0.33); :meth:`add_key` / :meth:`discard_key` take
@@ -220,6 +222,26 @@ class Residency:
         """:meth:`discard` from vLLM offload key bytes."""
         block_hash, group = split_offload_key(key)
         self.discard(group, block_hash, holder)
+
+    def add_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
+        """:meth:`add_key` for every key of a store-complete event (vLLM's ``complete_store`` keys), in one call."""
+        add = self.add
+        for key in keys:
+            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
+                block_hash, group = split_offload_key(key)  # raises bad_offload_key, or converts a bytearray
+            else:
+                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
+            add(group, block_hash, holder)
+
+    def discard_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
+        """:meth:`discard_key` for every key of an evict event (vLLM's ``evicted_keys``), in one call."""
+        discard = self.discard
+        for key in keys:
+            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
+                block_hash, group = split_offload_key(key)
+            else:
+                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
+            discard(group, block_hash, holder)
 
     def clear(self, holder: int | None = None) -> None:
         """Forget every entry of ``holder`` (of every holder when None). O(entries held)."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kvgeom._check import nonneg
 from kvgeom._math import rdown
 from kvgeom.errors import Problem, QueryError
+from kvgeom.probes import Probe
 from kvgeom.specs import (
     AnySpec,
     MambaSpec,
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
         OffloadGroupGeometry,
         SpeculativeGeometry,
     )
-    from kvgeom.probes import Probe
-
 __all__ = [
     "BLOCK_DROP_METHODS",
     "HIDDEN_STATE_METHODS",
@@ -665,20 +664,37 @@ def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
     and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
     at ``e``, so the ordinary window scan over this probe gives the popped answer directly.
 
-    >>> from kvgeom.probes import Probe
-    >>> held = {16, 32, 64}
-    >>> pairs = eagle_pair_held(Probe(lambda g, e: e in held), 16, 64)
+    >>> from kvgeom.probes import as_probe
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "offload": {}})
+    >>> pairs = eagle_pair_held(as_probe(geom, {0: [16, 32, 64]}), 16, 64)
     >>> [e for e in (16, 32, 48, 64) if pairs.contains(0, e)]
     [16]
     """
-    from kvgeom.probes import Probe
+    return _PairProbe(probe, chunk, stop)
 
-    inner = probe.contains
 
-    def contains(group: int, end: int) -> bool:
-        return end % chunk == 0 and end + chunk <= stop and inner(group, end) and inner(group, end + chunk)
+class _PairProbe(Probe):
+    """:func:`eagle_pair_held`'s probe over an inner one."""
 
-    return Probe(contains, probe.bound)
+    __slots__ = ("_chunk", "_inner", "_stop")
+
+    def __init__(self, inner: Probe, chunk: int, stop: int) -> None:
+        super().__init__(inner.bound)
+        self._inner, self._chunk, self._stop = inner, chunk, stop
+
+    def contains(self, group: int, end_token: int) -> bool:
+        C, inner = self._chunk, self._inner
+        return (
+            end_token % C == 0
+            and end_token + C <= self._stop
+            and inner.contains(group, end_token)
+            and inner.contains(group, end_token + C)
+        )
+
+    def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
+        # every pair-held chunk is held, so the inner probe's next possibly held chunk is a safe bound
+        return self._inner.below(group, tokens_per_chunk, j)
 
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:

@@ -1263,7 +1263,11 @@ def _forward_run(hc: Any, rows: I64, start: I64, limit: I64) -> I64:
         got = np.where(full, width, np.argmin(vals, axis=1))
         out[active] = np.minimum(out[active] + got, limit[active])
         active = active[full & (out[active] < limit[active])]
-        width = min(width * 2, 4096)
+        if active.size:
+            # Past the first window a run is usually long (a stored prefix): take the rest of the longest
+            # one at once, within a budget of 2^22 cells per step.
+            rest = int((limit[active] - out[active]).max())
+            width = max(16, min(rest, 4096, (1 << 22) // active.size))
     return out
 
 
@@ -1459,6 +1463,10 @@ def _lookup_views(
     full = [og for og in off.groups if og.window_chunks is None]
     if windowed:
         M = realign(np.maximum(M - 1, 0))
+    first_chunk = (full[0] if full else windowed[0]).tokens_per_chunk
+    if not off.supports_partial_tail and not (M - c >= first_chunk).any():
+        # the first group's clamp only lowers M: no request can get a chunk past its local prefix
+        return Hits(np.zeros(size, dtype=np.int64), c.copy(), c, np.zeros(size, dtype=np.bool_))
     keyed = _div(n, H)
 
     def clamp(og: OffloadGroupGeometry, m: I64, rows: I64) -> I64:

@@ -61,11 +61,12 @@ class RequestChains:
         self._free: list[int] = []
 
     def _reserve(self, rows: int, width: int) -> None:
+        width += 1  # the last column stays 0: a batch view clips every out-of-range column to it
         r, w = self.ids.shape
         if rows <= r and width <= w:
             return
         grown = np.zeros((max(rows, 2 * r if rows > r else r, 8), max(width, 2 * w if width > w else w, 64)),
-                         dtype=np.int64)
+                         dtype=self.ids.dtype)
         grown[:r, :w] = self.ids
         self.ids = grown
 
@@ -138,16 +139,28 @@ class _ResidentView:
         self.chunks = self.width // hashes_per_chunk
 
     def hashes(self, rows: I64, cols: I64) -> Bools:
-        shape = np.broadcast_shapes(rows.shape, cols.shape)
-        if self.width == 0:
-            return np.zeros(shape, dtype=np.bool_)
-        inside = (cols >= 0) & (cols < self.width)
-        idx = self.row_base[rows] + np.where(inside, cols, 0)
-        held: Bools = np.take(self.held, np.take(self.flat, idx)) & inside
-        return held
+        return self._gather(rows, np.array(cols, dtype=np.int64, copy=True))
 
     def __call__(self, rows: I64, chunks: I64) -> Bools:
-        return self.hashes(rows, (chunks + 1) * self.hpc - 1)
+        cols = chunks * self.hpc  # a fresh array: the gather below works in place on it
+        cols += self.hpc - 1
+        return self._gather(rows, cols)
+
+    def _gather(self, rows: I64, cols: I64) -> Bools:
+        """``held[ids[row_of[rows], cols]]``, overwriting ``cols``."""
+        if self.width == 0:
+            return np.zeros(np.broadcast_shapes(rows.shape, cols.shape), dtype=np.bool_)
+        # The matrix's last column is always 0 (id 0: never held). Negative columns read as huge unsigned
+        # numbers, so one minimum sends every column outside [0, width - 1) there.
+        u = cols.view(np.uint64)
+        np.minimum(u, np.uint64(self.width - 1), out=u)
+        base = self.row_base[rows]
+        if np.broadcast_shapes(base.shape, cols.shape) == cols.shape:
+            cols += base
+        else:
+            cols = cols + base
+        held: Bools = np.take(self.held, np.take(self.flat, cols))
+        return held
 
 
 def lookup_resident(
