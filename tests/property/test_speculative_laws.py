@@ -343,3 +343,30 @@ def test_sliding_drafter_warning_means_no_offload_hit(cfg, extra, more):
     stored = store_prompt(geom, p)
     assert hits.lookup_hit(geom, p, stored=stored).hit_tokens == 0
     assert hits.lookup_hit(geom, p + more, stored=stored, num_prompt_tokens=p + more).hit_tokens == 0
+
+
+@given(st.one_of(speculative_geometries(offload=True, block_drop=True), tail_speculative_geometries()), st.data())
+def test_resident_lookups_agree_under_speculation(geom, data):
+    """The Residency forms (scalar probe and batch ``lookup_resident``) give the same eagle hits as sets."""
+    from kvgeom.batch.lookup import lookup_resident
+
+    H = geom.hash_block_size
+    size = data.draw(st.integers(1, 4), label="requests")
+    top = 8 * max(og.tokens_per_chunk for og in geom.offload.groups)
+    n = [data.draw(st.integers(0, top)) for _ in range(size)]
+    chains = [[b"r%d-%d" % (i, j) for j in range(x // H)] for i, x in enumerate(n)]
+    res = kvgeom.Residency()
+    stored = []
+    for i, x in enumerate(n):
+        held = {}
+        for og in geom.offload.groups:
+            ends = sorted(data.draw(st.sets(st.integers(1, max(x // H, 1)), max_size=x // H)))
+            held[og.index] = [e * H for e in ends if e <= x // H]
+            for e in held[og.index]:
+                res.add(og.index, chains[i][e // H - 1])
+        stored.append(held)
+    batch_hits = lookup_resident(geom, res, chains, n)
+    for i, x in enumerate(n):
+        want = hits.lookup_hit(geom, x, stored=stored[i])
+        assert hits.lookup_hit(geom, x, stored=res, block_hashes=chains[i]) == want
+        assert batch_hits.hit(i) == want
