@@ -32,6 +32,15 @@ from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.probes import Probe, as_probe
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.speculative import (
+    eagle_pair_held,
+    eagle_pops,
+    eagle_query_end,
+    mamba_store_boundary,
+    partial_tail_key,
+    partial_tail_max_boundary,
+    store_holdback_chunks,
+)
 
 __all__ = [
     "GroupLoad",
@@ -309,11 +318,15 @@ def _lookup(
     span = order.partial_tail_span
     if span:
         H = order.H
-        b = rdown(min(prompt - 1, done + span - 1, limit), H) if prompt else 0
         contains = probe.contains
         groups = order.off.groups
+        b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+        if b >= done + span and not all(
+            contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
+        ):
+            b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
         while b > done:
-            if all(contains(og.index, b) for og in groups):
+            if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
                 return Hit(b - c, b, c, True)
             b -= H
     if done == c:
@@ -337,25 +350,31 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
     until no group lowers the candidate. A candidate less than one chunk past ``c`` is no hit."""
     Cm = order.Cm
     keyed = n // order.H
+    verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
     m = M
     for og in order.full:
-        found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm))
+        before = m
+        found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
         if found is None:
             return c
         m = _align_to_mamba_chunk(found, Cm)
         if m - c < og.tokens_per_chunk:
             return c
+        if m < before and not og.eagle_group:
+            verified.clear()
     windowed = order.windowed
     while windowed:
         changed = False
         for og in windowed:
             before = m
-            found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm))
+            found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
             if found is None:
                 return c
             m = _align_to_mamba_chunk(found, Cm)
             if m - c < og.tokens_per_chunk:
                 return c
+            if m < before and not og.eagle_group:
+                verified.clear()
             changed = changed or m < before
         if not changed:
             break
@@ -371,16 +390,38 @@ def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: boo
     return _align_to_mamba_chunk(m, Cm)
 
 
-def _group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int) -> int | None:
+def _group_end(
+    geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed_hashes: int, verified: set[int]
+) -> int | None:
     """One group's lookup from a clamped candidate ``m``: the lowered candidate (not yet re-aligned),
     or None when the group cannot serve any hit past ``c``. This is the per-group rule; a rule that
-    changes what one group probes (an extra look-ahead chunk, say) changes only this function."""
+    changes what one group probes (an extra look-ahead chunk, say) changes only this function.
+
+    An eagle group not yet verified at this candidate queries one chunk more and pops it
+    (:func:`kvgeom.speculative.eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
     if m - c < og.tokens_per_chunk:
         return None
+    if og.eagle_group and eagle_pops(og, verified):
+        return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk)
     if og.window_chunks is None:
         C = og.tokens_per_chunk
         return min(m, C * probe.forward(og.index, C, c // C, m))
     found = _scan_window(geom.groups[og.index], og, probe, m, c // og.tokens_per_chunk)
+    return None if found is None else min(m, found)
+
+
+def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int) -> int | None:
+    """An unverified eagle group: the run of held chunks up to one chunk past ``m`` (capped at the keyed
+    chunks), minus the last one. A windowed group scans the chunks whose next chunk is held too
+    (:func:`kvgeom.speculative.eagle_pair_held`); None when nothing is left after the pop."""
+    C = og.tokens_per_chunk
+    query = eagle_query_end(og, m, keyed * C, 1)
+    if og.window_chunks is None:
+        j = probe.forward(og.index, C, c // C, query)
+        return None if j == c // C else min(m, C * (j - 1))
+    stop = min(cdiv(query, C), keyed)
+    found = _scan_window(geom.groups[og.index], og, eagle_pair_held(probe, C, stop * C), min(m, (stop - 1) * C),
+                         c // C)
     return None if found is None else min(m, found)
 
 
@@ -429,7 +470,7 @@ def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
         last = cdiv(N, C) - (1 if hit.partial_tail else 0)
         keys = tuple((j + 1) * C for j in range(first // k, last))
         if hit.partial_tail:
-            keys += (N,)
+            keys += (partial_tail_key(og, N),)
         state = restore_read_block(geom, og.index, N) if g.is_align_mamba else None
         out.append(GroupLoad(og.index, keys, tuple(range(first, stop)), first % k, state))
     return tuple(out)
@@ -533,6 +574,12 @@ def plan_store(
     its chunk ``C_m = B_m * k``, each from state block ``end / B_m - 1`` --
     never ``end / (B_m * dcp) - 1`` (#49962).
 
+    With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
+    chunk is held back while the request decodes and stored once it finishes
+    (:func:`kvgeom.speculative.store_holdback_chunks`), and an align Mamba group's
+    default reachable boundary is the shifted prefill checkpoint
+    (:func:`kvgeom.speculative.mamba_store_boundary`).
+
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]
@@ -556,12 +603,16 @@ def plan_store(
         C = og.tokens_per_chunk
         k = off.blocks_per_chunk
         keyed = num_keys(geom, og.index, n)
-        storable = min(offloadable // C, keyed)
+        storable = store_holdback_chunks(geom, og.index, min(offloadable // C, keyed), offloadable, prompt, finished)
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
         _fits(storable - start)
-        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=points)
+        group_points = points
+        if reachable is None and g.is_align_mamba:
+            shifted = mamba_store_boundary(geom, prompt)
+            group_points = points if shifted is None else (shifted,)
+        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.
