@@ -67,6 +67,7 @@ __all__ = [
     "prefix_hit",
     "prefix_hit_from_scenario",
     "resident_sets",
+    "scheduler_keeps_load",
 ]
 
 Contains: TypeAlias = Callable[[int, int], bool]
@@ -490,3 +491,20 @@ def prefix_hit_from_scenario(geom: Geometry, scenario: Mapping[str, Any]) -> Pre
     return prefix_hit(
         geom, scenario["num_tokens"], scenario.get("resident", {}), max_hit_tokens=scenario.get("max_hit_tokens")
     )
+
+
+def scheduler_keeps_load(local_computed_tokens: int, scheduler_block_size: int, external_tokens: int) -> bool:
+    """Whether vLLM 0.33's Scheduler runs a connector load when it admits a request
+    (``Scheduler.schedule``, where it calls ``get_num_new_matched_tokens``).
+
+    The connector is asked from the local hit rounded down to the scheduler block L and answers
+    ``external_tokens`` past that. When the local hit is a multiple of L the answer stands. When it
+    is not, the load runs only if it reaches strictly past the unrounded local hit (the local
+    sub-block tail is then dropped and the load covers it); otherwise the Scheduler keeps the local
+    hit and loads nothing.
+
+    >>> scheduler_keeps_load(48, 32, 16), scheduler_keeps_load(48, 32, 32), scheduler_keeps_load(64, 32, 16)
+    (False, True, True)
+    """
+    tail = local_computed_tokens % scheduler_block_size
+    return external_tokens > 0 and (tail == 0 or external_tokens > tail)
