@@ -35,6 +35,24 @@ def with_drop(geom: Geometry, groups: set[int]) -> Geometry:
     return dataclasses.replace(geom, groups=tuple(out), speculative=spec)
 
 
+#: Full attention 16 (drafter) + Mamba 16 + sliding window 16 / 33 (drafter), no partial hash hits.
+_GEOM_45614 = with_drop(
+    kvgeom.resolve(
+        {
+            "groups": [
+                {"kind": "full_attention", "block_size": 16},
+                {"kind": "mamba", "block_size": 16},
+                {"kind": "sliding_window", "block_size": 16, "sliding_window": 33},
+            ]
+        }
+    ),
+    {0, 2},
+)
+#: Attention lacks 48, so it proves 32 and drops to 16; Mamba has no state at or below 16.
+ROW_45614 = (_GEOM_45614, 80, {"0": [16, 32, 64, 80], "1": [32, 48, 64, 80], "2": [16, 32, 48, 64, 80]})
+
+
+
 @st.composite
 def prefix_cases(
     draw: st.DrawFn, *, drop: bool = False, kinds: list[str] | None = None

@@ -7,6 +7,7 @@ import dataclasses
 
 from _prefix_laws import (
     MAX_TOKENS,
+    ROW_45614,
     check_mamba_state_exact,
     held_sets,
     hit_or_unsupported,
@@ -86,6 +87,7 @@ def test_restored_mamba_state_is_exact(case):
     check_mamba_state_exact(case)
 
 
+@example(case=ROW_45614)  # #45614 shape: full attention proves 32, drops to 16; no Mamba state <= 16: hit 0
 @given(prefix_cases(drop=True))
 def test_restored_mamba_state_is_exact_with_the_drop(case):
     check_mamba_state_exact(case)
