@@ -279,6 +279,10 @@ def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
         rows.append(row)
     lines.extend(_table(rows, right={2, 4, 5, 8}))
     lines.append("")
+    if geom.speculative is not None:
+        from kvgeom.speculative import explain_lines
+
+        lines.extend([*explain_lines(geom), ""])
     lines.extend(
         _table(
             [
