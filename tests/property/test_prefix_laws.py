@@ -144,6 +144,27 @@ def _request_cases(draw):
     return cfg, n, first, evict_gpu, evict_tier
 
 
+@st.composite
+def _dcp_hybrid_cases(draw):
+    """Attention + Mamba with equal blocks under DCP: partial hash hits (A = H < L), so GPU hits land
+    off the scheduler block and the Scheduler's rounding rule decides."""
+    b = draw(st.sampled_from([2, 4, 8]))
+    dcp = draw(st.sampled_from([2, 4]))
+    cfg = {
+        "groups": [{"kind": "full_attention", "block_size": b}, {"kind": "mamba", "block_size": b}],
+        "parallel": {"dcp": dcp, "tp": dcp},
+        "cache": {"retention_interval": draw(st.sampled_from([None, 0]))},
+        "offload": {},
+    }
+    first = draw(st.integers(1, 200))
+    n = max(first + draw(st.integers(-8, 64)), 1)  # the same prompt again, or a longer turn
+    # GPU: one group loses every entry past a cut (per-group eviction from the tail, as LRU leaves it)
+    evict_gpu = (draw(st.sampled_from([0, 1])), draw(st.integers(0, first)))
+    evict_tier = draw(st.lists(st.sampled_from([False, False, False, True]), max_size=120)
+                      | st.tuples(st.sampled_from([0, 1]), st.integers(0, first)))
+    return cfg, n, first, evict_gpu, evict_tier
+
+
 _DENSE_49964 = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}
 
 
@@ -153,13 +174,19 @@ _GPU_HIT_48 = [False] * 6 + [True] * 3
 
 @example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, []))  # GPU hit 48 (off L = 32): the load to 96 drops its tail
 @example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, _GPU_HIT_48))  # the tier's hit ends at 48 too: keep 48, no load
-@given(_request_cases())
+@given(_request_cases() | _dcp_hybrid_cases())
 def test_plan_request_agrees_with_the_simulator(case):
     """A request admitted by ``plan_request`` resumes correctly in the simulator: the GPU entries it
     adopts hold every position its groups need (and the exact Mamba state when nothing is loaded),
     the load restores exactly ``local + external`` tokens, and no load runs when external is 0."""
     cfg, n, first, evict_gpu, evict_tier = case
     geom = kvgeom.resolve(cfg)
+    if isinstance(evict_gpu, tuple):  # (group, cut): the group loses every entry past the cut
+        group, cut = evict_gpu
+        evict_gpu = lambda g, e: g == group and e > cut  # noqa: E731
+    if isinstance(evict_tier, tuple):
+        tgroup, tcut = evict_tier
+        evict_tier = lambda g, e: g == tgroup and e > tcut  # noqa: E731
     report = run_request(geom, n, first_tokens=first, evict_gpu=evict_gpu, evict_tier=evict_tier)
     assert report.ok, (report.local_problems, report.tier_problems, report.restore_problems)
     plan = report.plan
