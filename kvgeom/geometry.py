@@ -246,11 +246,11 @@ class Geometry:
     def fingerprint(self) -> str:
         """A short, versioned, stable digest of everything behind an offload key's bytes.
 
-        See :mod:`kvgeom.fingerprint` (``"kvg1-"`` + 16 hex digits); two layouts
+        See :mod:`kvgeom.fingerprint` (``"kvg2-"`` + 16 hex digits); two layouts
         share keys safely only when their fingerprints are equal.
 
         >>> from kvgeom import DEFAULT_CONFIG
-        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg1-")
+        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg2-")
         True
         """
         from kvgeom.fingerprint import fingerprint
