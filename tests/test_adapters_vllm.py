@@ -181,7 +181,9 @@ WRAPPED_VS_FLAT = [
 
 @pytest.mark.parametrize(("specs", "par", "extra"), WRAPPED_VS_FLAT)
 def test_worker_and_scheduler_forms_give_identical_geometry(specs, par, extra):
-    vc = VllmConfig(parallel_config=ParallelConfig(**par), kv_transfer_config=offloading(**extra))
+    # the engine core sets cache_config.block_size to the smallest per-rank block
+    cache = CacheConfig(block_size=min(s.block_size for s in specs))
+    vc = VllmConfig(parallel_config=ParallelConfig(**par), cache_config=cache, kv_transfer_config=offloading(**extra))
     worker = kv_config(*specs)
     flat = [next(iter(s.kv_cache_specs.values())) if isinstance(s, UniformTypeKVCacheSpecs) else s for s in specs]
     scheduler = kv_config(*flat)
@@ -526,6 +528,13 @@ NEVER_SILENT = [
             seed_kv(), VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig("suffix"))
         ),
         "unsupported_speculative_method",
+    ),
+    # a single group whose per-rank block is not cache_config.block_size, from which vLLM derives L = H
+    (
+        lambda: geometry_from_vllm(
+            kv_config(FullAttentionSpec(block_size=64)), seed_vc(), connector_chunking={"OffloadingConnector": None}
+        ),
+        "vllm_disagrees",
     ),
     # the engine core resolved another H than kvgeom derives from the same objects
     (lambda: geometry_from_vllm(_kv_with(hash_block_size=32), seed_vc()), "vllm_disagrees"),

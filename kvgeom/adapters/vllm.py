@@ -723,9 +723,14 @@ def _disagree(what: str, vllm_value: Any, ours: Any, field: str) -> KVGeomError:
     )
 
 
-def _check_resolved(geometry: Geometry, kv_cache_config: Any) -> None:
+def _check_resolved(geometry: Geometry, kv_cache_config: Any, vllm_config: Any) -> None:
     """vLLM 0.33 ``KVCacheConfig.hash_block_size`` / ``cache_hit_alignment_tokens`` (set by the engine
-    core) must equal kvgeom's H and A."""
+    core) must equal kvgeom's H and A; with a single group, vLLM derives L = H from
+    ``cache_config.block_size`` (``kv_cache_utils.py::resolve_kv_cache_block_sizes``), which must then
+    be the group's own per-rank block."""
+    block = _int_or_none(_get(_get(vllm_config, "cache_config"), "block_size"))
+    if len(geometry.groups) == 1 and block is not None and block != geometry.groups[0].block_size:
+        raise _disagree("cache_config.block_size", block, geometry.groups[0].block_size, "cache_config.block_size")
     if kv_cache_config is None:
         return
     for ours, theirs in (
@@ -828,7 +833,7 @@ def geometry_from_vllm(
     if sched is not None and kv is not None and "offload" not in cfg:
         cfg["offload"] = {"blocks_per_chunk": coerce_extra_int(sched.blocks_per_chunk, "blocks_per_chunk")}
     geometry = resolve(cfg)
-    _check_resolved(geometry, kv)
+    _check_resolved(geometry, kv, vllm_config)
     if sched is not None:
         _check_scheduler_offload(geometry, sched)
     if sched is not None and kv is None:
