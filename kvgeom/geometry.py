@@ -257,14 +257,21 @@ class Geometry:
 
         return fingerprint(self)
 
-    def to_report(self) -> dict[str, Any]:
+    def to_report(self, *, vllm_names: bool = False) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
+
+        ``vllm_names=True`` adds vLLM's name next to some keys (same values; nothing renamed or
+        removed): :mod:`kvgeom.glossary`, ``docs/glossary.md``.
 
         >>> from kvgeom import DEFAULT_CONFIG
         >>> r = resolve(DEFAULT_CONFIG).to_report()
         >>> [g["span"] for g in r["groups"]], r["scheduler_block_size"], r["hash_block_size"]
         ([32, 16], 32, 16)
         """
+        if vllm_names:
+            from kvgeom.glossary import add_vllm_names
+
+            return add_vllm_names(self.to_report())
         off = self.offload
         return {
             "groups": [
