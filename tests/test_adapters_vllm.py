@@ -423,6 +423,38 @@ def seed_sched(**changes):
 
 
 @dataclass
+class OffloadingGroupConfig:
+    """vLLM 0.33 v1/kv_offload/config.py OffloadingGroupConfig (layer names omitted)."""
+
+    tokens_per_block: int
+    group_id: int
+    sliding_window_size_in_chunks: int | None = None
+
+
+@dataclass
+class OffloadingCacheConfig:
+    tokens_per_hash: int
+    blocks_per_chunk: int
+
+
+@dataclass
+class OffloadingParallelConfig:
+    tp_size: int = 2
+    pp_size: int = 1
+    dcp_size: int = 2
+    pcp_size: int = 1
+
+
+@dataclass
+class OffloadingConfig:
+    """vLLM 0.33 OffloadingConfig: the fields the adapter compares."""
+
+    groups: tuple
+    cache: OffloadingCacheConfig
+    parallel: OffloadingParallelConfig = field(default_factory=OffloadingParallelConfig)
+
+
+@dataclass
 class ParallelNoInterleave:
     tensor_parallel_size: int = 2
     pipeline_parallel_size: int = 1
@@ -557,6 +589,44 @@ NEVER_SILENT = [
             seed_vc(),
         ),
         "vllm_disagrees",
+    ),
+    # the worker side's OffloadingConfig with another k than the extra config gives
+    (
+        lambda: geometry_from_vllm(
+            seed_kv(),
+            seed_vc(),
+            offloading_config=OffloadingConfig(
+                groups=(OffloadingGroupConfig(32, 0), OffloadingGroupConfig(16, 1, 1)),
+                cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=4),
+            ),
+        ),
+        "vllm_disagrees",
+    ),
+    # ... or another DCP size
+    (
+        lambda: geometry_from_vllm(
+            seed_kv(),
+            seed_vc(),
+            offloading_config=OffloadingConfig(
+                groups=(OffloadingGroupConfig(32, 0), OffloadingGroupConfig(16, 1, 1)),
+                cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=2),
+                parallel=OffloadingParallelConfig(dcp_size=1),
+            ),
+        ),
+        "vllm_disagrees",
+    ),
+    # the worker side's OffloadingConfig as vLLM 0.33 builds it for the seed: agrees
+    (
+        lambda: geometry_from_vllm(
+            seed_kv(),
+            seed_vc(),
+            offloading_config=OffloadingConfig(
+                groups=(OffloadingGroupConfig(32, 0), OffloadingGroupConfig(16, 1, 1)),
+                cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=2),
+                parallel=OffloadingParallelConfig(),
+            ),
+        ),
+        None,
     ),
     # a SchedulerOffloadConfig missing group 1 (not offloaded): the groups cannot be known from it alone
     (

@@ -138,6 +138,9 @@ def test_geometry_equals_vllm_on_every_view(name, specs, tp, dcp, extra):
         "offload config alone": geometry_from_vllm(sched, vc),
         "scheduler + offload config": geometry_from_vllm(scheduler, vc, scheduler_offload_config=sched),
         "worker + offload config": geometry_from_vllm(worker, vc, scheduler_offload_config=sched),
+        "worker + OffloadingConfig": geometry_from_vllm(
+            worker, vc, offloading_config=build_offloading_config(vc, worker)
+        ),
     }
     for view, g in views.items():
         assert (g.scheduler_block_size, g.hash_block_size) == (L, H), view

@@ -773,11 +773,47 @@ def _check_scheduler_offload(geometry: Geometry, sched: Any) -> None:
                 raise _disagree(f"group {og.index}'s {name}", getattr(c, name), ours, f"kv_group_configs[{i}].{name}")
 
 
+def _check_offloading_config(geometry: Geometry, oc: Any) -> None:
+    """vLLM 0.33's ``OffloadingConfig`` (``v1/kv_offload/config.py``; an ``OffloadingSpec``'s ``config``,
+    what the connector's worker side holds) must agree with kvgeom on k, H, the offloaded groups, their
+    spans and windows, and the parallel sizes."""
+    off = geometry.offload
+    if off is None:
+        raise _disagree("an offloading config", "present", None, "offloading_config")
+    par = geometry.parallel
+    cache, parallel = _get(oc, "cache"), _get(oc, "parallel")
+    for name, theirs, ours in (
+        ("cache.blocks_per_chunk", _get(cache, "blocks_per_chunk"), off.blocks_per_chunk),
+        ("cache.tokens_per_hash", _get(cache, "tokens_per_hash"), off.tokens_per_hash),
+        ("parallel.tp_size", _get(parallel, "tp_size"), par.tp),
+        ("parallel.pp_size", _get(parallel, "pp_size"), par.pp),
+        ("parallel.dcp_size", _get(parallel, "dcp_size"), par.dcp),
+        ("parallel.pcp_size", _get(parallel, "pcp_size"), par.pcp),
+    ):
+        if theirs is not None and theirs != ours:
+            raise _disagree(name, theirs, ours, f"offloading_config.{name}")
+    groups = list(_get(oc, "groups") or ())
+    theirs_ids = [_get(c, "group_id") for c in groups]
+    ours_ids = [og.index for og in off.groups]
+    if theirs_ids != ours_ids:
+        raise _disagree("the offloaded groups", theirs_ids, ours_ids, "offloading_config.groups")
+    for i, (c, og) in enumerate(zip(groups, off.groups, strict=True)):
+        for name, ours_value in (
+            ("tokens_per_block", og.tokens_per_block),
+            ("sliding_window_size_in_chunks", og.window_chunks),
+        ):
+            if hasattr(c, name) and getattr(c, name) != ours_value:
+                raise _disagree(
+                    f"group {og.index}'s {name}", getattr(c, name), ours_value, f"offloading_config.groups[{i}].{name}"
+                )
+
+
 def geometry_from_vllm(
     kv_cache_config: Any,
     vllm_config: Any = None,
     *,
     scheduler_offload_config: Any = None,
+    offloading_config: Any = None,
     **kwargs: Any,
 ) -> Geometry:
     """The resolved :class:`kvgeom.Geometry` of what a vLLM connector holds, checked against vLLM's own numbers.
@@ -790,8 +826,10 @@ def geometry_from_vllm(
     ``cache_hit_alignment_tokens`` of the ``KVCacheConfig``; ``blocks_per_chunk``,
     ``tokens_per_hash``, ``alignment_tokens``, ``retention_interval``, ``dcp_world_size``, partial
     tails, the offloaded group ids and each group's ``tokens_per_block``, ``tokens_per_chunk``,
-    ``hashes_per_chunk`` and ``sliding_window_size_in_chunks`` of a ``SchedulerOffloadConfig`` -- or
-    it is the :class:`kvgeom.ConfigError` ``vllm_disagrees``. A geometry built from a
+    ``hashes_per_chunk`` and ``sliding_window_size_in_chunks`` of a ``SchedulerOffloadConfig``; k,
+    H, TP, PP, DCP, PCP, the offloaded groups' ids, spans and windows of an ``OffloadingConfig``
+    (``offloading_config=``, the ``OffloadingSpec.config`` the worker side holds) -- or it is the
+    :class:`kvgeom.ConfigError` ``vllm_disagrees``. A geometry built from a
     ``SchedulerOffloadConfig`` alone carries the warning ``groups_from_offload_config`` (a group
     vLLM does not offload, after the last offloaded one, would change L unseen).
 
@@ -836,6 +874,8 @@ def geometry_from_vllm(
     _check_resolved(geometry, kv, vllm_config)
     if sched is not None:
         _check_scheduler_offload(geometry, sched)
+    if offloading_config is not None:
+        _check_offloading_config(geometry, offloading_config)
     if sched is not None and kv is None:
         warning = GeometryWarning(
             "groups_from_offload_config",
