@@ -832,3 +832,30 @@ def test_offload_key_errors(call, code):
     with pytest.raises(QueryError) as info:
         call(keys)
     assert info.value.code == code
+
+
+def test_speculative_section_and_drafter_flags_are_emitted_once_the_schema_has_them(monkeypatch):
+    # the spec branch adds `speculative` and per-group `drafter` to the schema; the adapter then emits them
+    import kvgeom.adapters.vllm as adapter
+
+    monkeypatch.setattr(adapter, "_schema_has", lambda name, group_field=False: True)
+    vc = VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig("eagle", 2))
+    cfg = config_from_vllm(_with_group_flag(seed_kv(), 0, is_eagle_group=True), vc)
+    assert cfg["speculative"] == {
+        "method": "eagle",
+        "num_speculative_tokens": 2,
+        "eagle_block_drop": True,
+        "lookahead_hashes": True,
+    }
+    assert [g.get("drafter", False) for g in cfg["groups"]] == [True, False]
+
+
+def test_schema_probe_reads_the_real_schema():
+    # today's schema has neither field (until the spec branch lands), and the probe must say so
+    import kvgeom.adapters.vllm as adapter
+    from kvgeom.config import KVGeomConfig
+    from kvgeom.specs import FullAttentionSpec as KvFull
+
+    assert adapter._schema_has("speculative") == ("speculative" in KVGeomConfig.model_fields)
+    assert adapter._schema_has("drafter", group_field=True) == ("drafter" in KvFull.model_fields)
+    assert adapter._schema_has("groups") is True

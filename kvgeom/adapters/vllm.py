@@ -87,7 +87,6 @@ _TORCH_DTYPES = {
 }
 
 
-
 def dtype_name(dtype: Any, field: str = "") -> str | None:
     """kvgeom's dtype name for a ``torch.dtype`` or a dtype string; ``None`` for ``None``/``"auto"``.
 
@@ -277,7 +276,8 @@ def _parallel_from(vllm_config: Any, parallel: Mapping[str, Any] | None) -> dict
     if parallel is not None:
         return dict(parallel)
     par = _get(vllm_config, "parallel_config")
-    missing = _missing(par, tuple(theirs for _, theirs in PARALLEL_FIELDS))
+    # a None value is as unknown as a missing attribute: vLLM's ParallelConfig never holds one
+    missing = [theirs for _, theirs in PARALLEL_FIELDS if _get(par, theirs) is None]
     if vllm_config is None or par is None:
         what = "no vllm_config was given" if vllm_config is None else "vllm_config has no parallel_config"
         raise ConfigError.single(
@@ -297,12 +297,7 @@ def _parallel_from(vllm_config: Any, parallel: Mapping[str, Any] | None) -> dict
             "vllm_config.parallel_config",
             missing=missing,
         )
-    out: dict[str, Any] = {}
-    for ours, theirs in PARALLEL_FIELDS:
-        value = getattr(par, theirs)
-        if value is not None:
-            out[ours] = value
-    return out
+    return {ours: getattr(par, theirs) for ours, theirs in PARALLEL_FIELDS}
 
 
 def _cache_from(vllm_config: Any, given: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -359,7 +354,7 @@ def coerce_extra_int(value: Any, field: str) -> int:
         raise ConfigError.single(
             "bad_extra_config",
             f"{field}={value!r} is not an integer as vLLM reads it (int() raised {type(exc).__name__}): "
-            "give a whole number of blocks or tokens, e.g. 4 or \"4\"",
+            'give a whole number of blocks or tokens, e.g. 4 or "4"',
             field,
             value=repr(value),
         ) from None
@@ -814,16 +809,21 @@ def geometry_from_vllm(
     *,
     scheduler_offload_config: Any = None,
     offloading_config: Any = None,
-    **kwargs: Any,
+    include_pages: bool = True,
+    offload: Mapping[str, Any] | None = None,
+    parallel: Mapping[str, Any] | None = None,
+    cache: Mapping[str, Any] | None = None,
+    connector_chunking: Mapping[str, Mapping[str, Any] | None] | None = None,
+    spec_kinds: Mapping[str, str] | None = None,
 ) -> Geometry:
     """The resolved :class:`kvgeom.Geometry` of what a vLLM connector holds, checked against vLLM's own numbers.
 
     ``kv_cache_config`` may be a ``KVCacheConfig`` (worker- or scheduler-side) or a
-    ``SchedulerOffloadConfig``; give the other one as ``scheduler_offload_config=`` (or
-    ``kv_cache_config`` of :func:`config_from_vllm`'s reading) when the connector holds both. Keyword
-    arguments are :func:`config_from_vllm`'s. Contract: the result's numbers equal vLLM's wherever
-    vLLM has resolved them on the objects given -- ``hash_block_size`` and
-    ``cache_hit_alignment_tokens`` of the ``KVCacheConfig``; ``blocks_per_chunk``,
+    ``SchedulerOffloadConfig``; give the latter as ``scheduler_offload_config=`` when the connector
+    holds both. The other keyword arguments are :func:`config_from_vllm`'s. Contract: the result's
+    numbers equal vLLM's wherever vLLM has resolved them on the objects given -- ``hash_block_size``
+    and ``cache_hit_alignment_tokens`` of the ``KVCacheConfig``; ``cache_config.block_size`` with a
+    single group (vLLM's L = H then comes from it); ``blocks_per_chunk``,
     ``tokens_per_hash``, ``alignment_tokens``, ``retention_interval``, ``dcp_world_size``, partial
     tails, the offloaded group ids and each group's ``tokens_per_block``, ``tokens_per_chunk``,
     ``hashes_per_chunk`` and ``sliding_window_size_in_chunks`` of a ``SchedulerOffloadConfig``; k,
@@ -855,19 +855,7 @@ def geometry_from_vllm(
     else:
         kv = source
     primary = sched if kv is None else kv
-    cfg = _config(
-        primary,
-        vllm_config,
-        kv,
-        kwargs.pop("include_pages", True),
-        kwargs.pop("offload", None),
-        kwargs.pop("parallel", None),
-        kwargs.pop("cache", None),
-        kwargs.pop("connector_chunking", None),
-        kwargs.pop("spec_kinds", None),
-    )
-    if kwargs:
-        raise TypeError(f"geometry_from_vllm() got unexpected keyword arguments {sorted(kwargs)}")
+    cfg = _config(primary, vllm_config, kv, include_pages, offload, parallel, cache, connector_chunking, spec_kinds)
     if sched is not None and kv is not None and "offload" not in cfg:
         cfg["offload"] = {"blocks_per_chunk": coerce_extra_int(sched.blocks_per_chunk, "blocks_per_chunk")}
     geometry = resolve(cfg)
