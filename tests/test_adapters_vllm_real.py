@@ -181,3 +181,46 @@ def test_offload_keys_are_vllm_bytes():
     for group, end in [(0, 64), (1, 32), (0, 256)]:
         assert keys.to_vllm(group, end) == make_offload_key(chain[end // 16 - 1], group)
         assert keys.to_kvgeom(make_offload_key(chain[end // 16 - 1], group)) == (group, end)
+
+
+FAMILIES = {
+    "full": lambda: [fa(16)],
+    "full+mamba": lambda: [fa(16), mamba(16)],
+    "3 full 64 + mamba 2048": lambda: [fa(64), fa(64), fa(64), mamba(2048)],
+    "dsa": lambda: [dsa(64)],
+    "full+swa": lambda: [fa(16), swa(16, 128)],
+    "full+swa+mamba": lambda: [fa(32), swa(32, 256), mamba(32)],
+}
+SWEEP = [(f, d, k, pc) for f in FAMILIES for d in (1, 2, 4) for k in (1, 3) for pc in (True, False)]
+
+
+@pytest.mark.parametrize(("family", "dcp", "k", "prefix_caching"), SWEEP)
+def test_sweep_every_view_equals_vllm_or_refuses(family, dcp, k, prefix_caching):
+    """No adapter path returns a geometry that differs from vLLM's: either every number matches what vLLM's
+    own code resolves for the same objects, or vLLM itself refuses them too."""
+    specs = FAMILIES[family]()
+    worker = kv_config(*specs)
+    vc = vllm_config(
+        dcp, dcp, {"blocks_per_chunk": str(k)}, mla=family == "dsa", block=min(s.block_size for s in specs)
+    )
+    vc.cache_config.enable_prefix_caching = prefix_caching
+    scheduler = generate_scheduler_kv_cache_config([worker])
+    try:
+        L, H = resolve_kv_cache_block_sizes(worker, vc)
+        sched = scheduler_offload_config(vc, scheduler)
+    except (ValueError, AssertionError) as exc:  # vLLM refuses this deployment: kvgeom must refuse it too
+        with pytest.raises(kvgeom.KVGeomError):
+            geometry_from_vllm(worker, vc)
+        pytest.skip(f"vLLM refuses it too: {exc}")
+    for view in (worker, scheduler):
+        g = geometry_from_vllm(view, vc, scheduler_offload_config=sched)
+        assert (g.scheduler_block_size, g.hash_block_size) == (L, H)
+        assert [o.tokens_per_chunk for o in g.offload.groups] == [c.tokens_per_chunk for c in sched.kv_group_configs]
+
+
+def test_a_real_eagle_group_is_refused():
+    kv = kv_config(fa(16), mamba(16))
+    kv.kv_cache_groups[0].is_eagle_group = True
+    with pytest.raises(kvgeom.ConfigError) as info:
+        geometry_from_vllm(kv, vllm_config(2, 2, {}))
+    assert info.value.code == "speculative_not_modelled"
