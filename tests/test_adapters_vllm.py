@@ -823,7 +823,31 @@ OFFLOAD_KEY_ERRORS = [
     (lambda k: k.to_vllm(0, 16 * 9), "end_token_past_chain"),
     # not an offload key at all
     (lambda k: k.to_kvgeom(b"ab"), "bad_offload_key"),
+    # a chain that holds something other than bytes
+    (lambda k: OffloadKeys(SEED_GEOMETRY, ["h0"]).to_kvgeom(make_offload_key(b"h0", 0)), "bad_block_hash"),
+    # ... or is not a chain at all
+    (lambda k: OffloadKeys(SEED_GEOMETRY, 5), "bad_block_hashes"),
 ]
+
+SEED_GEOMETRY = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+
+
+HOSTILE = [
+    # an int where a KVCacheConfig belongs
+    lambda: geometry_from_vllm(5, seed_vc()),
+    # groups that are not a list
+    lambda: geometry_from_vllm(KVCacheConfig(1, [], 5), seed_vc()),
+    # a MultiConnector whose children are not a list of connectors
+    lambda: offload_from_transfer(KVTransferConfig("MultiConnector", kv_connector_extra_config={"connectors": 3})),
+    # a SchedulerOffloadConfig whose group list is not iterable
+    lambda: geometry_from_vllm(seed_sched(kv_group_configs=7), seed_vc()),
+]
+
+
+@pytest.mark.parametrize("call", HOSTILE)
+def test_hostile_objects_are_config_errors_not_crashes(call):
+    with pytest.raises(kvgeom.KVGeomError):
+        call()
 
 
 @pytest.mark.parametrize(("call", "code"), OFFLOAD_KEY_ERRORS)

@@ -24,8 +24,9 @@ kvgeom's ``(group, end_token)`` and back. ``docs/adapters.md`` lists the mapping
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, resolve
@@ -87,6 +88,34 @@ _TORCH_DTYPES = {
 }
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _reads_foreign_objects(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Entry-point guard: the adapter reads duck-typed objects, so an argument without the shape of vLLM's
+    (an int where a ``KVCacheConfig`` belongs, groups that are not a list) is the :class:`ConfigError`
+    ``not_a_vllm_object`` naming the function and what failed, never a stray ``TypeError``."""
+
+    @functools.wraps(fn)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except KVGeomError:
+            raise
+        except (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError, RecursionError) as e:
+            raise ConfigError.single(
+                "not_a_vllm_object",
+                f"{fn.__name__}: the arguments do not have the shape of vLLM's objects ({type(e).__name__}: "
+                f"{str(e)[:120]}); pass vLLM's KVCacheConfig / SchedulerOffloadConfig and VllmConfig (or objects "
+                "with their attributes)",
+                "",
+            ) from None
+
+    return guarded
+
+
+@_reads_foreign_objects
 def dtype_name(dtype: Any, field: str = "") -> str | None:
     """kvgeom's dtype name for a ``torch.dtype`` or a dtype string; ``None`` for ``None``/``"auto"``.
 
@@ -396,6 +425,7 @@ def _offloading_section(extra: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+@_reads_foreign_objects
 def offload_from_transfer(
     kv_transfer_config: Any, connector_chunking: Mapping[str, Mapping[str, Any] | None] | None = None
 ) -> dict[str, Any] | None:
@@ -465,6 +495,7 @@ SPECULATIVE_METHODS: dict[str, str] = {
 }
 
 
+@_reads_foreign_objects
 def speculative_from_vllm(vllm_config: Any) -> dict[str, Any] | None:
     """kvgeom's ``speculative`` config section from ``vllm_config.speculative_config`` (``None`` without one).
 
@@ -610,6 +641,7 @@ class NamedGroup:
         self.is_eagle_group = is_eagle_group
 
 
+@_reads_foreign_objects
 def config_from_vllm(
     kv_cache_config: Any,
     vllm_config: Any = None,
@@ -803,6 +835,7 @@ def _check_offloading_config(geometry: Geometry, oc: Any) -> None:
                 )
 
 
+@_reads_foreign_objects
 def geometry_from_vllm(
     kv_cache_config: Any,
     vllm_config: Any = None,
@@ -906,6 +939,15 @@ class OffloadKeys:
     __slots__ = ("_chain", "_index", "_num_groups", "hash_block_size")
 
     def __init__(self, geometry: Geometry, block_hashes: Any) -> None:
+        if not (hasattr(block_hashes, "__len__") and hasattr(block_hashes, "__getitem__")) or isinstance(
+            block_hashes, bytes | bytearray | str
+        ):
+            raise QueryError.single(
+                "bad_block_hashes",
+                f"block_hashes must be the request's list of block hashes (request.block_hashes), got "
+                f"{type(block_hashes).__name__}",
+                "block_hashes",
+            )
         self.hash_block_size = geometry.hash_block_size
         self._num_groups = len(geometry.groups)
         self._chain = block_hashes
@@ -951,6 +993,12 @@ class OffloadKeys:
         if self._index is None:
             index: dict[bytes, int] = {}
             for j, h in enumerate(self._chain):
+                if not isinstance(h, bytes | bytearray | memoryview):
+                    raise QueryError.single(
+                        "bad_block_hash",
+                        f"block_hashes[{j}] is a {type(h).__name__}; vLLM's block hashes are bytes",
+                        f"block_hashes[{j}]",
+                    )
                 index.setdefault(bytes(h), j)
             self._index = index
         i = self._index.get(block_hash)
