@@ -522,7 +522,9 @@ def _slots_blocked(
         ob += a
         if rank is not None and dealt:
             # owner = (p % S // I) % D; positions other ranks own get the pad slot -1
-            if pow2:
+            if pow2 and interleave == 1:  # owner = p mod D: one pass, not a shift by 0 and a mask
+                np.bitwise_and(pb, i64(D - 1), out=a)
+            elif pow2:
                 np.right_shift(pb, i64(sI), out=a)
                 a &= i64(D - 1)
             else:
