@@ -126,9 +126,12 @@ def _group_reasons(
     fa: dict[str, Any], fb: dict[str, Any], ga: dict[str, Any], gb: dict[str, Any]
 ) -> list[CompatReason]:
     reasons: list[CompatReason] = []
-    kinds_a = [x["kind"] for x in ga["layers"]]
-    kinds_b = [x["kind"] for x in gb["layers"]]
-    if ga["kind"] != gb["kind"] or kinds_a != kinds_b:
+    # layer lists are null when a side gives no page field (layout_fields); kinds then compare by representative
+    la, lb = ga["layers"], gb["layers"]
+    kinds_a = [x["kind"] for x in la] if la is not None else None
+    kinds_b = [x["kind"] for x in lb] if lb is not None else None
+    known_both = kinds_a is not None and kinds_b is not None
+    if ga["kind"] != gb["kind"] or (known_both and kinds_a != kinds_b):
         reasons.append(
             CompatReason(
                 "kind",
@@ -225,8 +228,8 @@ def _group_reasons(
             )
         )
     pa, pb = ga["page_bytes"], gb["page_bytes"]
-    diffs = _layer_diffs(ga["layers"], gb["layers"]) if kinds_a == kinds_b else []
-    if (pa is None) != (pb is None):
+    diffs = _layer_diffs(la, lb) if known_both and kinds_a == kinds_b else []
+    if (pa is None) != (pb is None) or (la is None) != (lb is None):
         reasons.append(
             CompatReason(
                 "page_layout_unknown",
@@ -235,7 +238,9 @@ def _group_reasons(
                 "give the page fields (num_kv_heads, head_size, dtype; Mamba shapes and dtypes) on both sides",
             )
         )
-    elif pa != pb or diffs:
+    elif pa != pb or diffs or ga["tokens_per_state"] != gb["tokens_per_state"]:
+        if not diffs and ga["tokens_per_state"] != gb["tokens_per_state"]:
+            diffs = [f"tokens_per_state {ga['tokens_per_state']!r} vs {gb['tokens_per_state']!r}"]
         detail = "; ".join(diffs) if diffs else f"page bytes {pa} vs {pb}"
         reasons.append(
             CompatReason(
@@ -328,7 +333,7 @@ def compat_main_text(report: CompatReport) -> str:
 
     >>> cfg = {"groups": [{"kind": "mla", "block_size": 64}]}
     >>> print(compat_main_text(compat(cfg, cfg)).splitlines()[0])  # doctest: +ELLIPSIS
-    compatible: offloaded keys are interchangeable (fingerprint kvg1-...)
+    compatible: offloaded keys are interchangeable (fingerprint kvg2-...)
     """
     fa, fb = report.fingerprint_a, report.fingerprint_b
     lines = []

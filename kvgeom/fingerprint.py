@@ -4,7 +4,7 @@ Two deployments may share a persistent KV tier only if the same key means the
 same bytes. vLLM's file tier namespaces DCP, PCP, spans and H but not the
 interleave (reference §3.9, §8 item 6), so two deployments with different
 ``cp_kv_cache_interleave_size`` read each other's differently dealt pages.
-:func:`fingerprint` is ``"kvg1-"`` followed by the first 16 hex digits of the
+:func:`fingerprint` is ``"kvg2-"`` followed by the first 16 hex digits of the
 SHA-256 of a canonical JSON (sorted keys, no spaces, ASCII) of
 :func:`layout_fields` -- plain integers, strings, booleans and nulls, so the
 value is the same in every process, Python version and platform.
@@ -13,14 +13,21 @@ What goes in (``docs/fingerprint.md`` says why for each):
 
 * top level: ``hash_block_size`` (H), ``blocks_per_chunk`` (k, null without
   offloading), ``pp`` when > 1;
-* per group, in group order (the group index is part of every key): ``kind``,
-  ``span``, per-rank ``block_size``, ``offloaded``, ``mamba_mode``,
-  ``page_bytes`` (null when unknown), the layout of each layer (dtype, heads,
-  head sizes, compression, alignment, Mamba shapes and dtypes; nulls when
-  unknown), ``kv_slicing`` -- DCP size, the interleave and PCP when it shards,
+* per group, in group order (the group index is part of every key): ``kind``
+  and ``tokens_per_state`` of its representative (first) layer, ``span``,
+  per-rank ``block_size``, ``offloaded``, ``mamba_mode``, ``page_bytes`` (null
+  when unknown), the layout of each layer (dtype, heads, head sizes,
+  compression, alignment, Mamba shapes and dtypes) -- ``null`` as a whole when
+  the config gives no page field for the group, ``kv_slicing`` -- DCP size, the interleave and PCP when it shards,
   only for a sharded group with more than one KV shard -- and ``tp`` when TP
   splits the group's heads (not for latent MLA caches, which every TP rank
   holds whole).
+
+Version 2 covers only facts both of vLLM's views of a deployment can compute:
+without page fields, a worker-side ``UniformTypeKVCacheSpecs`` group (MLA +
+indexer) and the scheduler side's flattened first layer give equal fields
+(version 1 listed every layer and the container's label, which the scheduler
+side cannot know). With page fields, compute it from the worker side.
 
 What deliberately does not: the model name, weights revision and cache salt
 (they belong to the caller's namespace), windows, sink lengths, retention
@@ -60,11 +67,12 @@ __all__ = [
     "canonical_json",
     "fingerprint",
     "layout_fields",
+    "pages_known",
     "splits_heads_over_tp",
 ]
 
 #: Bumped whenever :func:`layout_fields` changes meaning; it prefixes every fingerprint.
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 
 
 def as_geometry(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> Geometry:
@@ -122,6 +130,20 @@ def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:
             assert_never(leaf)
 
 
+#: Per-layer fields that describe the page; a layer with none of them set has an unknown page layout.
+_PAGE_FIELDS = ("dtype", "num_kv_heads", "head_size", "head_size_v", "alignment", "shapes", "dtypes")
+
+
+def pages_known(leaves: list[AnyLeaf | CircularBufferSpec]) -> bool:
+    """Whether the config says anything about the pages of these layers (a dtype, heads, head sizes,
+    alignment, or Mamba shapes/dtypes on some layer).
+
+    >>> pages_known([MLASpec(block_size=64)]), pages_known([MLASpec(block_size=64, dtype="bfloat16")])
+    (False, True)
+    """
+    return any(getattr(leaf, name, None) is not None for leaf in leaves for name in _PAGE_FIELDS)
+
+
 def _group_fields(geometry: Geometry, g: GroupGeometry, offloaded: set[int]) -> dict[str, Any]:
     par = geometry.parallel
     leaves = list(iter_leaves(g.spec))
@@ -133,14 +155,19 @@ def _group_fields(geometry: Geometry, g: GroupGeometry, offloaded: set[int]) -> 
             "pcp": par.pcp if par.pcp_shards_kv and par.pcp > 1 else None,
         }
     split = par.tp > 1 and any(splits_heads_over_tp(leaf) for leaf in leaves)
+    # The representative layer is the one vLLM's scheduler-side KVCacheConfig keeps for a container
+    # (generate_scheduler_kv_cache_config flattens it to its first layer spec): both views know it.
+    first = leaves[0]
+    known = pages_known(leaves)
     return {
-        "kind": g.kind,
+        "kind": first.kind,
+        "tokens_per_state": first.tokens_per_state if hasattr(first, "tokens_per_state") else None,
         "span": g.span,
         "block_size": g.block_size,
         "offloaded": g.index in offloaded,
         "mamba_mode": g.mamba_mode,
         "page_bytes": maybe_page_bytes(g.spec),
-        "layers": [_leaf_layout(leaf) for leaf in leaves],
+        "layers": [_leaf_layout(leaf) for leaf in leaves] if known else None,
         "kv_slicing": slicing,
         "tp": par.tp if split else None,
     }
@@ -180,7 +207,7 @@ def canonical_json(fields: Mapping[str, Any]) -> str:
 
 
 def fingerprint(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> str:
-    """``"kvg1-"`` + 16 hex digits of SHA-256 over :func:`canonical_json` of :func:`layout_fields`.
+    """``"kvg2-"`` + 16 hex digits of SHA-256 over :func:`canonical_json` of :func:`layout_fields`.
 
     Contract: equal for two layouts exactly when their :func:`layout_fields`
     are equal (up to SHA-256 collisions); the same in every process and on
@@ -189,7 +216,7 @@ def fingerprint(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os.P
     >>> a = fingerprint({"groups": [{"kind": "mla", "block_size": 64}], "parallel": {"tp": 2, "dcp": 2}})
     >>> b = fingerprint({"groups": [{"kind": "mla", "block_size": 64}],
     ...                  "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 64}})
-    >>> a.startswith("kvg1-"), len(a), a == b
+    >>> a.startswith("kvg2-"), len(a), a == b
     (True, 21, False)
     """
     digest = hashlib.sha256(canonical_json(layout_fields(source)).encode("ascii")).hexdigest()

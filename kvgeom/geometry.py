@@ -291,25 +291,32 @@ class Geometry:
     def fingerprint(self) -> str:
         """A short, versioned, stable digest of everything behind an offload key's bytes.
 
-        See :mod:`kvgeom.fingerprint` (``"kvg1-"`` + 16 hex digits); two layouts
+        See :mod:`kvgeom.fingerprint` (``"kvg2-"`` + 16 hex digits); two layouts
         share keys safely only when their fingerprints are equal.
 
         >>> from kvgeom import DEFAULT_CONFIG
-        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg1-")
+        >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg2-")
         True
         """
         from kvgeom.fingerprint import fingerprint
 
         return fingerprint(self)
 
-    def to_report(self) -> dict[str, Any]:
+    def to_report(self, *, vllm_names: bool = False) -> dict[str, Any]:
         """A JSON-serialisable summary; the key set is a stable contract.
+
+        ``vllm_names=True`` adds vLLM's name next to some keys (same values; nothing renamed or
+        removed): :mod:`kvgeom.glossary`, ``docs/glossary.md``.
 
         >>> from kvgeom import DEFAULT_CONFIG
         >>> r = resolve(DEFAULT_CONFIG).to_report()
         >>> [g["span"] for g in r["groups"]], r["scheduler_block_size"], r["hash_block_size"]
         ([32, 16], 32, 16)
         """
+        if vllm_names:
+            from kvgeom.glossary import add_vllm_names
+
+            return add_vllm_names(self.to_report())
         off = self.offload
         return {
             "groups": [

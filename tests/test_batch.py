@@ -98,6 +98,71 @@ def test_slot_mapping_refuses(kwargs, code):
     assert e.value.code == code
 
 
+@pytest.mark.parametrize(
+    "where, kwargs, code",
+    [
+        # a position past the row in the third kernel block: the whole input's error, found in the kernel
+        (2 * (1 << 15) + 3, {"positions": 64}, "row_too_short"),
+        # a negative position in the second block (read as a huge unsigned value by the block check)
+        ((1 << 15) + 1, {"positions": -1}, "negative"),
+        # a request index past the rows in the last block
+        (3 * (1 << 15) - 1, {"request_index": 5}, "no_such_request"),
+    ],
+)
+def test_slot_mapping_bad_index_in_a_late_block_is_the_whole_input_error(where, kwargs, code):
+    g = geom()
+    n = 3 * (1 << 15)
+    args = {"positions": np.full(n, 5, dtype=np.int64), "request_index": np.zeros(n, dtype=np.int64)}
+    for name, value in kwargs.items():
+        args[name][where] = value
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.slot_mapping(g, 0, args["positions"], np.array([[1, 2]]), args["request_index"])
+    # the same problem, numbers included, that a check of the whole input before the kernel raises
+    with pytest.raises(kvgeom.QueryError) as whole:
+        batch._check_slot_indices(g.groups[0], args["positions"], args["request_index"], 1, 2)
+    assert e.value.code == code and e.value.problems == whole.value.problems
+
+
+def test_slot_mapping_into_a_buffer():
+    g = geom()
+    table = np.array([[7, 9, 11]])
+    pos, req = np.arange(48, dtype=np.int64), np.zeros(48, dtype=np.int64)
+    buf = np.full(48, -5, dtype=np.int64)
+    got = batch.slot_mapping(g, 0, pos, table, req, out=buf)
+    assert got is buf and buf.tolist() == batch.slot_mapping(g, 0, pos, table, req).tolist()
+    # the exact path (a negative entry in an unused column) writes into the buffer too
+    neg = np.array([[7, 9, -1]])
+    assert batch.slot_mapping(g, 0, pos[:32], neg, req[:32], out=buf[:32]).tolist() == buf[:32].tolist()
+    assert buf[:32].tolist() == batch.slot_mapping(g, 0, pos[:32], neg, req[:32]).tolist()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda pos: np.empty(len(pos), dtype=np.int32),  # another dtype
+        lambda pos: np.empty(len(pos) + 1, dtype=np.int64),  # another length
+        lambda pos: np.empty(2 * len(pos), dtype=np.int64)[::2],  # not contiguous
+        lambda pos: pos,  # the positions themselves: overlapping an input
+        lambda pos: [0] * len(pos),  # a list
+    ],
+)
+def test_slot_mapping_refuses_a_bad_buffer(make):
+    g = geom()
+    pos = np.arange(8, dtype=np.int64)
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.slot_mapping(g, 0, pos, np.array([[1]]), np.zeros(8, dtype=np.int64), out=make(pos))
+    assert e.value.code == "bad_out"
+
+
+def test_slot_mapping_refuses_a_read_only_buffer():
+    g = geom()
+    buf = np.zeros(4, dtype=np.int64)
+    buf.setflags(write=False)
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.slot_mapping(g, 0, [1, 2, 3, 4], np.array([[1]]), [0, 0, 0, 0], out=buf)
+    assert e.value.code == "bad_out"
+
+
 def test_negative_entries_outside_the_used_columns_are_fine():
     # a -1 padded table row: the scalar checks only the entry it uses, and so does the batch
     g = geom()

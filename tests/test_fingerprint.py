@@ -36,7 +36,7 @@ def with_(base, **changes):
 def test_format_and_report_key():
     g = kvgeom.resolve(HYBRID)
     fp = g.fingerprint()
-    assert re.fullmatch(r"kvg1-[0-9a-f]{16}", fp)
+    assert re.fullmatch(r"kvg2-[0-9a-f]{16}", fp)
     assert g.to_report()["fingerprint"] == fp == fingerprint(HYBRID)
 
 

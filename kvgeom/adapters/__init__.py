@@ -5,6 +5,6 @@ imports the engine (or torch), so ``import kvgeom.adapters.vllm`` works
 without vLLM installed. ``docs/adapters.md`` documents every field mapping.
 """
 
-from kvgeom.adapters.vllm import config_from_vllm, geometry_from_vllm
+from kvgeom.adapters.vllm import OffloadKeys, config_from_vllm, geometry_from_vllm
 
-__all__ = ["config_from_vllm", "geometry_from_vllm"]
+__all__ = ["OffloadKeys", "config_from_vllm", "geometry_from_vllm"]

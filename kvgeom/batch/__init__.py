@@ -332,6 +332,7 @@ def slot_mapping(
     request_index: Any,
     *,
     rank: int | None = None,
+    out: Any = None,
 ) -> I64:
     """Slot of each position given a 2-D block table and each position's request (row) index.
 
@@ -340,6 +341,12 @@ def slot_mapping(
     on the owning rank. With ``rank`` set, the slots rank ``rank`` writes: its
     own positions (every position of a replicated group) and the pad slot
     ``-1`` for positions another rank owns. Mamba groups have no slot mapping.
+
+    ``out``: a writable, C-contiguous 1-D int64 array of ``len(positions)``, not overlapping the
+    inputs, to write the slots into and return. A serving engine keeps one slot-mapping buffer per
+    step; reusing it spares the page faults of a fresh array, which cost more than the kernel itself
+    past a few million positions (``benchmarks/README.md``). Anything else is the ``QueryError``
+    ``bad_out``; after an error its contents are unspecified.
 
     Errors: a request index past the table's rows, a column past its width
     (``row_too_short``), a negative table entry, or a slot past int64.
@@ -352,6 +359,9 @@ def slot_mapping(
     [146, 154]
     >>> slot_mapping(g, 0, [36, 37], table, [0, 0], rank=0).tolist()
     [146, -1]
+    >>> buf = np.empty(2, dtype=np.int64)
+    >>> slot_mapping(g, 0, [37, 53], table, [0, 0], out=buf) is buf, buf.tolist()
+    (True, [146, 154])
     """
     g = slot_mapped_group(geom, group)
     p = _int64_view("positions", positions)
@@ -364,6 +374,23 @@ def slot_mapping(
             "request's row",
             "request_index",
         )
+    if out is not None and not (
+        isinstance(out, np.ndarray)
+        and out.dtype == np.int64
+        and out.shape == p.shape
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not np.may_share_memory(out, p)
+        and not np.may_share_memory(out, req)
+    ):
+        raise QueryError.single(
+            "bad_out",
+            f"out must be a writable, C-contiguous 1-D int64 array of {p.shape[0]} entries (one per position) "
+            "that does not overlap positions or request_index; "
+            f"got {type(out).__name__}"
+            + (f" {out.dtype} {out.shape}" if isinstance(out, np.ndarray) else ""),
+            "out",
+        )
     if rank is not None:
         r = int(rank) if isinstance(rank, int | np.integer) and not isinstance(rank, bool) else -1
         if not 0 <= r < geom.kv_shards:
@@ -374,8 +401,25 @@ def slot_mapping(
                 rank=rank,
             )
     if p.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64) if out is None else out
     rows, width = table.shape
+    B = g.block_size
+    if table.size and int(table.min()) >= 0 and int(table.max()) <= (INT64_MAX - (B - 1)) // B:
+        # Every slot fits: gather from the table pre-multiplied by B (one pass over the small table).
+        # The positions and request indices are checked block by block inside the kernel, while each
+        # block is in the CPU cache (a separate pass would read both arrays from memory twice).
+        scaled = np.ascontiguousarray(table).ravel() * B
+        return _slots_blocked(geom, g, p, req, scaled, rows, width, rank, out)
+    _check_slot_indices(g, p, req, rows, width)
+    slots = _slots_checked(geom, g, p, req, table, rank)
+    if out is None:
+        return slots
+    out[...] = slots
+    return out
+
+
+def _check_slot_indices(g: GroupGeometry, p: I64, req: I64, rows: int, width: int) -> None:
+    """Raise the first problem of the positions / request indices of :func:`slot_mapping`, if any."""
     # One max reduction each over the unsigned view catches negatives (they read as values >= 2**63)
     # and gives the upper bound; the slow path only runs to name the problem.
     pmax = int(p.view(np.uint64).max())
@@ -392,8 +436,7 @@ def slot_mapping(
             request_index=rmax,
             rows=rows,
         )
-    dealt = g.dealt
-    top = pmax // (g.span if dealt else g.block_size)
+    top = pmax // (g.span if g.dealt else g.block_size)
     if top >= width:
         raise QueryError.single(
             "row_too_short",
@@ -402,12 +445,6 @@ def slot_mapping(
             column=top,
             row_length=width,
         )
-    B = g.block_size
-    if table.size and int(table.min()) >= 0 and int(table.max()) <= (INT64_MAX - (B - 1)) // B:
-        # Every slot fits: gather from the table pre-multiplied by B (one pass over the small table).
-        scaled = np.ascontiguousarray(table).ravel() * B
-        return _slots_blocked(geom, g, p, req, scaled, width, rank)
-    return _slots_checked(geom, g, p, req, table, rank)
 
 
 def _int64_view(name: str, x: Any) -> I64:
@@ -422,9 +459,18 @@ _BLOCK = 1 << 15
 
 
 def _slots_blocked(
-    geom: Geometry, g: GroupGeometry, p: I64, req: I64, scaled: I64, width: int, rank: int | None
+    geom: Geometry,
+    g: GroupGeometry,
+    p: I64,
+    req: I64,
+    scaled: I64,
+    rows: int,
+    width: int,
+    rank: int | None,
+    out: I64 | None,
 ) -> I64:
-    """Slots in cache-sized blocks: every index is checked, so the gather may skip bounds checks."""
+    """Slots in cache-sized blocks: each block's indices are checked before its gather (so the gather may
+    skip bounds checks); the first bad block raises :func:`_check_slot_indices`'s error for the whole input."""
     B = g.block_size
     D = geom.kv_shards
     interleave = geom.config.parallel.cp_interleave
@@ -434,16 +480,23 @@ def _slots_blocked(
     pow2 = None not in shifts
     sS, _, sD, sI = (s or 0 for s in shifts)  # used only when pow2
     n = p.shape[0]
-    out = np.empty(n, dtype=np.int64)
+    if out is None:
+        out = np.empty(n, dtype=np.int64)
     size = min(_BLOCK, n)
     i64 = np.int64
     W, mask_b = i64(width), i64(B - 1)
+    # Largest valid position and request index, compared on the unsigned views (negatives read as >= 2**63).
+    p_lim, r_lim = width * S - 1, rows - 1
+    u64 = np.uint64
     t1 = np.empty(size, dtype=np.int64)
     t2 = np.empty(size, dtype=np.int64)
     other = np.empty(size, dtype=np.bool_)
     for lo in range(0, n, size):
         hi = min(lo + size, n)
         pb, rb, ob = p[lo:hi], req[lo:hi], out[lo:hi]
+        if int(pb.view(u64).max()) > p_lim or int(rb.view(u64).max()) > r_lim:
+            _check_slot_indices(g, p, req, rows, width)
+            raise AssertionError("unreachable: a block failed the index check that the whole input passed")
         a, b = t1[: hi - lo], t2[: hi - lo]
         # flat index of (request, column) into the pre-multiplied table
         if pow2:
@@ -470,7 +523,9 @@ def _slots_blocked(
         ob += a
         if rank is not None and dealt:
             # owner = (p % S // I) % D; positions other ranks own get the pad slot -1
-            if pow2:
+            if pow2 and interleave == 1:  # owner = p mod D: one pass, not a shift by 0 and a mask
+                np.bitwise_and(pb, i64(D - 1), out=a)
+            elif pow2:
                 np.right_shift(pb, i64(sI), out=a)
                 a &= i64(D - 1)
             else:

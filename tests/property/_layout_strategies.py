@@ -86,7 +86,18 @@ def irrelevant_mutations(cfg: dict[str, Any]) -> list[str]:
         out.append("interleave")
     if not _splits_heads(cfg):
         out.append("tp")
+    if _flattenable(cfg):
+        out.append("flatten")
     return out
+
+
+def _flattenable(cfg: dict[str, Any]) -> bool:
+    """A uniform container whose layers carry no page field: vLLM's scheduler-side view of it is its first
+    layer, and the fingerprint must not tell the two apart."""
+    page = ("dtype", "num_kv_heads", "head_size", "head_size_v", "alignment", "shapes", "dtypes")
+    return any(
+        g["kind"] == "uniform" and not any(k in leaf for leaf in g["layers"] for k in page) for g in cfg["groups"]
+    )
 
 
 def mutate(cfg: dict[str, Any], name: str) -> dict[str, Any]:
@@ -119,6 +130,12 @@ def mutate(cfg: dict[str, Any], name: str) -> dict[str, Any]:
             new.setdefault("cache", {})["max_model_len"] = 8192
         case "retention_dense":
             new.setdefault("cache", {})["retention_interval"] = None
+        case "flatten":
+            # vLLM 0.33 generate_scheduler_kv_cache_config: a container becomes its first layer spec
+            new["groups"] = [
+                {**g["layers"][0], "block_size": g["block_size"]} if g["kind"] == "uniform" else g
+                for g in new["groups"]
+            ]
         case "key_order":
             new = {key: new[key] for key in reversed(list(new))}
             new["groups"] = [{key: g[key] for key in reversed(list(g))} for g in new["groups"]]

@@ -197,8 +197,15 @@ def test_slot_mapping_agrees_with_dcp_slot(geom, data):
             return slot
         return -1
 
-    check(lambda: batch.slot_mapping(geom, group, positions, arr, req, rank=rank), scalar, list(range(n)),
-          lambda a: a.tolist(), probe=-1)
+    # out=: the same slots written into a caller's buffer (issue 10 item 6), which is what is returned
+    out = np.full(n, 7, dtype=np.int64) if data.draw(st.booleans(), label="use_out") else None
+
+    def run():
+        got = batch.slot_mapping(geom, group, positions, arr, req, rank=rank, out=out)
+        assert out is None or got is out
+        return got
+
+    check(run, scalar, list(range(n)), lambda a: a.tolist(), probe=-1)
 
 
 

@@ -40,6 +40,24 @@ def test_fingerprint_never_changes_otherwise(cfg, choice):
     assert fingerprint(mutate(cfg, name)) == fingerprint(cfg), name
 
 
+DSA_NO_PAGES = {
+    "groups": [
+        {"kind": "uniform", "block_size": 64, "layers": [{"kind": "mla"}, {"kind": "mla", "cache_role": "indexer"}]}
+    ],
+    "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 1, "pp": 1},
+    "offload": {"blocks_per_chunk": 1},
+}
+
+
+# issue 10: kvg1 differed between the worker-side container and the scheduler-side flattened MLA layer
+@example(cfg=DSA_NO_PAGES)
+@given(cfg=layouts())
+def test_fingerprint_of_scheduler_view_equals_worker_view_without_pages(cfg):
+    if "flatten" not in irrelevant_mutations(cfg):
+        return
+    assert fingerprint(mutate(cfg, "flatten")) == fingerprint(cfg)
+
+
 @given(cfg=layouts())
 def test_fingerprint_is_a_function_of_the_layout_fields(cfg):
     g = kvgeom.resolve(cfg)
