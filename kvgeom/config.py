@@ -33,7 +33,7 @@ __all__ = [
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 
 #: vLLM 0.33's default ``prefix_cache_retention_interval``: keep only the
-#: "semantic" checkpoints (reference §3.2, §8 item 3).
+#: "semantic" checkpoints (vLLM 0.33 `config/cache.py`, `prefix_cache_retention_interval`).
 DEFAULT_RETENTION_INTERVAL = 0
 
 

@@ -2,8 +2,9 @@
 
 :func:`resolve` turns a config into a :class:`Geometry`. Every other part of
 kvgeom (keys, boundaries, hits, ranks, the CLI) reads the numbers from here and
-never recomputes them. The rules restate vLLM 0.33 (reference §2.4-§2.6,
-§3.1-§3.2); where vLLM is wrong kvgeom does the correct thing and says so.
+never recomputes them. The rules restate vLLM 0.33 (vLLM 0.33
+`v1/core/kv_cache_utils.py`, `offloading/config.py`, `SchedulerOffloadConfig.from_spec`);
+where vLLM is wrong kvgeom does the correct thing and says so.
 
 Invariants (property-tested in ``tests/property``):
 
@@ -478,7 +479,7 @@ def _row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | 
 
 
 def _scheduler_block_size(groups: list[GroupGeometry]) -> int:
-    """L: the lcm of the resolved spans (reference §2.5), never a configured block size (LMCache #4809).
+    """L: the lcm of the resolved spans (`resolve_kv_cache_block_sizes`), never a configured block size (LMCache #4809).
 
     A module-level function so the property tests can swap in a broken rule and show a law catches it.
     """
@@ -611,7 +612,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                         hash_block_size=H,
                     )
 
-    # Partial (fine-grained) hash hits: hybrid coordinator only (fine print 3).
+    # Partial (fine-grained) hash hits: hybrid coordinator only (vLLM 0.33 `partial_hash_hits_enabled`).
     partial = False
     if cache.prefix_caching and len(groups) >= 2 and hash_ok:
         has_mamba = any(
@@ -635,7 +636,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                     hit_alignment_tokens=A,
                 )
 
-    # Retention interval (fine print 5): checked by every coordinator.
+    # Retention interval (vLLM 0.33 `_validate_prefix_cache_retention_interval`): checked by every coordinator.
     R = cache.retention_interval
     windowed_sched = any(g.family in {"sliding", "mamba"} for g in groups)
     if R is not None and R != 0:
@@ -702,7 +703,7 @@ def _resolve_offload(
     out: _Collector,
     warnings: list[GeometryWarning],
 ) -> OffloadGeometry | None:
-    """Offloading connector geometry (reference §3.1-§3.2)."""
+    """Offloading connector geometry (vLLM 0.33 `build_offloading_config`, `SchedulerOffloadConfig.from_spec`)."""
     assert cfg.offload is not None
     oc = cfg.offload
     shards = cfg.parallel.kv_shards
@@ -868,7 +869,7 @@ def _add_warnings(
     offload: OffloadGeometry | None,
     warnings: list[GeometryWarning],
 ) -> None:
-    """Legal but likely unintended geometry (peers.md §9 complaints)."""
+    """Legal but likely unintended geometry (issues users have reported, e.g. LMCache #4809)."""
     spans = [g.span for g in groups]
     if len(groups) > 1 and max(spans) < L:
         warnings.append(
@@ -919,7 +920,7 @@ def _add_warnings(
                     "kept, only replay boundaries; use a smaller interval or 0",
                 )
             )
-        # The offload tier loads only complete full-attention chunks (reference section 3.6): a chunk much
+        # The offload tier loads only complete full-attention chunks (vLLM 0.33 `_lookup_complete_chunks`): a chunk much
         # larger than the smallest span is an offload hit floor (Kimi-K3 at DCP 8: 12288 vs 1536, #55168).
         full_chunks = [og.tokens_per_chunk for og in offload.groups if groups[og.index].family == "full"]
         if full_chunks and 8 * min(og.tokens_per_block for og in offload.groups) <= max(full_chunks):

@@ -1,9 +1,10 @@
 """Hit lengths, load plans and store plans of an offloading connector.
 
-This is vLLM 0.33's OffloadingConnector algorithm (reference §3.5-§3.7, fine
-print 9-11) with one deliberate difference: **kvgeom re-aligns the candidate
+This is vLLM 0.33's OffloadingConnector algorithm (vLLM 0.33
+`offloading/scheduler.py`: `_build_store_jobs`, `_lookup_complete_chunks`, `_lookup`,
+`update_state_after_alloc`) with one deliberate difference: **kvgeom re-aligns the candidate
 hit to the Mamba chunk after every clamp**, where vLLM aligns once and relies
-on the Mamba group being looked up last (reference §8 item 10; a fork hit the
+on the Mamba group being looked up last (``docs/deviations.md``, ``realign-after-clamp``; a fork hit the
 unaligned case, weicj/vLLM-2080Ti-Definitive #133).
 
 The guarantee every plan here keeps (property-tested): a restored Mamba state
@@ -167,7 +168,7 @@ def _scan_window(
 
     Returns the new candidate end (the right edge of the run found), or None.
     The first run may end inside a chunk; later runs end on chunk boundaries.
-    A run that reaches the start of the scan counts even when short (fine print 9).
+    A run that reaches the start of the scan counts even when short (vLLM 0.33 `_sliding_window_lookup`).
     """
     C = og.tokens_per_chunk
     w = _need_tokens(g)
@@ -225,7 +226,7 @@ def lookup_hit(
     max_load_tokens: int | None = None,
     max_num_new_tokens: int | None = None,
 ) -> Hit:
-    """How many tokens past the local prefix an offload tier can supply (reference §3.6).
+    """How many tokens past the local prefix an offload tier can supply (`_lookup_complete_chunks`).
 
     ``stored`` maps a group index to the end tokens of the keys the tier holds
     for this request. The local prefix is rounded down to the scheduler block L
@@ -335,7 +336,7 @@ def lookup_hit(
 
 
 def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
-    """Leading tokens a group does not need for a request resuming at ``end_token`` (fine print 10).
+    """Leading tokens a group does not need for a request resuming at ``end_token`` (`get_num_skipped_tokens`).
 
     Full attention 0; sliding window ``N - sliding_window + 1 - extra``; chunked
     local ``rdown(N, attention_chunk_size)``; Mamba ``N - 1`` (only the last
@@ -357,7 +358,7 @@ def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
 
 
 def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
-    """Per offloaded group, the keys to load and the block entries they fill (reference §3.7).
+    """Per offloaded group, the keys to load and the block entries they fill (`update_state_after_alloc`).
 
     First entry ``max(cdiv(c, S), skipped(N) // S)``; entries up to
     ``cdiv(N, S)``; keys are chunks ``[first // k, cdiv(N, C))``, the last one
@@ -464,7 +465,7 @@ def plan_store(
     max_offload_tokens: int | None = None,
     finished: bool = False,
 ) -> StorePlan:
-    """Chunks each offloaded group stores after a step (reference §3.5).
+    """Chunks each offloaded group stores after a step (vLLM 0.33 `_build_store_jobs`).
 
     Offloadable tokens = min(computed, num_tokens, max_offload_tokens, and the
     prompt when ``offload_prompt_only``); a finished request stops at

@@ -1,4 +1,6 @@
-"""Sparsity masks: which blocks of a group are worth storing (reference §3.8).
+"""Sparsity masks: which blocks of a group are worth storing (vLLM 0.33 `reachable_block_mask`).
+
+vLLM 0.33 keeps the masks in ``v1/core/single_type_kv_cache_manager.py`` (one per manager).
 
 A mask is ``None`` (dense: every block) or a frozenset of block indices. Every
 mask is computed in the group's own span: a Mamba group's blocks are
@@ -15,7 +17,7 @@ replicated under DCP.
   retention segment end and each aligned reachable boundary; dense when the
   alignment is not a multiple of the span.
 
-**Deliberate difference from vLLM 0.33** (reference §8 item 5): vLLM's
+**Deliberate difference from vLLM 0.33** (``docs/deviations.md``, ``swa-mask-own-span``): vLLM's
 sliding-window mask multiplies the block by the global DCP size, although a
 sliding-window group under DCP is replicated; its grid is then D times too
 coarse. kvgeom uses the group's span.
@@ -58,7 +60,7 @@ def default_alignment(geom: Geometry, group: int) -> int | None:
 
     Align-mode Mamba groups are thinned by the GPU manager, which aligns to the
     hit alignment A; positional groups by the connector, which aligns to its
-    ``alignment_tokens`` (the attention chunk; reference §8 item 7).
+    ``alignment_tokens`` (the attention chunk; vLLM 0.33 `SchedulerOffloadConfig.from_spec`).
     """
     g = geom.group(group)
     if g.is_align_mamba or geom.offload is None:

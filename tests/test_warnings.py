@@ -1,4 +1,4 @@
-"""Geometry warnings (peers.md section 9 complaints): each has a stable code and a one-line fix, and fires
+"""Geometry warnings (problems users have reported): each has a stable code and a one-line fix, and fires
 exactly on the shape it describes."""
 
 from __future__ import annotations

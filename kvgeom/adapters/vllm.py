@@ -5,7 +5,7 @@ class *name* (``type(spec).__name__``); it never imports vllm or torch. A
 ``torch.dtype`` is read through ``str(dtype)`` (``"torch.bfloat16"``).
 
 Both forms of a ``KVCacheConfig`` are accepted and give the same geometry
-(reference §1.4): the worker-side config keeps ``UniformTypeKVCacheSpecs``
+(vLLM 0.33 `generate_scheduler_kv_cache_config`): the worker-side config keeps ``UniformTypeKVCacheSpecs``
 containers (mapped to a ``uniform`` group of their layers), the scheduler-side
 config flattens each container to its first layer spec (mapped to that leaf).
 Spans, L, H and offload chunks agree because the container is sharded exactly
