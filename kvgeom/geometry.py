@@ -352,6 +352,26 @@ def _resolve_mamba_mode(spec: AnySpec, prefix_caching: bool) -> MambaMode | None
     return "align" if prefix_caching else "none"
 
 
+#: What vLLM 0.33 does with a DCP-sharded group of each family kvgeom rejects (docs/deviations.md,
+#: ``dcp-sharded-windowed-rejected``). The hybrid coordinator (prefix caching on, two or more groups)
+#: asserts on all of them; elsewhere each family fares differently.
+_VLLM_ON_SHARDED = {
+    "sliding": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups) and "
+    "otherwise at memory planning (SlidingWindowSpec.max_memory_usage_bytes)",
+    "chunked": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups), "
+    "otherwise at its first prefix-cache lookup, and not at all with prefix caching off",
+    "cross": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups)",
+    "circular": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups) "
+    "and otherwise runs it",
+}
+
+
+def _shard_words(cfg: KVGeomConfig) -> str:
+    """How the KV shards come about: ``dcp=2``, or ``dcp=2 x pcp=2`` in the pre-#46570 design."""
+    p = cfg.parallel
+    return f"dcp={p.dcp} x pcp={p.pcp}, pcp_shards_kv" if p.kv_shards != p.dcp else f"dcp={p.dcp}"
+
+
 def _check_group(
     i: int, spec: AnySpec, cfg: KVGeomConfig, out: _Collector
 ) -> tuple[bool | None, Family, MambaMode | None]:
@@ -422,12 +442,12 @@ def _check_group(
             f"{where}.mamba_cache_mode",
         )
     shards = cfg.parallel.kv_shards
-    if sharded and shards > 1 and fam in {"sliding", "chunked", "cross", "circular"}:
+    if sharded and shards > 1 and fam in _VLLM_ON_SHARDED:
         out.add(
             ParallelismError,
             "sharded_kind_under_dcp",
-            f"group {i} ({kind}) is DCP-sharded under dcp={cfg.parallel.dcp}, but vLLM supports only full "
-            f"attention, MLA and Mamba as dealt groups (a {fam} group fails at memory planning or first lookup): "
+            f"group {i} ({kind}) is dealt across {shards} KV shards ({_shard_words(cfg)}), but kvgeom deals only "
+            f"full-attention-family groups (full attention, MLA, sink) across ranks; {_VLLM_ON_SHARDED[fam]}: "
             "set dcp_sharded=false on it (a replicated group) or use dcp=1",
             f"{where}.dcp_sharded",
             dcp=cfg.parallel.dcp,
@@ -764,7 +784,7 @@ def _resolve_offload(
                 "offload_block_size_mixed_spans",
                 f"offload.block_size={oc.block_size} needs every offloaded group to have the same span, but "
                 f"the spans are {[g.span for g in selected]}; set offload.blocks_per_chunk instead "
-                "(a hybrid under DCP always has mixed spans)",
+                "(in align mode a hybrid under DCP has attention span block_size*dcp and Mamba span block_size)",
                 "offload.block_size",
                 block_size=oc.block_size,
                 spans=[g.span for g in selected],
@@ -806,8 +826,8 @@ def _resolve_offload(
                 GeometryWarning(
                     "alignment_tokens_none",
                     f"the full-attention groups have different chunks {full_chunks}, so the connector has no "
-                    "alignment_tokens and its sparsity masks fall back to dense (every block stored); give the "
-                    "full-attention groups one span",
+                    "alignment_tokens and its store masks for sliding-window and non-align Mamba groups fall back "
+                    "to dense (every block stored); give the full-attention groups one span",
                 )
             )
     else:
@@ -841,14 +861,7 @@ def _resolve_offload(
                     retention_interval=R,
                     tokens_per_chunk=og.tokens_per_chunk,
                 )
-    sel_spans = {g.span for g in selected}
-    partial_tail = (
-        k == 1
-        and len(sel_spans) == 1
-        and any(g.is_align_mamba and g.span > H for g in selected)
-        and not any(g.family in {"sliding", "chunked"} for g in selected)
-        and cfg.parallel.dcp == 1
-    )
+    partial_tail = _partial_tail_shape(k, selected, H) and cfg.parallel.dcp == 1
     return OffloadGeometry(
         blocks_per_chunk=k,
         tokens_per_hash=H,
@@ -857,6 +870,17 @@ def _resolve_offload(
         retention_interval=R,
         supports_partial_tail=partial_tail,
         groups=tuple(ogroups),
+    )
+
+
+def _partial_tail_shape(k: int, offloaded: list[GroupGeometry], H: int) -> bool:
+    """Every condition of vLLM 0.33's ``supports_partial_tail`` but DCP 1: k = 1, one common span, an
+    align-mode Mamba group with span > H, and no windowed group other than Mamba."""
+    return (
+        k == 1
+        and len({g.span for g in offloaded}) == 1
+        and any(g.is_align_mamba and g.span > H for g in offloaded)
+        and not any(g.family in {"sliding", "chunked"} for g in offloaded)
     )
 
 
@@ -902,13 +926,15 @@ def _add_warnings(
                         "blocks_per_chunk",
                     )
                 )
-        if cfg.parallel.dcp > 1 and offload.mamba_align_size is not None:
+        offloaded = [groups[og.index] for og in offload.groups]
+        if cfg.parallel.dcp > 1 and _partial_tail_shape(offload.blocks_per_chunk, offloaded, H):
             warnings.append(
                 GeometryWarning(
                     "partial_tails_disabled_by_dcp",
-                    f"under dcp={cfg.parallel.dcp} sub-chunk tails are off (vLLM 0.33, #57216): offload hits land "
-                    f"on multiples of the Mamba chunk {offload.mamba_align_size} tokens only; for finer hits lower "
-                    "the Mamba block_size or blocks_per_chunk",
+                    f"dcp={cfg.parallel.dcp} alone turns sub-chunk (partial-tail) offload hits off (vLLM 0.33 "
+                    f"SchedulerOffloadConfig.from_spec; #57216 proposes lifting it): offload hits land on multiples "
+                    f"of the Mamba chunk {offload.mamba_align_size} tokens where dcp=1 would allow multiples of "
+                    f"H={H}; run at dcp=1 for the finer hits",
                 )
             )
         R = offload.retention_interval
@@ -930,7 +956,7 @@ def _add_warnings(
                     "offload_hit_floor",
                     f"the offload tier loads only complete full-attention chunks of {floor} tokens, "
                     f"{floor // min(og.tokens_per_block for og in offload.groups)}x the smallest span: prompts "
-                    f"sharing fewer than {floor + 1} tokens never load from it; lower blocks_per_chunk, the "
+                    f"sharing fewer than {floor} tokens never load from it; lower blocks_per_chunk, the "
                     "attention block_size or dcp",
                 )
             )
