@@ -648,7 +648,7 @@ def resolve_block_sizes(
             buckets.setdefault(json.dumps(leaf, sort_keys=True), []).append(i)
         counts = [len(v) for v in buckets.values()]
         size = min(counts)
-        if max(counts) < 1.25 * size:
+        if 2 * max(counts) < 3 * size:  # vLLM 0.33: max < 1.5 * min keeps one group per bucket (padding)
             size = max(counts)
         for idx in buckets.values():
             for start in range(0, len(idx), size):

@@ -320,3 +320,20 @@ def test_layered_config_from_a_json_file(tmp_path):
     path.write_text(json.dumps(layered([full(), mamba([[16, 64, 64]], ["float32"])])))
     assert resolve_block_sizes(path).attention_block_size == 256
     assert resolve_block_sizes(str(path)).config == resolve_block_sizes(json.loads(path.read_text())).config
+
+
+@pytest.mark.parametrize(
+    ("swa_layers", "full_layers", "group_sizes"),
+    [
+        # vLLM 0.33's own example (gpt-oss-20b + eagle): 12 sliding + 13 full < 1.5 x 12 -> one group per bucket (13 slots, 1 padded)
+        (12, 13, [12, 13]),
+        # 12 + 17: 17 < 18, still one group per bucket (the old 1.25 threshold split the full layers)
+        (12, 17, [12, 17]),
+        # 12 + 18: not < 18 -> groups of 12: one sliding group, two full groups (12 + 6 padded)
+        (12, 18, [12, 12, 6]),
+    ],
+)
+def test_grouping_keeps_one_group_per_bucket_below_one_and_a_half(swa_layers, full_layers, group_sizes):
+    swa = {**full(heads=2, count=swa_layers), "kind": "sliding_window", "sliding_window": 512}
+    r = resolve_block_sizes(layered([swa, full(heads=2, count=full_layers)]))
+    assert [len(m) for m in r.group_layers] == group_sizes
