@@ -325,7 +325,7 @@ def test_layered_config_from_a_json_file(tmp_path):
 @pytest.mark.parametrize(
     ("swa_layers", "full_layers", "group_sizes"),
     [
-        # vLLM 0.33's own example (gpt-oss-20b + eagle): 12 sliding + 13 full < 1.5 x 12 -> one group per bucket (13 slots, 1 padded)
+        # vLLM 0.33's example (gpt-oss-20b + eagle): 12 sliding + 13 full < 1.5 x 12 -> one group per bucket
         (12, 13, [12, 13]),
         # 12 + 17: 17 < 18, still one group per bucket (the old 1.25 threshold split the full layers)
         (12, 17, [12, 17]),
