@@ -107,8 +107,8 @@ _ALL = (
         "alignment ('KV cache groups with different block sizes are not compatible with chunked local "
         "attention now'): with prefix caching on and a chunked-local block that is not the hit alignment, "
         "the first prefix-cache lookup crashes the engine.",
-        "Resolves the geometry and answers its queries (the chunked-local group is a window of "
-        "cdiv(attention_chunk_size, C) chunks for the offload tier).",
+        "Resolves the geometry with the warning chunked_local_block_mismatch and answers its queries (the "
+        "chunked-local group is a window of cdiv(attention_chunk_size, C) chunks for the offload tier).",
         "The geometry is well defined; the assert is a missing feature of vLLM's lookup, not a rule of the "
         "layout.",
     ),

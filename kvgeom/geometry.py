@@ -971,6 +971,18 @@ def _add_warnings(
                 "kept, only replay boundaries; use a smaller interval or 0",
             )
         )
+    if cfg.cache.prefix_caching and len(groups) > 1:
+        for g in groups:
+            if g.family == "chunked" and g.block_size != A:
+                warnings.append(
+                    GeometryWarning(
+                        "chunked_local_block_mismatch",
+                        f"{_gname(g)} has block_size={g.block_size} but prefix-cache hits land on multiples of "
+                        f"A={A}; vLLM 0.33's chunked-local lookup asserts the two are equal, so the engine crashes "
+                        "at the first prefix-cache lookup (deviation chunked-local-mixed-blocks): give the group "
+                        f"block_size={A} or turn prefix caching off",
+                    )
+                )
     for g in groups:
         if g.mamba_mode == "all":
             warnings.append(

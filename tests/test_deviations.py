@@ -105,6 +105,7 @@ def test_chunked_local_mixed_blocks():
                                    {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}],
                         "offload": {}})
     assert (g.scheduler_block_size, g.hash_block_size, g.hit_alignment_tokens) == (32, 16, 32)
+    assert "chunked_local_block_mismatch" in [w.code for w in g.warnings]
     assert g.offload is not None and g.offload.group(1).window_chunks == 64 // 16
 
 

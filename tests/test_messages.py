@@ -57,6 +57,10 @@ ROWS = [
     # two full-attention groups with spans 16 and 32 (k = 1): chunks [16, 32], no alignment_tokens
     ({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "full_attention", "block_size": 32}],
       "offload": {}}, "alignment_tokens_none", ["[16, 32]"]),
+    # chunked local 16 next to full attention 32: A = L = lcm(32, 16) = 32 (no Mamba: no partial hash hits)
+    ({"groups": [{"kind": "full_attention", "block_size": 32},
+                 {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}]},
+     "chunked_local_block_mismatch", ["block_size=16", f"A={math.lcm(32, 16)}", f"block_size={math.lcm(32, 16)}"]),
 ]
 
 
@@ -65,6 +69,18 @@ def test_warning_quotes_the_numbers_of_its_geometry(cfg, code, phrases):
     message = _warning(cfg, code)
     for phrase in phrases:
         assert phrase in message, (phrase, message)
+
+
+def test_chunked_local_warning_only_where_vllm_asserts():
+    # the chunked-local block equals A (32 and 32): vLLM's lookup accepts it, no warning
+    ok = {"groups": [{"kind": "full_attention", "block_size": 16},
+                     {"kind": "chunked_local", "block_size": 32, "attention_chunk_size": 64}]}
+    assert "chunked_local_block_mismatch" not in [w.code for w in kvgeom.resolve(ok).warnings]
+    # prefix caching off: no lookup, no assert
+    off = {"groups": [{"kind": "full_attention", "block_size": 32},
+                      {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}],
+           "cache": {"prefix_caching": False}}
+    assert "chunked_local_block_mismatch" not in [w.code for w in kvgeom.resolve(off).warnings]
 
 
 def test_offload_hit_floor_is_the_chunk_itself():
