@@ -899,8 +899,15 @@ def _add_warnings(
         warnings.append(
             GeometryWarning(
                 "scheduler_block_lcm_blowup",
-                f"the scheduler block L=lcm{tuple(spans)}={L} is larger than every group's span; prompts shorter "
-                f"than L may never hit (vLLM #40696, #54607): make the spans multiples of one another",
+                f"the scheduler block L=lcm{tuple(spans)}={L} is larger than every group's span; "
+                + (
+                    f"prefix-cache hits land on multiples of L, so prompts sharing fewer than {L} tokens never hit "
+                    "(vLLM #40696, #54607)"
+                    if A == L
+                    else f"prefix-cache hits still land on multiples of A={A} (partial hash hits), but the local "
+                    f"prefix an offload connector starts from is rounded down to L={L}"
+                )
+                + ": make the spans multiples of one another",
             )
         )
     smallest = min(g.span for g in groups if g.prefix_cacheable) if any(g.prefix_cacheable for g in groups) else A

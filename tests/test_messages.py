@@ -45,9 +45,14 @@ ROWS = [
     ({"groups": [{"kind": "full_attention", "block_size": 128}, {"kind": "mamba", "block_size": 16}]}, "hit_floor",
      [f"A={math.lcm(128, 16)} tokens", f"{math.lcm(128, 16) // 16}x the smallest span 16",
       f"fewer than {math.lcm(128, 16)} tokens"]),
-    # spans 48 and 32: L = lcm = 96, larger than both
+    # spans 48 and 32: L = lcm = 96, larger than both; Mamba 32 > H = gcd = 16 turns partial hash hits on: A = 16
     ({"groups": [{"kind": "full_attention", "block_size": 48}, {"kind": "mamba", "block_size": 32}]},
-     "scheduler_block_lcm_blowup", [f"L=lcm(48, 32)={math.lcm(48, 32)}"]),
+     "scheduler_block_lcm_blowup", [f"L=lcm(48, 32)={math.lcm(48, 32)}", f"A={math.gcd(48, 32)}",
+                                    f"rounded down to L={math.lcm(48, 32)}"]),
+    # two full-attention spans 48 and 32: no Mamba, no partial hash hits, A = L = 96
+    ({"groups": [{"kind": "full_attention", "block_size": 48}, {"kind": "full_attention", "block_size": 32}]},
+     "scheduler_block_lcm_blowup", [f"L=lcm(48, 32)={math.lcm(48, 32)}",
+                                    f"fewer than {math.lcm(48, 32)} tokens never hit"]),
     # seed hybrid with k = 64: chunks 32*64 = 2048 (group 0) and 16*64 = 1024 (group 1); only 2048 > 1024
     ({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 64}, "cache": {"max_model_len": 1024}},
      "offload_chunk_exceeds_max_model_len", [f"[{32 * 64}] of groups [0]", "max_model_len=1024"]),
