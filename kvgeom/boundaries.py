@@ -1,7 +1,7 @@
 """Mamba state boundaries: which state block holds which prefix, and which hits are exact.
 
 In align mode Mamba block *i* of a request holds the recurrent state after
-exactly ``(i+1) * B_m`` tokens (reference §2.10). A request that starts with
+exactly ``(i+1) * B_m`` tokens (vLLM 0.33 `MambaManager`; ``docs/keys-and-boundaries.md``). A request that starts with
 ``N`` computed tokens reads its initial state from block ``(N - 1) // B_m``, so a
 restore of N tokens is correct only when that block holds the state after
 exactly N tokens: N must be a multiple of the Mamba chunk (or an exact

@@ -14,7 +14,7 @@ Mamba mode or offloading. Each reason carries a remedy (re-chunking with
 deployments agree). The typical cases: a prefill node at DCP 1 and a decode
 node at DCP 2 (the attention group's keys differ, the replicated Mamba group's
 do not); a TP change that moves the hybrid block size (#41037); an interleave
-change that vLLM's file tier does not notice (reference §8 item 6).
+change that vLLM's file tier does not notice (vLLM 0.33 `v1/kv_offload/file_mapper.py`; ``docs/fingerprint.md``).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def _group_reasons(
                 CompatReason(
                     "interleave",
                     f"cp_interleave is {xa['interleave']} in a and {xb['interleave']} in b: rank r's slice of a key "
-                    "holds different positions (vLLM's file tier does not namespace the interleave, §8 item 6)",
+                    "holds different positions (vLLM's file tier does not namespace the interleave)",
                     f"use the same cp_interleave on both sides (e.g. {xa['interleave']}), or re-deal each chunk's "
                     "positions across the DCP ranks when moving it",
                 )

@@ -35,7 +35,7 @@ __all__ = [
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 
 #: vLLM 0.33's default ``prefix_cache_retention_interval``: keep only the
-#: "semantic" checkpoints (reference §3.2, §8 item 3).
+#: "semantic" checkpoints (vLLM 0.33 `config/cache.py`, `prefix_cache_retention_interval`).
 DEFAULT_RETENTION_INTERVAL = 0
 
 
@@ -51,7 +51,8 @@ class CacheConfig(FrozenModel):
     retention_interval: Annotated[int, Field(strict=True, ge=0)] | None = Field(
         default=DEFAULT_RETENTION_INTERVAL,
         description="prefix_cache_retention_interval in tokens: 0 keeps only reachable boundaries "
-        "(vLLM 0.33's default), R > 0 one checkpoint per R tokens, null or \"dense\" keeps every block.",
+        "(vLLM 0.33's default), R > 0 one checkpoint per R tokens, null or \"dense\" no interval (every "
+        "Mamba state; a sliding window keeps its blocks before each alignment boundary).",
     )
     max_model_len: PositiveInt | None = Field(default=None, description="Needed for block-table row widths.")
 

@@ -36,61 +36,92 @@ _ALL = (
         "realign-after-clamp",
         "Offload hits re-align to the Mamba chunk after every clamp",
         "The OffloadingConnector scheduler (offloading/scheduler.py, _lookup_complete_chunks) rounds the "
-        "candidate hit down to the Mamba chunk once, before the per-group clamps; a later clamp by an "
-        "attention group can leave a hit that is not a multiple of the Mamba chunk, and the Mamba state "
-        "loaded is then the state after a later token than the hit's end.",
+        "candidate hit down to the Mamba chunk once, before the per-group clamps. A full-attention clamp can "
+        "then lower the hit below that Mamba boundary, and the Mamba scan (which reads the chunks up to "
+        "cdiv(hit, chunk)) accepts the key ending past the hit: the state loaded is the state after a later "
+        "token than the hit's end. It happens in a plain two-request flow whenever the Mamba chunk is not a "
+        "multiple of the attention chunk.",
         "Re-aligns the candidate to the Mamba chunk after every clamp; when that leaves less than one "
-        "attention chunk past the local prefix, the hit is 0.",
+        "chunk past the local prefix, or no Mamba key ends at the aligned candidate, the hit is lower (0 "
+        "when nothing is left).",
         "A restored Mamba state must be the state after exactly the hit's end token; anything else "
         "silently corrupts the recurrent state (the bug family of vLLM #44599).",
     ),
     Deviation(
         "interleave-per-sharded-group",
         "The DCP interleave is checked against every DCP-sharded group's per-rank block",
-        "Checks cp_kv_cache_interleave_size against cache_config.block_size only (the smallest per-rank "
-        "block of the prefix-cacheable groups, replicated groups included).",
+        "VllmConfig.validate_block_size checks cp_kv_cache_interleave_size against cache_config.block_size "
+        "only, which the engine core sets to the smallest per-rank block of the prefix-cacheable groups "
+        "(replicated groups included).",
         "Every DCP-sharded group's per-rank block must be >= the interleave and a multiple of it; "
         "replicated groups are not dealt and do not count.",
-        "vLLM's single check rejects valid layouts and accepts layouts whose slots overflow their block.",
+        "vLLM's single check rejects valid layouts (a replicated Mamba block below the interleave) and "
+        "accepts layouts whose slots overflow their block (a sharded block that is not a multiple).",
     ),
     Deviation(
         "swa-mask-own-span",
         "Sliding-window store masks use the group's own span under DCP",
         "SlidingWindowManager.reachable_block_mask multiplies the block by the DCP size it is given, and "
-        "the offloading scheduler passes the global DCP size, although a sliding-window group is never "
-        "DCP-sharded.",
+        "the offloading scheduler passes the global DCP size, although a sliding-window group under DCP is "
+        "never DCP-sharded: the mask is computed on a grid DCP times too coarse.",
         "Computes the mask on the group's own span.",
         "A sliding-window group under DCP is replicated: its span is its block size.",
     ),
     Deviation(
         "dcp-sharded-windowed-rejected",
-        "DCP-sharded sliding-window, chunked-local and circular-buffer groups are rejected up front",
-        "Rejects them only in the hybrid coordinator (prefix caching on, two or more groups); otherwise a "
-        "sharded sliding-window group fails at memory planning, a chunked-local one at its first lookup, "
-        "and a circular buffer runs.",
-        "Rejects a DCP-sharded windowed group whatever the number of groups, with the fix (replicate it).",
-        "One rule for every deployment, reported before the engine starts.",
+        "DCP-sharded sliding-window, chunked-local, cross-attention and circular-buffer groups are rejected "
+        "up front",
+        "Rejects them only in the hybrid coordinator (prefix caching on, two or more groups). Otherwise a "
+        "sharded sliding-window group fails at memory planning (SlidingWindowSpec.max_memory_usage_bytes), "
+        "a chunked-local one at its first prefix-cache lookup (not at all with prefix caching off), and "
+        "cross-attention and circular-buffer groups are accepted.",
+        "Rejects a DCP-sharded group of any of these kinds whatever the number of groups, with the fix "
+        "(replicate it, dcp_sharded=false).",
+        "One rule for every deployment, reported before the engine starts; kvgeom deals only "
+        "full-attention-family groups across DCP ranks.",
     ),
     Deviation(
         "mamba-all-mode",
         "Mamba 'all' mode is still accepted",
-        "vLLM 0.33 rejects mamba_cache_mode='all' in CacheConfig.",
-        "Accepts it for the older releases that had it, with a warning.",
+        "vLLM 0.33 rejects mamba_cache_mode='all' in CacheConfig (its MambaCacheMode is 'align' or 'none').",
+        "Accepts it for the older releases that had it (H = L, the Mamba chunk alignment of #51100), with "
+        "the warning mamba_mode_all_legacy.",
         "Deployments on earlier releases still use it.",
     ),
     Deviation(
         "sink-attention",
         "Sink full attention resolves where vLLM 0.33 crashes",
-        "SinkFullAttentionManager asserts sink_len % (block_size * dcp) == 0 at start-up.",
-        "Reports the same condition as a GeometryError naming the numbers and the fix.",
-        "An assert is not an error message (and python -O strips it).",
+        "Building the KV cache manager of any sink_full_attention group raises TypeError "
+        "(SinkFullAttentionManager.__init__ does not accept the needs_kv_cache_zeroing keyword the "
+        "coordinator passes), so an engine with a sink group does not start; its own rule, an assert, is "
+        "sink_len % (block_size * dcp) == 0.",
+        "Resolves a sink group as full attention and checks sink_len against the group's span up front "
+        "(GeometryError sink_len_not_multiple_of_span, naming the numbers and the fix).",
+        "kvgeom models the geometry the manager is written for; the crash is a signature mismatch, not a "
+        "geometry rule, and an assert is not an error message.",
     ),
     Deviation(
         "chunked-local-mixed-blocks",
-        "Chunked local attention with mixed block sizes is an error with a message",
-        "Asserts inside the chunked-local manager.",
-        "Reports the condition as a GeometryError naming the numbers and the fix.",
-        "An assert is not an error message.",
+        "Chunked local attention next to groups of another block size is accepted",
+        "ChunkedLocalAttentionManager.find_longest_cache_hit asserts that the group's block equals the hit "
+        "alignment ('KV cache groups with different block sizes are not compatible with chunked local "
+        "attention now'): with prefix caching on and a chunked-local block that is not the hit alignment, "
+        "the first prefix-cache lookup crashes the engine.",
+        "Resolves the geometry with the warning chunked_local_block_mismatch and answers its queries (the "
+        "chunked-local group is a window of cdiv(attention_chunk_size, C) chunks for the offload tier).",
+        "The geometry is well defined; the assert is a missing feature of vLLM's lookup, not a rule of the "
+        "layout.",
+    ),
+    Deviation(
+        "swa-lookup-window",
+        "An offload lookup needs only the sliding-window chunks the window reaches",
+        "_sliding_window_lookup requires sliding_window_size_in_chunks = max(cdiv(sliding_window, C), "
+        "cdiv(sliding_window - 1 + extra_retained_tokens, C)) consecutive chunks, one more than the window "
+        "reaches when sliding_window - 1 is a multiple of C and extra is 0, while its store mask keeps only "
+        "cdiv(sliding_window - 1 + extra_retained_tokens, S) blocks: it stores tails its own lookup cannot use.",
+        "Needs cdiv(sliding_window - 1 + extra_retained_tokens + ((-end) mod C), C) chunks ending at the "
+        "hit, the positions a query at the hit's end attends to.",
+        "A hit needs the keys the window reaches and no more; kvgeom's stores and lookups then agree.",
     ),
 )
 

@@ -2,7 +2,7 @@
 
 Two deployments may share a persistent KV tier only if the same key means the
 same bytes. vLLM's file tier namespaces DCP, PCP, spans and H but not the
-interleave (reference §3.9, §8 item 6), so two deployments with different
+interleave (vLLM 0.33 `v1/kv_offload/file_mapper.py`; ``docs/fingerprint.md``), so two deployments with different
 ``cp_kv_cache_interleave_size`` read each other's differently dealt pages.
 :func:`fingerprint` is ``"kvg2-"`` followed by the first 16 hex digits of the
 SHA-256 of a canonical JSON (sorted keys, no spaces, ASCII) of

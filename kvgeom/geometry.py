@@ -2,8 +2,9 @@
 
 :func:`resolve` turns a config into a :class:`Geometry`. Every other part of
 kvgeom (keys, boundaries, hits, ranks, the CLI) reads the numbers from here and
-never recomputes them. The rules restate vLLM 0.33 (reference §2.4-§2.6,
-§3.1-§3.2); where vLLM is wrong kvgeom does the correct thing and says so.
+never recomputes them. The rules restate vLLM 0.33 (vLLM 0.33
+`v1/core/kv_cache_utils.py`, `offloading/config.py`, `SchedulerOffloadConfig.from_spec`);
+where vLLM is wrong kvgeom does the correct thing and says so.
 
 Invariants (property-tested in ``tests/property``):
 
@@ -417,6 +418,26 @@ def _resolve_mamba_mode(spec: AnySpec, prefix_caching: bool) -> MambaMode | None
     return "align" if prefix_caching else "none"
 
 
+#: What vLLM 0.33 does with a DCP-sharded group of each family kvgeom rejects (docs/deviations.md,
+#: ``dcp-sharded-windowed-rejected``). The hybrid coordinator (prefix caching on, two or more groups)
+#: asserts on all of them; elsewhere each family fares differently.
+_VLLM_ON_SHARDED = {
+    "sliding": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups) and "
+    "otherwise at memory planning (SlidingWindowSpec.max_memory_usage_bytes)",
+    "chunked": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups), "
+    "otherwise at its first prefix-cache lookup, and not at all with prefix caching off",
+    "cross": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups)",
+    "circular": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups) "
+    "and otherwise runs it",
+}
+
+
+def _shard_words(cfg: KVGeomConfig) -> str:
+    """How the KV shards come about: ``dcp=2``, or ``dcp=2 x pcp=2`` in the pre-#46570 design."""
+    p = cfg.parallel
+    return f"dcp={p.dcp} x pcp={p.pcp}, pcp_shards_kv" if p.kv_shards != p.dcp else f"dcp={p.dcp}"
+
+
 def _check_group(
     i: int, spec: AnySpec, cfg: KVGeomConfig, out: _Collector
 ) -> tuple[bool | None, Family, MambaMode | None]:
@@ -487,12 +508,12 @@ def _check_group(
             f"{where}.mamba_cache_mode",
         )
     shards = cfg.parallel.kv_shards
-    if sharded and shards > 1 and fam in {"sliding", "chunked", "cross", "circular"}:
+    if sharded and shards > 1 and fam in _VLLM_ON_SHARDED:
         out.add(
             ParallelismError,
             "sharded_kind_under_dcp",
-            f"group {i} ({kind}) is DCP-sharded under dcp={cfg.parallel.dcp}, but vLLM supports only full "
-            f"attention, MLA and Mamba as dealt groups (a {fam} group fails at memory planning or first lookup): "
+            f"group {i} ({kind}) is dealt across {shards} KV shards ({_shard_words(cfg)}), but kvgeom deals only "
+            f"full-attention-family groups (full attention, MLA, sink) across ranks; {_VLLM_ON_SHARDED[fam]}: "
             "set dcp_sharded=false on it (a replicated group) or use dcp=1",
             f"{where}.dcp_sharded",
             dcp=cfg.parallel.dcp,
@@ -544,7 +565,7 @@ def _row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | 
 
 
 def _scheduler_block_size(groups: list[GroupGeometry]) -> int:
-    """L: the lcm of the resolved spans (reference §2.5), never a configured block size (LMCache #4809).
+    """L: the lcm of the resolved spans (`resolve_kv_cache_block_sizes`), never a configured block size (LMCache #4809).
 
     A module-level function so the property tests can swap in a broken rule and show a law catches it.
     """
@@ -680,7 +701,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                         hash_block_size=H,
                     )
 
-    # Partial (fine-grained) hash hits: hybrid coordinator only (fine print 3).
+    # Partial (fine-grained) hash hits: hybrid coordinator only (vLLM 0.33 `partial_hash_hits_enabled`).
     partial = False
     if cache.prefix_caching and len(groups) >= 2 and hash_ok:
         has_mamba = any(
@@ -704,7 +725,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                     hit_alignment_tokens=A,
                 )
 
-    # Retention interval (fine print 5): checked by every coordinator.
+    # Retention interval (vLLM 0.33 `_validate_prefix_cache_retention_interval`): checked by every coordinator.
     R = cache.retention_interval
     windowed_sched = any(g.family in {"sliding", "mamba"} for g in groups)
     if R is not None and R != 0:
@@ -778,7 +799,7 @@ def _resolve_offload(
     out: _Collector,
     warnings: list[GeometryWarning],
 ) -> OffloadGeometry | None:
-    """Offloading connector geometry (reference §3.1-§3.2)."""
+    """Offloading connector geometry (vLLM 0.33 `build_offloading_config`, `SchedulerOffloadConfig.from_spec`)."""
     assert cfg.offload is not None
     oc = cfg.offload
     shards = cfg.parallel.kv_shards
@@ -839,7 +860,7 @@ def _resolve_offload(
                 "offload_block_size_mixed_spans",
                 f"offload.block_size={oc.block_size} needs every offloaded group to have the same span, but "
                 f"the spans are {[g.span for g in selected]}; set offload.blocks_per_chunk instead "
-                "(a hybrid under DCP always has mixed spans)",
+                "(in align mode a hybrid under DCP has attention span block_size*dcp and Mamba span block_size)",
                 "offload.block_size",
                 block_size=oc.block_size,
                 spans=[g.span for g in selected],
@@ -881,8 +902,8 @@ def _resolve_offload(
                 GeometryWarning(
                     "alignment_tokens_none",
                     f"the full-attention groups have different chunks {full_chunks}, so the connector has no "
-                    "alignment_tokens and its sparsity masks fall back to dense (every block stored); give the "
-                    "full-attention groups one span",
+                    "alignment_tokens and its store masks for sliding-window and non-align Mamba groups fall back "
+                    "to dense (every block stored); give the full-attention groups one span",
                 )
             )
     else:
@@ -916,14 +937,7 @@ def _resolve_offload(
                     retention_interval=R,
                     tokens_per_chunk=og.tokens_per_chunk,
                 )
-    sel_spans = {g.span for g in selected}
-    partial_tail = (
-        k == 1
-        and len(sel_spans) == 1
-        and any(g.is_align_mamba and g.span > H for g in selected)
-        and not any(g.family in {"sliding", "chunked"} for g in selected)
-        and cfg.parallel.dcp == 1
-    )
+    partial_tail = _partial_tail_shape(k, selected, H) and cfg.parallel.dcp == 1
     return OffloadGeometry(
         blocks_per_chunk=k,
         tokens_per_hash=H,
@@ -932,6 +946,17 @@ def _resolve_offload(
         retention_interval=R,
         supports_partial_tail=partial_tail,
         groups=tuple(ogroups),
+    )
+
+
+def _partial_tail_shape(k: int, offloaded: list[GroupGeometry], H: int) -> bool:
+    """Every condition of vLLM 0.33's ``supports_partial_tail`` but DCP 1: k = 1, one common span, an
+    align-mode Mamba group with span > H, and no windowed group other than Mamba."""
+    return (
+        k == 1
+        and len({g.span for g in offloaded}) == 1
+        and any(g.is_align_mamba and g.span > H for g in offloaded)
+        and not any(g.family in {"sliding", "chunked"} for g in offloaded)
     )
 
 
@@ -944,14 +969,21 @@ def _add_warnings(
     offload: OffloadGeometry | None,
     warnings: list[GeometryWarning],
 ) -> None:
-    """Legal but likely unintended geometry (peers.md §9 complaints)."""
+    """Legal but likely unintended geometry (issues users have reported, e.g. LMCache #4809)."""
     spans = [g.span for g in groups]
     if len(groups) > 1 and max(spans) < L:
         warnings.append(
             GeometryWarning(
                 "scheduler_block_lcm_blowup",
-                f"the scheduler block L=lcm{tuple(spans)}={L} is larger than every group's span; prompts shorter "
-                f"than L may never hit (vLLM #40696, #54607): make the spans multiples of one another",
+                f"the scheduler block L=lcm{tuple(spans)}={L} is larger than every group's span; "
+                + (
+                    f"prefix-cache hits land on multiples of L, so prompts sharing fewer than {L} tokens never hit "
+                    "(vLLM #40696, #54607)"
+                    if A == L
+                    else f"prefix-cache hits still land on multiples of A={A} (partial hash hits), but the local "
+                    f"prefix an offload connector starts from is rounded down to L={L}"
+                )
+                + ": make the spans multiples of one another",
             )
         )
     smallest = min(g.span for g in groups if g.prefix_cacheable) if any(g.prefix_cacheable for g in groups) else A
@@ -977,13 +1009,15 @@ def _add_warnings(
                         "blocks_per_chunk",
                     )
                 )
-        if cfg.parallel.dcp > 1 and offload.mamba_align_size is not None:
+        offloaded = [groups[og.index] for og in offload.groups]
+        if cfg.parallel.dcp > 1 and _partial_tail_shape(offload.blocks_per_chunk, offloaded, H):
             warnings.append(
                 GeometryWarning(
                     "partial_tails_disabled_by_dcp",
-                    f"under dcp={cfg.parallel.dcp} sub-chunk tails are off (vLLM 0.33, #57216): offload hits land "
-                    f"on multiples of the Mamba chunk {offload.mamba_align_size} tokens only; for finer hits lower "
-                    "the Mamba block_size or blocks_per_chunk",
+                    f"dcp={cfg.parallel.dcp} alone turns sub-chunk (partial-tail) offload hits off (vLLM 0.33 "
+                    f"SchedulerOffloadConfig.from_spec; #57216 proposes lifting it): offload hits land on multiples "
+                    f"of the Mamba chunk {offload.mamba_align_size} tokens where dcp=1 would allow multiples of "
+                    f"H={H}; run at dcp=1 for the finer hits",
                 )
             )
         R = offload.retention_interval
@@ -995,7 +1029,7 @@ def _add_warnings(
                     "kept, only replay boundaries; use a smaller interval or 0",
                 )
             )
-        # The offload tier loads only complete full-attention chunks (reference section 3.6): a chunk much
+        # The offload tier loads only complete full-attention chunks (vLLM 0.33 `_lookup_complete_chunks`): a chunk much
         # larger than the smallest span is an offload hit floor (Kimi-K3 at DCP 8: 12288 vs 1536, #55168).
         full_chunks = [og.tokens_per_chunk for og in offload.groups if groups[og.index].family == "full"]
         if full_chunks and 8 * min(og.tokens_per_block for og in offload.groups) <= max(full_chunks):
@@ -1005,7 +1039,7 @@ def _add_warnings(
                     "offload_hit_floor",
                     f"the offload tier loads only complete full-attention chunks of {floor} tokens, "
                     f"{floor // min(og.tokens_per_block for og in offload.groups)}x the smallest span: prompts "
-                    f"sharing fewer than {floor + 1} tokens never load from it; lower blocks_per_chunk, the "
+                    f"sharing fewer than {floor} tokens never load from it; lower blocks_per_chunk, the "
                     "attention block_size or dcp",
                 )
             )
@@ -1020,6 +1054,18 @@ def _add_warnings(
                 "kept, only replay boundaries; use a smaller interval or 0",
             )
         )
+    if cfg.cache.prefix_caching and len(groups) > 1:
+        for g in groups:
+            if g.family == "chunked" and g.block_size != A:
+                warnings.append(
+                    GeometryWarning(
+                        "chunked_local_block_mismatch",
+                        f"{_gname(g)} has block_size={g.block_size} but prefix-cache hits land on multiples of "
+                        f"A={A}; vLLM 0.33's chunked-local lookup asserts the two are equal, so the engine crashes "
+                        "at the first prefix-cache lookup (deviation chunked-local-mixed-blocks): give the group "
+                        f"block_size={A} or turn prefix caching off",
+                    )
+                )
     for g in groups:
         if g.mamba_mode == "all":
             warnings.append(

@@ -1,9 +1,10 @@
 """Hit lengths, load plans and store plans of an offloading connector.
 
-This is vLLM 0.33's OffloadingConnector algorithm (reference §3.5-§3.7, fine
-print 9-11) with one deliberate difference: **kvgeom re-aligns the candidate
+This is vLLM 0.33's OffloadingConnector algorithm (vLLM 0.33
+`offloading/scheduler.py`: `_build_store_jobs`, `_lookup_complete_chunks`, `_lookup`,
+`update_state_after_alloc`) with one deliberate difference: **kvgeom re-aligns the candidate
 hit to the Mamba chunk after every clamp**, where vLLM aligns once and relies
-on the Mamba group being looked up last (reference §8 item 10; a fork hit the
+on the Mamba group being looked up last (``docs/deviations.md``, ``realign-after-clamp``; a fork hit the
 unaligned case, weicj/vLLM-2080Ti-Definitive #133).
 
 The guarantee every plan here keeps (property-tested): a restored Mamba state
@@ -28,7 +29,7 @@ from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.keys import num_keys, offload_group
-from kvgeom.masks import _fits, reachable_block_mask
+from kvgeom.masks import _fits, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
 from kvgeom.probes import Probe, as_probe
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
@@ -427,7 +428,7 @@ def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: 
 
 
 def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
-    """Leading tokens a group does not need for a request resuming at ``end_token`` (fine print 10).
+    """Leading tokens a group does not need for a request resuming at ``end_token`` (`get_num_skipped_tokens`).
 
     Full attention 0; sliding window ``N - sliding_window + 1 - extra``; chunked
     local ``rdown(N, attention_chunk_size)``; Mamba ``N - 1`` (only the last
@@ -449,7 +450,7 @@ def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
 
 
 def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
-    """Per offloaded group, the keys to load and the block entries they fill (reference §3.7).
+    """Per offloaded group, the keys to load and the block entries they fill (`update_state_after_alloc`).
 
     First entry ``max(cdiv(c, S), skipped(N) // S)``; entries up to
     ``cdiv(N, S)``; keys are chunks ``[first // k, cdiv(N, C))``, the last one
@@ -564,7 +565,7 @@ def plan_store(
     max_offload_tokens: int | None = None,
     finished: bool = False,
 ) -> StorePlan:
-    """Chunks each offloaded group stores after a step (reference §3.5).
+    """Chunks each offloaded group stores after a step (vLLM 0.33 `_build_store_jobs`).
 
     Offloadable tokens = min(computed, num_tokens, max_offload_tokens, and the
     prompt when ``offload_prompt_only``); a finished request stops at
@@ -573,7 +574,11 @@ def plan_store(
     ``stored_chunks[g]`` (default 0) on, thinned by
     :func:`kvgeom.masks.reachable_block_mask` (a chunk survives if any of its
     blocks is kept). ``reachable`` defaults to the replay boundary
-    ``num_prompt - 1``.
+    ``num_prompt - 1``. A sliding-window group's mask is the connector's store
+    mask (window widened by ``extra_retained_tokens``; with retention ``None`` the
+    tail of the request's last segment, ending where
+    :func:`kvgeom.masks.swa_store_horizon` says, and a finished request revisits
+    that segment's skipped chunks), as vLLM 0.33's ``_build_store_jobs`` does.
 
     Postcondition: an align Mamba group stores only keys ending on multiples of
     its chunk ``C_m = B_m * k``, each from state block ``end / B_m - 1`` --
@@ -589,14 +594,21 @@ def plan_store(
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]
     [(0, 1), (0, 1, 2, 3)]
+    >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 16}],
+    ...     "cache": {"retention_interval": None}, "offload": {}})
+    >>> plan_store(swa, num_tokens=200, num_computed_tokens=200).groups[1].end_tokens  # issue 13
+    (64, 128, 192)
     """
     off = _offload(geom)
     n = nonneg("num_tokens", num_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
     prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
     offloadable = min(computed, n)
+    prompt_offloadable = min(prompt, n)
     if max_offload_tokens is not None:
         offloadable = min(offloadable, nonneg("max_offload_tokens", max_offload_tokens))
+        prompt_offloadable = min(prompt_offloadable, max_offload_tokens)
     if offload_prompt_only:
         offloadable = min(offloadable, prompt)
     if finished:
@@ -617,17 +629,89 @@ def plan_store(
         if reachable is None and g.is_align_mamba:
             shifted = mamba_store_boundary(geom, prompt)
             group_points = points if shifted is None else (shifted,)
-        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
+        prompt_chunks = prompt_offloadable // C
+        horizon = swa_store_horizon(
+            geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished
+        )
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
+            mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.
             states = {j: state_block_for_boundary(geom, og.index, (j + 1) * C) for j in range(start, storable)}
             chunks = tuple(j for j, b in states.items() if mask is None or b in mask)
             entries = tuple((states[j],) for j in chunks)
         else:
-            chunks = tuple(
-                j for j in range(start, storable) if mask is None or any(b in mask for b in range(j * k, (j + 1) * k))
+            revisit = _swa_revisit_start(geom, og, start, storable, prompt_chunks, finished)
+            mask = reachable_block_mask(
+                geom,
+                og.index,
+                storable * k,
+                first_block=revisit * k,
+                reachable=points,
+                final_segment_end_block=None if horizon is None else horizon * k,
             )
+            chunks = tuple(j for j in range(start, storable) if _chunk_kept(mask, j, k))
+            if revisit < start:
+                chunks = _swa_revisited_chunks(geom, og, revisit, start, storable, prompt_chunks, points, mask) + chunks
             entries = tuple(tuple(range(j * k, (j + 1) * k)) for j in chunks)
         out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries))
     return StorePlan(offloadable, tuple(out))
+
+
+def _chunk_kept(mask: frozenset[int] | None, chunk: int, k: int) -> bool:
+    """A positional chunk is stored when any of its ``k`` blocks is in the mask (None: every block)."""
+    return mask is None or any(b in mask for b in range(chunk * k, (chunk + 1) * k))
+
+
+def _swa_revisit_start(
+    geom: Geometry, og: OffloadGroupGeometry, start: int, storable: int, prompt_chunks: int, finished: bool
+) -> int:
+    """The first chunk a finished sliding-window group reconsiders (``start`` when it reconsiders none).
+
+    vLLM 0.33 ``_build_store_jobs`` (``reconsider_final_swa_tail``): when a request finishes with a
+    store horizon other than the prompt's (``storable != prompt_chunks``), with ``retention_interval =
+    None`` and an alignment that is a multiple of the group's span, the chunks of the request's last
+    partial alignment segment are looked at again: a chunk skipped under the prompt's horizon may
+    be in the final segment's tail now.
+    """
+    off = geom.offload
+    assert off is not None
+    align = off.alignment_tokens
+    g = geom.groups[og.index]
+    if (
+        not finished
+        or storable == prompt_chunks
+        or geom.config.cache.retention_interval is not None
+        or g.family != "sliding"
+        or align is None
+        or align % og.tokens_per_block
+    ):
+        return start
+    k = off.blocks_per_chunk
+    horizon_blocks = storable * k
+    return min(start, (horizon_blocks - horizon_blocks % (align // og.tokens_per_block)) // k)
+
+
+def _swa_revisited_chunks(
+    geom: Geometry,
+    og: OffloadGroupGeometry,
+    revisit: int,
+    start: int,
+    storable: int,
+    prompt_chunks: int,
+    points: tuple[int, ...],
+    final_mask: frozenset[int] | None,
+) -> tuple[int, ...]:
+    """Chunks in ``[revisit, start)`` stored now: kept under the final horizon, skipped under the prompt's."""
+    off = geom.offload
+    assert off is not None
+    k = off.blocks_per_chunk
+    prompt_mask = reachable_block_mask(
+        geom, og.index, storable * k, first_block=revisit * k, reachable=points,
+        final_segment_end_block=prompt_chunks * k,
+    )
+    if prompt_mask is None:
+        return ()
+    return tuple(
+        j for j in range(revisit, start) if not _chunk_kept(prompt_mask, j, k) and _chunk_kept(final_mask, j, k)
+    )

@@ -3,11 +3,11 @@
 The request hashes are chained every H tokens: hash *i* fingerprints tokens
 ``[0, (i+1)*H)``. Offload chunk *j* of group *g* (``C_g = S_g * k`` tokens) is
 keyed by hash ``(j+1) * C_g / H - 1`` together with the group index, so it
-fingerprints exactly the prefix ``[0, (j+1)*C_g)`` (reference §3.3).
+fingerprints exactly the prefix ``[0, (j+1)*C_g)`` (vLLM 0.33 `offloading/scheduler.py::update_offload_keys`).
 
 * Positional groups (attention, MLA, sliding window, non-align Mamba): chunk *j*
   is block-table entries ``[j*k, (j+1)*k)`` of that group; each DCP rank stores
-  its own slice of those pages under the same key (§3.4).
+  its own slice of those pages under the same key (`offloading/scheduler.py::_build_store_jobs`).
 * Align-mode Mamba: the key ending at token *b* holds the state after exactly
   *b* tokens, taken from state block ``b / B_m - 1``
   (:func:`kvgeom.boundaries.state_block_for_boundary`).

@@ -1,4 +1,6 @@
-"""Sparsity masks: which blocks of a group are worth storing (reference §3.8).
+"""Sparsity masks: which blocks of a group are worth storing (vLLM 0.33 `reachable_block_mask`).
+
+vLLM 0.33 keeps the masks in ``v1/core/single_type_kv_cache_manager.py`` (one per manager).
 
 A mask is ``None`` (dense: every block) or a frozenset of block indices. Every
 mask is computed in the group's own span: a Mamba group's blocks are
@@ -11,11 +13,19 @@ replicated under DCP.
   ``2R/B_m - 1``, ...; dense when ``R <= B_m``), plus the reachable
   boundaries. A reachable boundary t (the replay boundary ``num_prompt - 1``,
   a shared-prefix junction) keeps block ``rdown(t, alignment)/B_m - 1``;
-* sliding window: the ``cdiv(sliding_window - 1, S)`` blocks before each
-  retention segment end and each aligned reachable boundary; dense when the
-  alignment is not a multiple of the span.
+* sliding window (the connector's store mask, vLLM 0.33
+  ``SlidingWindowManager.reachable_block_mask`` as ``_reachable_store_block_mask`` calls it): a
+  hit at an aligned boundary needs the ``need = cdiv(sliding_window - 1 + extra_retained_tokens, S)``
+  blocks before it (the connector widens the window by ``extra_retained_tokens`` because a
+  restore brings back all the retained history). Segments are ``alignment`` tokens for
+  ``R = None``, ``R`` tokens for ``R > 0``, none for ``R = 0``; a block is kept when it is one of
+  the last ``need`` blocks of its segment (``i % per_segment >= per_segment - need``), and the
+  mask is dense when ``need >= per_segment`` (the tails cover every block). With ``R = None`` the
+  request's last, partial segment (up to ``final_segment_end_block``) keeps its own tail; with
+  ``R >= 0`` every aligned reachable boundary keeps the ``need`` blocks before it. Dense when the
+  alignment is not a multiple of the span. ``R = None`` is therefore *not* "every block".
 
-**Deliberate difference from vLLM 0.33** (reference §8 item 5): vLLM's
+**Deliberate difference from vLLM 0.33** (``docs/deviations.md``, ``swa-mask-own-span``): vLLM's
 sliding-window mask multiplies the block by the global DCP size, although a
 sliding-window group under DCP is replicated; its grid is then D times too
 coarse. kvgeom uses the group's span.
@@ -29,10 +39,10 @@ from typing import Any, assert_never
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
-from kvgeom.geometry import Geometry
+from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.specs import sliding_window_of
 
-__all__ = ["MAX_SCALAR_RESULT", "default_alignment", "reachable_block_mask"]
+__all__ = ["MAX_SCALAR_RESULT", "default_alignment", "reachable_block_mask", "swa_store_horizon"]
 
 _UNSET: Any = object()
 
@@ -58,7 +68,7 @@ def default_alignment(geom: Geometry, group: int) -> int | None:
 
     Align-mode Mamba groups are thinned by the GPU manager, which aligns to the
     hit alignment A; positional groups by the connector, which aligns to its
-    ``alignment_tokens`` (the attention chunk; reference §8 item 7).
+    ``alignment_tokens`` (the attention chunk; vLLM 0.33 `SchedulerOffloadConfig.from_spec`).
     """
     g = geom.group(group)
     if g.is_align_mamba or geom.offload is None:
@@ -75,16 +85,20 @@ def reachable_block_mask(
     reachable: Iterable[int] = (),
     retention: int | None = _UNSET,
     alignment: int | None = _UNSET,
+    final_segment_end_block: int | None = None,
 ) -> frozenset[int] | None:
     """Blocks in ``[first_block, num_blocks)`` of ``group`` worth storing, or ``None`` for all of them.
 
     ``retention`` defaults to the config's ``retention_interval`` and
-    ``alignment`` to :func:`default_alignment`. A mask of more than
+    ``alignment`` to :func:`default_alignment`. ``final_segment_end_block`` (sliding window,
+    ``retention=None`` only) is the exclusive end of the request's last segment, as
+    :func:`swa_store_horizon` gives it; its tail is kept even when the segment is partial. A mask of more than
     :data:`MAX_SCALAR_RESULT` blocks is refused with :class:`kvgeom.QueryError`
     ``result_too_large`` (use :mod:`kvgeom.batch`). Postcondition: every returned
     index is in ``[first_block, num_blocks)``, and for Mamba each kept block ``i`` ends on
     a boundary ``(i+1)*B_m`` that is a multiple of R or an aligned reachable
-    boundary.
+    boundary; for a sliding window each kept block ``i`` is among the last ``need`` blocks of its
+    segment, of the final segment, or before an aligned reachable boundary (``R`` not None).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
@@ -92,6 +106,10 @@ def reachable_block_mask(
     [1, 3]
     >>> reachable_block_mask(g, 1, 4, retention=None) is None
     True
+    >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 16}], "offload": {}})
+    >>> sorted(reachable_block_mask(swa, 1, 6, retention=None))  # one block before each 64-token boundary
+    [1, 3, 5]
     """
     g = geom.group(group)
     n = nonneg("num_blocks", num_blocks)
@@ -99,6 +117,8 @@ def reachable_block_mask(
     R = geom.config.cache.retention_interval if retention is _UNSET else retention
     align = default_alignment(geom, group) if alignment is _UNSET else alignment
     points = [nonneg("reachable boundary", t) for t in reachable]
+    if final_segment_end_block is not None:
+        final_segment_end_block = nonneg("final_segment_end_block", final_segment_end_block)
     if R is not None:
         R = nonneg("retention", R)
     span = g.span
@@ -106,8 +126,8 @@ def reachable_block_mask(
         case "full" | "chunked" | "cross" | "circular":
             return None
         case "mamba":
-            if R is None or (R and span >= R):
-                return None
+            if R is None or not align or (R and span >= R):
+                return None  # dense (vLLM: no retention interval, or no alignment to thin against)
             keep: set[int] = set()
             if R:
                 step = R // span if R % span == 0 else None
@@ -116,28 +136,94 @@ def reachable_block_mask(
                 first = step - 1 + cdiv(max(lo - step + 1, 0), step) * step
                 _fits(max(n - first, 0) // step)
                 keep.update(range(first, n, step))
-            if align:
-                for t in points:
-                    b = rdown(t, align)
-                    if b > 0 and b % span == 0 and lo <= b // span - 1 < n:
-                        keep.add(b // span - 1)
+            for t in points:
+                b = rdown(t, align)
+                if b > 0 and b % span == 0 and lo <= b // span - 1 < n:
+                    keep.add(b // span - 1)
             return frozenset(keep)
         case "sliding":
-            if R is None or not align or align % span:
+            if not align or align % span:
                 return None
-            window = sliding_window_of(g.spec)
-            tail = cdiv(window[0] - 1, span) if window is not None else 0
-            ends = [rdown(t, align) for t in points]
-            if R:
-                if R % span:
-                    return None
-                # segment ends whose tail reaches [lo, n)
-                first_end = max(R, cdiv(lo * span, R) * R)
-                _fits((n * span - first_end) // R * tail)
-                ends.extend(range(first_end, n * span + 1, R))
-            keep = set()
-            for e in ends:
-                stop = min(e // span, n)
-                keep.update(range(max(stop - tail, lo), stop))
-            return frozenset(keep)
+            return _sliding_window_kept(
+                lo, n, span, _swa_store_need(g, span), align, R, points, final_segment_end_block
+            )
     assert_never(g.family)
+
+
+def _swa_store_need(g: GroupGeometry, span: int) -> int:
+    """Contiguous blocks a sliding-window hit needs before its boundary, on the connector's store side.
+
+    ``cdiv(sliding_window - 1 + extra_retained_tokens, span)``: vLLM 0.33's offloading scheduler
+    (``_reachable_store_block_mask``) widens the window by ``extra_retained_tokens`` before it asks the
+    manager for the mask, because its lookup needs the widened window (``load_window_size_in_chunks``).
+    """
+    window = sliding_window_of(g.spec)
+    if window is None:
+        return 0
+    return cdiv(window[0] - 1 + window[1], span)
+
+
+def _sliding_window_kept(
+    lo: int,
+    n: int,
+    span: int,
+    need: int,
+    align: int,
+    R: int | None,
+    points: list[int],
+    final_end: int | None,
+) -> frozenset[int] | None:
+    """The sliding-window store mask over blocks ``[lo, n)`` (see the module docstring for the rules)."""
+    segment = align if R is None else (R or None)
+    keep: set[int] = set()
+    if segment is not None:
+        per = segment // span
+        if need >= per:
+            return None  # the tails cover every block of a segment
+        if need == 0:
+            return frozenset()  # a one-token window needs no history: nothing is worth storing
+        # the last `need` blocks of every segment [m*per, (m+1)*per) meeting [lo, n)
+        first_seg, last_seg = lo // per, max(n - 1, 0) // per
+        _fits(min(n - lo, (last_seg - first_seg + 1) * need))
+        for m in range(first_seg, last_seg + 1):
+            keep.update(range(max(m * per + per - need, lo), min((m + 1) * per, n)))
+        if R is None and final_end is not None and final_end % per:
+            start = final_end - final_end % per
+            keep.update(range(max(start, final_end - need, lo), min(n, final_end)))
+    if R is not None:
+        for t in points:
+            end = rdown(t, align) // span
+            keep.update(range(max(lo, end - need), min(n, end)))
+    return frozenset(keep)
+
+
+def swa_store_horizon(
+    geom: Geometry,
+    group: int,
+    *,
+    storable_chunks: int,
+    prompt_chunks: int,
+    finished: bool,
+) -> int | None:
+    """The chunk that ends a sliding-window group's last store segment, or None (no final tail).
+
+    vLLM 0.33 ``_build_store_jobs``: with ``retention_interval = None`` a non-EAGLE group keeps the
+    tail of the request's last, partial segment: for a finished request it ends at the storable
+    chunks, while the storable chunks are within the prompt (``prompt_chunks``, the prompt's
+    offloadable tokens // chunk) at the prompt's end, and during decode past the prompt nowhere.
+    With a retention interval there is no final tail (the reachable boundaries play that part).
+
+    >>> import kvgeom
+    >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 16}],
+    ...     "cache": {"retention_interval": None}, "offload": {}})
+    >>> swa_store_horizon(swa, 1, storable_chunks=3, prompt_chunks=7, finished=False)
+    7
+    """
+    if geom.config.cache.retention_interval is not None or geom.group(group).family != "sliding":
+        return None
+    if finished:
+        return storable_chunks
+    if storable_chunks <= prompt_chunks:
+        return prompt_chunks
+    return None

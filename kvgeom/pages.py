@@ -1,7 +1,7 @@
 """Page bytes: how many bytes one physical block of a group takes on one rank.
 
 The rules restate vLLM 0.33's ``real_page_size_bytes`` / ``page_size_bytes``
-(reference §1.2) from the optional shape fields of :mod:`kvgeom.specs`:
+(vLLM 0.33 `v1/kv_cache_interface.py`) from the optional shape fields of :mod:`kvgeom.specs`:
 
 * attention kinds: ``num_kv_heads * num_states * (head_size + head_size_v) *
   dtype_bytes``, where ``head_size_v`` defaults to ``head_size`` and

@@ -54,7 +54,7 @@ class ParallelConfig(FrozenModel):
 
 
 def check_parallel(p: ParallelConfig) -> list[Problem]:
-    """The combinations vLLM's ``ParallelConfig`` rejects (reference §2.3).
+    """The combinations vLLM's ``ParallelConfig`` rejects (vLLM 0.33 `config/parallel.py`).
 
     With ``pcp == 1``: ``tp % dcp == 0``. With ``pcp > 1``: ``dcp`` is 1, ``pcp``
     or ``tp*pcp``. The interleave is checked per group in :func:`kvgeom.resolve`,

@@ -1,4 +1,4 @@
-"""How DCP deals a sharded group's token positions to ranks (reference §2.9).
+"""How DCP deals a sharded group's token positions to ranks (vLLM 0.33 `BlockTable.compute_slot_mapping`).
 
 For a DCP-sharded group with per-rank block ``B``, ``D`` ranks and interleave
 ``I``, a block id stands for ``S = B*D`` positions. Position *p* sits in

@@ -4,8 +4,9 @@ Users rarely know their resolved block sizes: for a hybrid (attention + Mamba)
 model vLLM raises the attention block so one attention page holds at least one
 Mamba state, makes the Mamba block equal to the per-rank attention block in
 align mode, pads the Mamba page, and unifies the page bytes of all layers
-(reference §2.1-§2.3). A connector that used the CLI ``--block-size`` broke
-(LMCache #4809: CLI 256, resolved 2304).
+(vLLM 0.33 `platforms/interface.py::_align_hybrid_block_size`,
+`v1/core/kv_cache_planning.py::unify_kv_cache_spec_page_size`, `v1/engine/core.py`).
+A connector that used the CLI ``--block-size`` broke (LMCache #4809: CLI 256, resolved 2304).
 
 :func:`resolve_block_sizes` takes a *layered config* -- per-layer shapes in a
 top-level ``model`` section instead of ``groups`` -- and returns a
@@ -19,8 +20,8 @@ resolution (raised block, padding percentages, grouping)::
 The steps, in vLLM's order (``docs/resolution.md`` has the arithmetic):
 
 1. Mamba mode: prefix caching on => ``align`` (``none`` is promoted); off =>
-   ``none`` with the Mamba block set to ``max_model_len`` (§2.1).
-2. Attention block raised (§2.1): ``K = max(kernel_block_size, block_size)``,
+   ``none`` with the Mamba block set to ``max_model_len`` (`MambaModelConfig`).
+2. Attention block raised (`_align_hybrid_block_size`): ``K = max(kernel_block_size, block_size)``,
    ``K = max(K, 128)`` for MLA hybrids, ``K = lcm(K, prefill checkpoint
    alignments)`` in align mode when every Mamba layer declares one; then
    ``K * cdiv(m, page(K))`` rounded up to the lcm of the attention kernel
@@ -29,8 +30,8 @@ The steps, in vLLM's order (``docs/resolution.md`` has the arithmetic):
    stages** (the fix of #51764 for #51752, where a stage without attention kept
    the CLI block).
 3. Align mode: Mamba block = per-rank attention block; the Mamba page is padded
-   to the attention page (§2.1 step 5).
-4. Page unification (§2.2): every layer ends with the largest page: attention
+   to the attention page (`_align_hybrid_block_size`).
+4. Page unification (`unify_kv_cache_spec_page_size`): every layer ends with the largest page: attention
    layers whose page divides it scale their block, Mamba and non-MLA attention
    layers are padded, MLA that does not divide is an error (vLLM raises
    ``NotImplementedError``); sliding-window layers take the largest multiple of
@@ -38,7 +39,7 @@ The steps, in vLLM's order (``docs/resolution.md`` has the arithmetic):
 5. Grouping: one group when every layer has the same manager family and block
    (a ``uniform`` container when their specs differ); otherwise one bucket per
    distinct spec, split into groups of equal layer count.
-6. Engine-core minimum (§2.3): ``cache_config.block_size`` becomes the smallest
+6. Engine-core minimum (`v1/engine/core.py`): ``cache_config.block_size`` becomes the smallest
    prefix-cacheable group block; reported as ``engine_block_size``.
 
 The per-rank heads (``total_num_kv_heads // tp``) and Mamba shapes make the
@@ -82,7 +83,7 @@ __all__ = [
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
-#: vLLM raises the attention block of an MLA hybrid to at least this many tokens (§2.1 step 1).
+#: vLLM raises the attention block of an MLA hybrid to at least this many tokens (`_align_hybrid_block_size`).
 MLA_MIN_HYBRID_BLOCK = 128
 
 LayerKind = Literal["full_attention", "mla", "sliding_window", "sliding_window_mla", "chunked_local", "mamba"]
@@ -205,7 +206,7 @@ class ModelLayers(FrozenModel):
     layers: tuple[LayerSpec, ...] = Field(min_length=1)
     block_size: PositiveInt = Field(default=16, description="--block-size: the user/preferred block size.")
     kernel_block_size: PositiveInt = Field(
-        default=16, description="Smallest kernel block of the main attention backend (kmin of §2.1)."
+        default=16, description="Smallest kernel block of the main attention backend (kmin)."
     )
     mamba_cache_mode: Literal["align", "none"] | None = Field(
         default=None, description="Requested Mamba mode; vLLM promotes none to align with prefix caching on."
@@ -263,11 +264,11 @@ class BlockSizeResolution:
     config: dict[str, Any]
     cli_block_size: int
     attention_block_size: int | None
-    """Per-rank block of the main attention layer after §2.1 (None without attention)."""
+    """Per-rank block of the main attention layer after `_align_hybrid_block_size` (None without attention)."""
     mamba_block_size: int | None
     mamba_cache_mode: Literal["align", "none"] | None
     engine_block_size: int
-    """``cache_config.block_size`` after the engine core's fix-up (§2.3)."""
+    """``cache_config.block_size`` after the engine core's fix-up (`v1/engine/core.py`)."""
     page_bytes: int | None
     """The one page size every layer has after unification (None when the layers mix page sizes)."""
     padding: tuple[PagePadding, ...]
@@ -432,7 +433,7 @@ def _kernel(layer: _Layer, model: ModelLayers) -> int:
 
 
 def _main_attention(layers: list[_Layer]) -> _Layer | None:
-    """The layer whose bytes per token set ``a`` in §2.1: the first full-attention/MLA layer, else any attention."""
+    """The layer whose bytes per token set ``a``: the first full-attention/MLA layer, else any attention."""
     for layer in layers:
         if layer.src.kind in {"full_attention", "mla"}:
             return layer
@@ -482,7 +483,7 @@ def _family(kind: str) -> str:
 def resolve_block_sizes(
     source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str],
 ) -> BlockSizeResolution:
-    """Resolve a layered config to the block sizes vLLM 0.33 would run with (reference §2.1-§2.3).
+    """Resolve a layered config to the block sizes vLLM 0.33 would run with (``docs/resolution.md``).
 
     Contract: the returned ``config`` is a kvgeom config dict that
     :func:`kvgeom.resolve` accepts whenever the resolved layout is legal (the
@@ -516,7 +517,7 @@ def resolve_block_sizes(
     attention = [x for x in layers if not x.is_mamba]
     prefix_caching = cfg.cache.prefix_caching
 
-    # Step 1: the Mamba mode (MambaModelConfig, §2.1).
+    # Step 1: the Mamba mode (vLLM 0.33 `model_executor/models/config.py::MambaModelConfig`).
     mode: Literal["align", "none"] | None = None
     if mamba:
         mode = "align" if prefix_caching else "none"
@@ -588,7 +589,8 @@ def resolve_block_sizes(
                 if target != x.raw_page():
                     x.padded = target
 
-    # Step 4: page unification (§2.2), unless every layer has one manager family and one block: then vLLM
+    # Step 4: page unification (`unify_kv_cache_spec_page_size`),
+    # unless every layer has one manager family and one block: then vLLM
     # keeps one group (a uniform container whose page is the sum of its layers') and pages need not agree.
     one_group = len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
     shared = max(x.page() for x in layers)
@@ -646,7 +648,7 @@ def resolve_block_sizes(
             buckets.setdefault(json.dumps(leaf, sort_keys=True), []).append(i)
         counts = [len(v) for v in buckets.values()]
         size = min(counts)
-        if max(counts) < 1.25 * size:
+        if 2 * max(counts) < 3 * size:  # vLLM 0.33: max < 1.5 * min keeps one group per bucket (padding)
             size = max(counts)
         for idx in buckets.values():
             for start in range(0, len(idx), size):
@@ -657,13 +659,13 @@ def resolve_block_sizes(
                 f"layers grouped {size} per group (bucket sizes {counts}): {len(groups)} groups of equal layer count"
             )
 
-    # Step 6: engine-core minimum (§2.3); every layered group is prefix-cacheable.
+    # Step 6: engine-core minimum (`v1/engine/core.py`); every layered group is prefix-cacheable.
     engine_block = min(g["block_size"] for g in groups)
     par = cfg.parallel
     if par.dcp > 1 and (par.cp_interleave > engine_block or engine_block % par.cp_interleave):
         notes.append(
             f"vLLM 0.33 checks cp_interleave={par.cp_interleave} against the engine block {engine_block} only "
-            "and would reject this layout (fine print 1); kvgeom checks every sharded group instead"
+            "and would reject this layout (`VllmConfig.validate_block_size`); kvgeom checks every sharded group instead"
         )
 
     pages = {x.page() for x in layers}

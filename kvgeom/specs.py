@@ -7,7 +7,7 @@ Page-size fields (``num_kv_heads``, ``head_size``, ``dtype``, Mamba ``shapes``
 and ``dtypes``, ``page_size_padded``) are optional and only needed for page
 bytes.
 
-The kinds follow vLLM 0.33's spec classes (reference §1):
+The kinds follow vLLM 0.33's spec classes (`v1/kv_cache_interface.py`):
 
 =====================  ==================  ===========  ===================
 kind                   manager family      DCP-sharded  prefix-cacheable
@@ -332,7 +332,7 @@ def scheduler_view(spec: AnySpec) -> AnyLeaf | CircularBufferSpec:
     """The spec the scheduler sees: a ``uniform`` container counts as its first layer.
 
     vLLM's scheduler-side config flattens the container to its first layer
-    (fine print 2), so window sizes, the Mamba mode test and partial hash hits
+    (vLLM 0.33 `generate_scheduler_kv_cache_config`), so window sizes, the Mamba mode test and partial hash hits
     are decided on that layer.
     """
     return spec.layers[0] if isinstance(spec, UniformSpec) else spec

@@ -196,7 +196,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _sizes(draw: st.DrawFn, min_dcp: int, max_dcp: int, allow_pcp: bool) -> dict[str, Any]:
-    """dcp, tp, pcp (and pp) combinations vLLM's ParallelConfig accepts (reference §2.3)."""
+    """dcp, tp, pcp (and pp) combinations vLLM's ParallelConfig accepts (vLLM 0.33 `config/parallel.py`)."""
     if allow_pcp and draw(st.integers(0, 3)) == 3:
         pcp = draw(st.integers(2, 8))
         tp = draw(st.integers(1, 4))
@@ -513,7 +513,7 @@ def _configs(
     unit = draw(st.integers(min_block_size, max_block_size))
     blocks = st.sampled_from([m for m in _MULTIPLIERS if unit * m <= max_block_size]).map(lambda m: unit * m)
     # Every Mamba group shares one block: vLLM asserts one Mamba offload chunk, and in align mode
-    # B_m equals the per-rank attention block (reference §2.1).
+    # B_m equals the per-rank attention block (vLLM 0.33 `_align_hybrid_block_size`).
     mamba_block = draw(blocks)
     modes: tuple[str | None, ...] = (None, "align")
     if not prefix_caching:
@@ -599,7 +599,7 @@ def _configs(
     elif retention == "dense":
         cache["retention_interval"] = None
     elif retention == "interval" and any(g.family in {"sliding", "mamba"} for g in geo.groups):
-        # A multiple of L and of every windowed offloaded group's chunk (fine print 5).
+        # A multiple of L and of every windowed offloaded group's chunk (vLLM 0.33 `SchedulerOffloadConfig.from_spec`).
         r_unit = geo.scheduler_block_size
         if "offload" in cfg:
             off = resolve(cfg).offload

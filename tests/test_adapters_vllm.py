@@ -201,7 +201,7 @@ def test_worker_and_scheduler_forms_give_identical_geometry(specs, par, extra):
 
 
 def test_example_1_hybrid_under_dcp_49964():
-    # reference §7 example 1: full attention 16 + Mamba align 16, TP 2 / DCP 2, k = 1 -> tokens_per_block (32, 16)
+    # #49964: full attention 16 + Mamba align 16, TP 2 / DCP 2, k = 1 -> tokens_per_block (32, 16)
     vc = VllmConfig(
         parallel_config=ParallelConfig(tensor_parallel_size=2, decode_context_parallel_size=2),
         kv_transfer_config=offloading(),

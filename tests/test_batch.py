@@ -1,7 +1,7 @@
-"""Example rows for kvgeom.batch: reference examples through the batch paths, the input checks, and a few
+"""Example rows for kvgeom.batch: historical cases through the batch paths, the input checks, and a few
 edge rows that the generated tests reach only rarely (each compared with the scalar reference).
 
-reference = shared/reference/vllm-geometry.md, fine print = vllm-fine-print.md.
+Case sources are vLLM issue numbers and kvgeom's docs/ pages.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import kvgeom
 from kvgeom import batch, hits, ranks
 from kvgeom._math import INT64_MAX
 
-EX1 = kvgeom.DEFAULT_CONFIG  # reference example 1: FA B=16 + Mamba align B_m=16, TP=2, D=2, k=1
+EX1 = kvgeom.DEFAULT_CONFIG  # #49964: FA B=16 + Mamba align B_m=16, TP=2, D=2, k=1
 
 
 def geom(**over):
@@ -21,7 +21,7 @@ def geom(**over):
 
 
 # ---------------------------------------------------------------------------------------------
-# DCP dealing: reference example 7 (B = 16, D = 2, row [7, 9, 11])
+# DCP dealing: docs/keys-and-boundaries.md (B = 16, D = 2, row [7, 9, 11])
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_negative_entries_outside_the_used_columns_are_fine():
 
 
 # ---------------------------------------------------------------------------------------------
-# Keys and boundaries: reference example 1
+# Keys and boundaries: #49964
 # ---------------------------------------------------------------------------------------------
 
 def test_example_1_keys_for_a_64_token_prefix():
@@ -231,7 +231,7 @@ def test_empty_input_gives_empty_output():
 # ---------------------------------------------------------------------------------------------
 
 def test_example_3_store_plan_batch():
-    # reference example 3 (dense retention): 64 computed tokens -> attention 2 chunks, Mamba 4 states
+    # #49962 (dense retention): 64 computed tokens -> attention 2 chunks, Mamba 4 states
     g = geom(cache={"retention_interval": None})
     sp = batch.plan_stores(g, num_tokens=[64], num_computed_tokens=[64])
     assert sp.groups[0].chunk.tolist() == [0, 1]
@@ -274,7 +274,7 @@ def test_sliding_mask_row_keeps_the_tail_before_each_segment_end():
 
 
 def test_finished_request_stops_at_prompt_or_one_before_the_end():
-    # §3.5: a finished request stops at max(num_prompt, num_tokens - 1); an empty one offloads nothing
+    # _build_store_jobs: a finished request stops at max(num_prompt, num_tokens - 1); an empty one offloads nothing
     g = geom(cache={"retention_interval": None})
     sp = batch.plan_stores(g, num_tokens=[0, 65], num_computed_tokens=[0, 65], num_prompt_tokens=[0, 10],
                            offload_prompt_only=False, finished=True)
@@ -289,7 +289,7 @@ def test_finished_request_stops_at_prompt_or_one_before_the_end():
 # ---------------------------------------------------------------------------------------------
 
 def test_example_3_hit_and_load():
-    # reference example 3, 0.33 shape: 65-token request, the tier holds the 64-token prefix -> hit 64;
+    # #49962, 0.33 shape: 65-token request, the tier holds the 64-token prefix -> hit 64;
     # attention loads entries 0, 1; Mamba loads the one key ending at 64 into block 3
     g = geom()
     held = np.ones((1, 4), dtype=bool)
@@ -330,7 +330,7 @@ def test_hit_rows(n, attention, mamba, end):
 
 
 def test_partial_tail_row():
-    # partial tails (fine print 11): one span 64, H = 16, D = 1, k = 1; complete hit 64, every group holds
+    # partial tails (vLLM 0.33 _lookup): one span 64, H = 16, D = 1, k = 1; complete hit 64, every group holds
     # the boundary key 112 -> hit 112 with the boundary key loaded last
     g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
                                    {"kind": "mamba", "block_size": 64, "mamba_cache_mode": "align"}],
@@ -411,7 +411,7 @@ def test_slot_mapping_blocked_kernel_spans_several_blocks(block, dcp, interleave
 
 
 def test_sliding_scan_falls_back_to_the_run_below_a_miss():
-    # §3.6 windowed scan (fine print 9): sliding window 33 tokens -> a run needs cdiv(32, 16) = 2 chunks.
+    # windowed scan (vLLM 0.33 _sliding_window_lookup): sliding window 33 tokens -> a run needs cdiv(32, 16) = 2 chunks.
     # M = 161 - 1 = 160; chunk 9 (tokens 144..160) is missing, so the first candidate fails; the run below
     # the miss (chunks 8, 7) is long enough: the hit ends at 144 (chunk 6 missing does not matter)
     g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},

@@ -168,12 +168,12 @@ def test_check_exit_code_is_the_worst_file(capsys):
 
 
 def test_check_strict_fails_on_warnings(capsys):
-    # The seed hybrid warns partial_tails_disabled_by_dcp: fine by default, a failure under --strict.
-    assert kvgeom.resolve(kvgeom.DEFAULT_CONFIG).warnings
-    code, out, err = run(capsys, "check", "preset:seed-hybrid")
-    assert code == EXIT_OK and "[partial_tails_disabled_by_dcp]" in out and err == ""
-    code, out, err = run(capsys, "check", "--strict", "preset:seed-hybrid")
-    assert code == EXIT_INVALID and "[partial_tails_disabled_by_dcp]" in err
+    # Kimi-K3 at DCP 8 warns offload_hit_floor: fine by default, a failure under --strict.
+    assert kvgeom.resolve(kvgeom.load_preset("kimi-k3-dcp8")).warnings
+    code, out, err = run(capsys, "check", "preset:kimi-k3-dcp8")
+    assert code == EXIT_OK and "[offload_hit_floor]" in out and err == ""
+    code, out, err = run(capsys, "check", "--strict", "preset:kimi-k3-dcp8")
+    assert code == EXIT_INVALID and "[offload_hit_floor]" in err
     # A preset without warnings passes --strict.
     assert run(capsys, "check", "--strict", "preset:gemma3-swa")[0] == EXIT_OK
 

@@ -1,4 +1,4 @@
-"""Cross-layout compatibility: examples (reference §5.1 #41037, §8 item 6, §9 fact 10)."""
+"""Cross-layout compatibility: examples (#41037; docs/fingerprint.md)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_prefill_dcp1_decode_dcp2():
 
 
 def test_interleave_change_is_incompatible_and_explained():
-    # §8 item 6: same DCP, different interleave -> vLLM's file tier would share keys; kvgeom says no, and why
+    # docs/fingerprint.md: same DCP, different interleave -> vLLM's file tier would share keys; kvgeom says no, and why
     r = compat(at(HYBRID, tp=2, dcp=2, cp_interleave=1), at(HYBRID, tp=2, dcp=2, cp_interleave=16))
     assert not r.compatible
     assert codes(r, 0) == ["interleave"]

@@ -48,39 +48,39 @@ ERROR_TABLE = [
     ({"groups": [{"kind": "uniform", "block_size": 16,
                   "layers": [{"kind": "mla"}, {"kind": "mla", "dcp_sharded": False}]}]},
      GeometryError, "uniform_mixed_sharding", "groups[0].layers", ["True, False"]),
-    # tp not divisible by dcp (reference §2.3)
+    # tp not divisible by dcp (vLLM 0.33 config/parallel.py)
     ({"groups": [FA16], "parallel": {"tp": 3, "dcp": 2}}, ParallelismError, "tp_not_divisible_by_dcp",
      "parallel.dcp", ["tp=3", "dcp=2"]),
     # PCP with a DCP that is not 1, P or TP*P
     ({"groups": [FA16], "parallel": {"tp": 4, "pcp": 2, "dcp": 4}}, ParallelismError, "pcp_dcp_combination",
      "parallel.dcp", ["dcp=4", "pcp=2"]),
-    # interleave larger than the sharded block (fine print 1)
+    # interleave larger than the sharded block (docs/deviations.md#interleave-per-sharded-group)
     ({"groups": [FA16], "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 32}}, ParallelismError,
      "interleave_mismatch", "parallel.cp_interleave", ["cp_interleave=32", "block_size=16"]),
-    # interleave not dividing the 48-token group vLLM accepts (fine print 1)
+    # interleave not dividing the 48-token group vLLM accepts (docs/deviations.md#interleave-per-sharded-group)
     ({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "full_attention", "block_size": 48}],
       "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 32}}, ParallelismError, "interleave_mismatch",
      "parallel.cp_interleave", ["48"]),
-    # sharded sliding window under DCP (fine print 4)
+    # sharded sliding window under DCP (docs/deviations.md#dcp-sharded-windowed-rejected)
     ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 64}],
       "parallel": {"tp": 2, "dcp": 2}}, ParallelismError, "sharded_kind_under_dcp", "groups[1].dcp_sharded",
      ["dcp=2", "dcp_sharded=false"]),
-    # sharded chunked local under DCP, even as the only group (fine print 4)
+    # sharded chunked local under DCP, even as the only group (docs/deviations.md#dcp-sharded-windowed-rejected)
     ({"groups": [{"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}],
       "parallel": {"tp": 2, "dcp": 2}}, ParallelismError, "sharded_kind_under_dcp", "groups[0].dcp_sharded", []),
     # Mamba cannot be sharded
     ({"groups": [FA16, {**M16, "dcp_sharded": True}], "parallel": {"tp": 2, "dcp": 2}}, GeometryError,
      "mamba_cannot_shard", "groups[1].dcp_sharded", []),
-    # Mamba none mode with prefix caching on (fine print 6)
+    # Mamba none mode with prefix caching on (vLLM 0.33 MambaManager)
     ({"groups": [FA16, {**M16, "mamba_cache_mode": "none"}]}, GeometryError, "mamba_none_with_prefix_caching",
      "groups[1].mamba_cache_mode", ["align"]),
     # a span not divisible by the hash unit (explicit prefix_match_unit)
     ({"groups": [FA16, M16], "parallel": {"tp": 2, "dcp": 2}, "cache": {"prefix_match_unit": 32}},
      GeometryError, "span_not_divisible_by_hash_unit", "cache.prefix_match_unit", ["span 16", "H=32"]),
-    # prefix_match_unit with one group (reference §2.5)
+    # prefix_match_unit with one group (vLLM 0.33 resolve_kv_cache_block_sizes)
     ({"groups": [FA16], "cache": {"prefix_match_unit": 8}}, GeometryError, "prefix_match_unit_single_group",
      "cache.prefix_match_unit", ["prefix_match_unit=8", "L=16"]),
-    # offload with both chunk settings (reference §3.1 step 5)
+    # offload with both chunk settings (vLLM 0.33 build_offloading_config)
     ({"groups": [FA16], "offload": {"block_size": 64, "blocks_per_chunk": 4}}, OffloadConfigError,
      "offload_chunk_both", "offload", ["block_size=64", "blocks_per_chunk=4"]),
     # blocks_per_chunk must be > 0
@@ -95,14 +95,14 @@ ERROR_TABLE = [
     # no offloadable group
     ({"groups": [{"kind": "circular_buffer", "block_size": 16}], "offload": {}}, OffloadConfigError,
      "no_offloadable_groups", "offload", []),
-    # cross attention among offloaded groups (fine print 8)
+    # cross attention among offloaded groups (vLLM 0.33 get_sliding_window_size_in_chunks)
     ({"groups": [FA16, {"kind": "cross_attention", "block_size": 16}], "offload": {}}, OffloadConfigError,
      "cross_attention_offload", "groups[1]", ["cross"]),
     # Mamba group outside align mode forces H = L, then 16 % 32 fails with offloading (prefix caching off)
     ({"groups": [FA16, {**M16, "mamba_cache_mode": "none"}], "parallel": {"tp": 2, "dcp": 2},
       "cache": {"prefix_caching": False}, "offload": {}}, OffloadConfigError, "tokens_per_block_not_divisible",
      "groups[1].block_size", ["tokens_per_block=16", "tokens_per_hash=32"]),
-    # retention not a multiple of L (fine print 5)
+    # retention not a multiple of L (vLLM 0.33 _validate_prefix_cache_retention_interval)
     ({"groups": [FA16, M16], "parallel": {"tp": 2, "dcp": 2}, "cache": {"retention_interval": 48}},
      GeometryError, "retention_not_multiple_of_scheduler_block", "cache.retention_interval", ["48", "L=32"]),
     # retention > 0 with nothing windowed
@@ -112,7 +112,7 @@ ERROR_TABLE = [
     ({"groups": [FA16, M16], "parallel": {"tp": 2, "dcp": 2}, "cache": {"retention_interval": 96},
       "offload": {"blocks_per_chunk": 4}}, OffloadConfigError, "retention_not_multiple_of_chunk",
      "cache.retention_interval", ["96", "tokens_per_chunk=64"]),
-    # two align Mamba groups with different chunks (fine print 7)
+    # two align Mamba groups with different chunks (vLLM 0.33 resolve_mamba_align_size)
     ({"groups": [{"kind": "full_attention", "block_size": 32}, M16, {"kind": "mamba", "block_size": 32}],
       "offload": {}}, OffloadConfigError, "mamba_chunk_mismatch", "groups", []),
     # compressed attention state not aligned with A

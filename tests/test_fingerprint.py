@@ -1,4 +1,4 @@
-"""Layout fingerprint: examples (reference §3.9, §8 item 6, §9 fact 10)."""
+"""Layout fingerprint: examples (docs/fingerprint.md)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_format_and_report_key():
 
 
 CHANGES = [
-    # §8 item 6: vLLM's file tier omits the interleave; two deployments differing only in I must not share keys
+    # docs/fingerprint.md: vLLM's file tier omits I; two deployments differing only in I must not share keys
     ("interleave", {"parallel__cp_interleave": 16}, True),
     # DCP changes the span and the per-rank slicing of the attention group
     ("dcp", {"parallel__dcp": 1}, True),

@@ -1,7 +1,7 @@
 """Example tables for kvgeom.resolve: spans, L, H, A, row widths, offload geometry.
 
-One row per case; the comment names the case and its source (reference =
-shared/reference/vllm-geometry.md, fine print = vllm-fine-print.md).
+One row per case; the comment names the case and its source (a vLLM issue,
+a docs/ page or the vLLM 0.33 function).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ def cfg(groups, parallel=None, cache=None, offload=None):
 
 # (config, spans, L, H, A)
 SPAN_TABLE = [
-    # reference §7 example 1 / #49964: attention 16 + Mamba 16, TP2 DCP2 -> (32, 16), L 32, H 16;
-    # partial hash hits on (D > 1 and B_m >= H, fine print 3) so A = H.
+    # #49964: attention 16 + Mamba 16, TP2 DCP2 -> (32, 16), L 32, H 16;
+    # partial hash hits on (D > 1 and B_m >= H, partial_hash_hits_enabled) so A = H.
     (kvgeom.DEFAULT_CONFIG, [32, 16], 32, 16, 16),
     # the same hybrid without DCP: spans equal, H = gcd = 16, B_m > H false -> A = L
     (cfg([fa(16), mamba(16)]), [16, 16], 16, 16, 16),
-    # reference §7 example 5 / #50883: DSA uniform group, block 64, DCP 2 -> L = H = 128
+    # #50883: DSA uniform group, block 64, DCP 2 -> L = H = 128
     (cfg([dsa(64)], {"tp": 2, "dcp": 2}), [128], 128, 128, 128),
     # example 5, DCP 8 -> 512 / 512
     (cfg([dsa(64)], {"tp": 8, "dcp": 8}), [512], 512, 512, 512),
@@ -70,7 +70,7 @@ SPAN_TABLE = [
     (cfg([fa(16)], {"tp": 2, "pcp": 2, "dcp": 2, "pcp_shards_kv": True}), [64], 64, 64, 64),
     # a full 12-token group beside a 16-token MLA group: L = 48, H = gcd = 4 (vLLM's tokens_per_hash 4 case)
     (cfg([fa(12), mla(16)]), [12, 16], 48, 4, 48),
-    # reference §7 example 11 / LMCache #4809: resolved 2304-token pages at DCP 4 -> 9216 / 2304
+    # LMCache #4809: resolved 2304-token pages at DCP 4 -> 9216 / 2304
     (cfg([fa(2304), mamba(2304)], {"tp": 4, "dcp": 4}), [9216, 2304], 9216, 2304, 2304),
     # Kimi-K3 style (#55168): KDA 1536 + MLA 1536 at DCP 8 -> 12288 / 1536
     (cfg([mla(1536), mamba(1536)], {"tp": 8, "dcp": 8}), [12288, 1536], 12288, 1536, 1536),
@@ -85,7 +85,7 @@ SPAN_TABLE = [
         16,
         32,
     ),
-    # prefix caching off and no connector: H = L (reference §2.5)
+    # prefix caching off and no connector: H = L (resolve_kv_cache_block_sizes)
     (cfg([fa(16), mamba(16, mamba_cache_mode="none")], {"tp": 2, "dcp": 2}, {"prefix_caching": False}),
      [32, 16], 32, 32, 32),
     # explicit prefix_match_unit 8 dividing both spans; B_m=16 >= 8 -> partial hits, A = 8
@@ -105,7 +105,7 @@ def test_spans_and_units(config, spans, L, H, A):
 # (config, [(index, tokens_per_block, tokens_per_chunk, hashes_per_chunk, window_chunks)], alignment, mamba_align,
 #  partial_tail)
 OFFLOAD_TABLE = [
-    # reference §7 example 1 / #49964: tokens_per_block (32, 16), hashes (2, 1), alignment 32, Mamba align 16
+    # #49964: tokens_per_block (32, 16), hashes (2, 1), alignment 32, Mamba align 16
     (kvgeom.DEFAULT_CONFIG, [(0, 32, 32, 2, None), (1, 16, 16, 1, 1)], 32, 16, False),
     # the same with k = 4: chunks 128 / 64
     (cfg([fa(16), mamba(16)], {"tp": 2, "dcp": 2}, offload={"blocks_per_chunk": 4}),
@@ -121,11 +121,11 @@ OFFLOAD_TABLE = [
     (cfg([fa(16), {"kind": "sliding_window", "block_size": 16, "sliding_window": 100}],
          offload={"blocks_per_chunk": 2}),
      [(0, 16, 32, 2, None), (1, 16, 32, 2, 4)], 32, None, False),
-    # no full-attention group: alignment is the largest chunk (fine print 12)
+    # no full-attention group: alignment is the largest chunk (SchedulerOffloadConfig.from_spec)
     (cfg([mamba(16), {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}],
          cache={"retention_interval": None}, offload={}),
      [(0, 16, 16, 1, 1), (1, 32, 32, 2, 2)], 32, 16, False),
-    # circular buffer is excluded from offloading (reference §3.1 step 1)
+    # circular buffer is excluded from offloading (build_offloading_config)
     (cfg([fa(32), {"kind": "circular_buffer", "block_size": 8}], offload={}), [(0, 32, 32, 1, None)], 32, None,
      False),
     # partial tails: D = 1, k = 1, one span 16, Mamba span 16 > H = 8 (prefix_match_unit), no SWA
@@ -159,7 +159,7 @@ def test_seed_case_done_when():
 
 # (config, [row widths])
 ROW_TABLE = [
-    # reference §7 example 4 / #50287: max_model_len 512, B = 16, D = 2 -> attention 16, Mamba 32 (not 16)
+    # #50287: max_model_len 512, B = 16, D = 2 -> attention 16, Mamba 32 (not 16)
     (cfg([fa(16), mamba(16)], {"tp": 2, "dcp": 2}, {"max_model_len": 512}), [16, 32]),
     # speculative blocks add to the Mamba row
     (cfg([fa(16), mamba(16, num_speculative_blocks=2)], {"tp": 2, "dcp": 2}, {"max_model_len": 512}), [16, 34]),
@@ -204,7 +204,7 @@ def test_report_offload_null_without_connector():
     assert kvgeom.resolve(cfg([fa(16)])).to_report()["offload"] is None
 
 
-# (config, partial_hash_hits) -- fine print 3
+# (config, partial_hash_hits) -- partial_hash_hits_enabled
 PARTIAL_TABLE = [
     # D = 1: needs B_m > H strictly; equal spans 16/16 -> off
     (cfg([fa(16), mamba(16)]), False),

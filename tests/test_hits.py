@@ -1,4 +1,4 @@
-"""Hit lookup, load plans and store plans (reference §3.5-§3.7, fine print 9-11, §5.2, §7)."""
+"""Hit lookup, load plans and store plans (docs/hits.md; vLLM 0.33 offloading/scheduler.py; #44599, #49962)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def g(groups, parallel=None, cache=None, offload=None):
 HIT_TABLE = [
     # #44599: a 64-token prompt whose every key is stored: -1, then round down to the Mamba chunk -> 48
     (SEED, {"num_tokens": 64, "stored": ALL_64}, 48, 48),
-    # reference §7 example 3 (0.33 shape): a 65-token request with the 64-token prefix stored -> 64
+    # #49962 (0.33 shape): a 65-token request with the 64-token prefix stored -> 64
     (SEED, {"num_tokens": 65, "stored": ALL_64}, 64, 64),
     # the Mamba key at the boundary is missing: fall back to an earlier Mamba key
     (SEED, {"num_tokens": 65, "stored": {"0": [32, 64], "1": [16, 32]}}, 32, 32),
@@ -65,7 +65,7 @@ def test_hit_lengths(geom, scenario, hit, end):
 
 
 def test_load_plan_example_3():
-    # reference §7 example 3: 2 attention chunks into entries 0, 1; Mamba only the key ending at 64 -> entry 3
+    # #49962: 2 attention chunks into entries 0, 1; Mamba only the key ending at 64 -> entry 3
     plan = SEED.plan_hit({"num_tokens": 65, "stored": ALL_64})
     assert plan["groups"] == [
         {"index": 0, "load_keys": [32, 64], "block_entries": [0, 1], "state_block": None},
@@ -148,7 +148,7 @@ def test_dcp_disables_partial_tails():
 
 
 def test_store_plan_example_3_49962():
-    # reference §7 example 3: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
+    # #49962: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
     plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64)
     att, mam = plan.groups
     assert att.chunks == (0, 1) and att.block_entries == ((0,), (1,))

@@ -1,4 +1,4 @@
-"""Example tables for offload keys and Mamba boundaries (reference §3.3-§3.4, §2.10, §7)."""
+"""Example tables for offload keys and Mamba boundaries (docs/keys-and-boundaries.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SEED_K4 = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk
 
 # (geometry, group, chunk, hash_index, end_token)
 KEY_TABLE = [
-    # reference §7 example 1: attention chunk 0 -> h1, chunk 1 -> h3
+    # #49964: attention chunk 0 -> h1, chunk 1 -> h3
     (SEED, 0, 0, 1, 32),
     (SEED, 0, 1, 3, 64),
     # example 1: Mamba chunks 0..3 -> h0..h3 ending at 16/32/48/64
@@ -46,7 +46,7 @@ def test_attention_chunk_entries():
 
 
 def test_mamba_key_holds_state_after_exactly_its_end_token():
-    # reference §7 example 1 / #49964: Mamba key ending at b holds state block b/16 - 1
+    # #49964: Mamba key ending at b holds state block b/16 - 1
     got = [keys.chunk_state_block(SEED, 1, j) for j in range(4)]
     assert got == [0, 1, 2, 3]
     # what the buggy rule gave (Mamba span scaled to 32, positional store of that era: chunk j took
@@ -64,7 +64,7 @@ def test_mamba_key_with_k_gt_1_takes_the_last_block_of_the_chunk():
 
 
 def test_num_keys_counts_complete_chunks():
-    # fine print 9: (n // H) // hashes_per_chunk
+    # vLLM 0.33 _lookup_complete_chunks: (n // H) // hashes_per_chunk
     assert [keys.num_keys(SEED, 0, n) for n in (0, 31, 32, 63, 64, 70)] == [0, 0, 1, 1, 2, 2]
     assert [keys.num_keys(SEED, 1, n) for n in (15, 16, 70)] == [0, 1, 4]
 
@@ -113,7 +113,7 @@ def test_key_errors():
 # (geometry, boundary, state block)
 STATE_TABLE = [
     (SEED, 16, 0),  # first Mamba block holds the state after 16 tokens
-    (SEED, 64, 3),  # reference §2.10: block b/B_m - 1, B_m = 16 under any DCP
+    (SEED, 64, 3),  # docs/keys-and-boundaries.md: block b/B_m - 1, B_m = 16 under any DCP
 ]
 
 
@@ -124,7 +124,7 @@ def test_state_block_for_boundary(geom, boundary, block):
 
 
 def test_restore_reads_block_n_minus_1_div_b():
-    # reference §2.10: a request starting with N computed tokens reads block (N-1) // B_m
+    # docs/keys-and-boundaries.md: a request starting with N computed tokens reads block (N-1) // B_m
     assert [boundaries.restore_read_block(SEED, 1, n) for n in (1, 16, 17, 48, 64)] == [0, 0, 1, 2, 3]
     # running state during a step: cdiv(computed + scheduled, B_m) - 1
     assert boundaries.running_state_block(SEED, 1, 0, 16) == 0

@@ -1,4 +1,4 @@
-"""Page bytes per spec kind (reference §1.2)."""
+"""Page bytes per spec kind (vLLM 0.33 v1/kv_cache_interface.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kvgeom.specs import (
 BF16 = 2
 
 CASES = [
-    # GQA full attention, 8 KV heads of 128, bf16, block 16: K and V halves (§1.2 content = (hs + hs_v) * dtype)
+    # GQA full attention, 8 KV heads of 128, bf16, block 16: K and V halves (content = (hs + hs_v) * dtype)
     (FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16"), 16 * 8 * 256 * BF16),
     # head_size_v different from head_size (e.g. models with 192/128 K/V widths)
     (
@@ -36,7 +36,7 @@ CASES = [
     (MLASpec(block_size=64, head_size=512, dtype="fp8", tokens_per_state=4), 16 * 512),
     # Mamba: sum of prod(shape)*dtype bytes, independent of block_size
     (MambaSpec(block_size=2304, shapes=((36, 128, 128), (3, 9216)), dtypes=("float32", "bfloat16")), 2414592),
-    # Mamba padded page overrides the states (§2.1 step 5)
+    # Mamba padded page overrides the states (_align_hybrid_block_size)
     (MambaSpec(block_size=16, shapes=((4, 4),), dtypes=("float32",), page_size_padded=1000), 1000),
     # uniform container (DSA MLA + indexer): sum of the leaves
     (
@@ -85,7 +85,7 @@ def test_missing_fields_maybe_none_strict_raises(spec, missing):
 
 
 def test_attention_page_is_linear_in_block_size():
-    # the resolution of §2.1 relies on page(n*b) == n*page(b) for unaligned attention pages
+    # the resolution of _align_hybrid_block_size relies on page(n*b) == n*page(b) for unaligned attention pages
     small = page_bytes(FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=80, dtype="float16"))
     large = page_bytes(FullAttentionSpec(block_size=48, num_kv_heads=2, head_size=80, dtype="float16"))
     assert large == 3 * small

@@ -18,7 +18,7 @@ INVALID = Path(__file__).parent / "invalid"
 
 # name, spans, L, H, offload tokens_per_chunk per group; source of the numbers
 EXPECTED = [
-    ("seed-hybrid", [32, 16], 32, 16, [32, 16]),  # vllm-geometry.md Example 1, #49964
+    ("seed-hybrid", [32, 16], 32, 16, [32, 16]),  # #49964
     ("glm52-dsa-dcp2", [128], 128, 128, [128]),  # Example 5, #50883: 64*2, not 64
     ("glm52-dsa-dcp8", [512], 512, 512, [512]),  # Example 5, #50883: 64*8, not 64
     ("kimi-k3-dcp8", [12288, 1536], 12288, 1536, [12288, 1536]),  # #55168: attention 12288, KDA 1536

@@ -1,4 +1,4 @@
-"""DCP token dealing (reference §2.9, §7 example 7)."""
+"""DCP token dealing (docs/keys-and-boundaries.md, which rank holds a position)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def geom(interleave, dcp=2):
 
 ROW = [7, 9, 11]
 
-# (interleave, position, rank, slot) -- reference §7 example 7, B = 16, D = 2, row [7, 9, 11]
+# (interleave, position, rank, slot) -- docs/keys-and-boundaries.md, B = 16, D = 2, row [7, 9, 11]
 SLOT_TABLE = [
     (1, 37, 1, 146),  # I = 1: column 1 (id 9), offset 5, rank 1, local 2 -> 9*16+2
     (1, 53, 1, 154),  # I = 1: offset 21, rank 1, local 10

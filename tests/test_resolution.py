@@ -1,4 +1,4 @@
-"""Block-size resolution from layer shapes (reference §2.1-§2.3, §5.1, §7 example 11)."""
+"""Block-size resolution from layer shapes (docs/resolution.md, LMCache #4809)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def layered(layers, block_size=16, **sections):
 
 
 def test_example_11_glm5next_like_256_to_2304_at_dcp4():
-    # Reference §7 example 11 / LMCache #4809: CLI --block-size 256, vLLM resolves 2304-token pages, DCP 4.
-    # The real GLM5Next shapes are not in the reference; these GLM5Next-like shapes give the same numbers:
+    # LMCache #4809: CLI --block-size 256, vLLM resolves 2304-token pages, DCP 4.
+    # The real GLM5Next shapes are not in the issue; these GLM5Next-like shapes give the same numbers:
     #   MLA latent 576 bf16 -> a = 576*2 = 1152 bytes per token per rank (MLA is not split by TP)
     #   linear-attention state at TP 4: ssm 144/4 = 36 heads x 128 x 128 float32 = 2,359,296 bytes
     #                                   conv 3 x 36864/4 = 9216 bfloat16       =    55,296 bytes
@@ -80,7 +80,7 @@ CASES = [
     ("exact_fit", [full(), mamba([[16, 64, 64]], ["float32"])], {}, 256, 256, []),
     # + conv 3x256 bf16: m = 263680 -> 16*17 = 272, padding (278528-263680)/263680 = 5.63 %
     ("padded", [full(), mamba([[16, 64, 64], [3, 256]], ["float32", "bfloat16"])], {}, 272, 272, [5.63]),
-    # kernel lcm 64 on the attention backend: 272 rounded up to 320 (§2.1 step 2)
+    # kernel lcm 64 on the attention backend: 272 rounded up to 320 (_align_hybrid_block_size)
     (
         "kernel_lcm",
         [full(kernel_block_size=64), mamba([[16, 64, 64], [3, 256]], ["float32", "bfloat16"])],
@@ -109,7 +109,7 @@ CASES = [
     ),
     # CLI block above the needed one: kept (only raised, never lowered); Mamba padded 100 %
     ("cli_above_needed", [full(), mamba([[16, 64, 64]], ["float32"])], {"block_size": 512}, 512, 512, [100.0]),
-    # prefix caching off: mode none, Mamba block = max_model_len, attention block still raised (§2.1)
+    # prefix caching off: mode none, Mamba block = max_model_len, attention block still raised
     (
         "mode_none",
         [full(), mamba([[16, 64, 64]], ["float32"])],
@@ -133,7 +133,7 @@ def test_hybrid_block_raise_table(name, layers, extra, attn, mamba_block, pads):
 
 
 def test_prefill_checkpoint_alignment_needs_every_mamba_layer():
-    # one Mamba layer without an alignment: K stays 16 -> 256 (§2.1 "when every Mamba layer declares one")
+    # one Mamba layer without an alignment: K stays 16 -> 256 ("when every Mamba layer declares one")
     layers = [
         full(),
         mamba([[16, 64, 64]], ["float32"], prefill_checkpoint_alignment=48),
@@ -143,7 +143,7 @@ def test_prefill_checkpoint_alignment_needs_every_mamba_layer():
 
 
 def test_mamba_cache_mode_promotion_is_noted():
-    # vLLM 0.33 promotes none -> align with prefix caching on (§2.1)
+    # vLLM 0.33 promotes none -> align with prefix caching on (MambaModelConfig)
     cfg = layered([full(), mamba([[16, 64, 64]], ["float32"])])
     cfg["model"]["mamba_cache_mode"] = "none"
     r = resolve_block_sizes(cfg)
@@ -196,7 +196,7 @@ def test_pp_stage_without_attention_gets_the_same_block_51752():
 
 
 def test_page_unification_scales_attention_that_divides():
-    # §2.2: full attention 2 heads (16384 B at 16) next to sliding window 4 heads (32768 B at 16): the smaller page
+    # pages: full attention 2 heads (16384 B at 16) next to sliding window 4 heads (32768 B at 16): the smaller page
     # divides the larger, so the full-attention block doubles to 32
     r = resolve_block_sizes(
         layered(
@@ -216,7 +216,7 @@ def test_page_unification_scales_attention_that_divides():
 
 
 def test_page_unification_pads_non_mla_attention_that_does_not_divide():
-    # §2.2: full attention 2 heads (16384 B) vs sliding window 3 heads (24576 B): 24576 % 16384 != 0 -> full padded
+    # pages: full attention 2 heads (16384 B) vs sliding window 3 heads (24576 B): 24576 % 16384 != 0 -> full padded
     swa = {**full(heads=3), "kind": "sliding_window", "sliding_window": 1024}
     r = resolve_block_sizes(layered([full(heads=2), swa]))
     [pad] = r.padding
@@ -225,14 +225,14 @@ def test_page_unification_pads_non_mla_attention_that_does_not_divide():
 
 
 def test_sliding_window_takes_largest_kernel_multiple_that_fits():
-    # §2.2 (0.33): full 4 heads (32768 B at 16) + sliding window 1 head (8192 B per 16 tokens): 4 kernels fit -> 64
+    # pages (0.33): full 4 heads (32768 B at 16) + sliding window 1 head (8192 B per 16 tokens): 4 kernels fit -> 64
     swa = {**full(heads=1), "kind": "sliding_window", "sliding_window": 512}
     r = resolve_block_sizes(layered([full(heads=4), swa]))
     assert [g["block_size"] for g in r.config["groups"]] == [16, 64]
 
 
 def test_mla_page_not_dividing_is_an_error():
-    # §2.2: MLA 576 bf16 at 16 = 18432 B vs sliding window 8 heads = 65536 B; 65536 % 18432 != 0 and MLA cannot be
+    # pages: MLA 576 bf16 at 16 = 18432 B vs sliding window 8 heads = 65536 B; 65536 % 18432 != 0 and MLA cannot be
     # padded (vLLM: NotImplementedError "Padding is only supported for non-MLA attention layers")
     swa = {**full(heads=8), "kind": "sliding_window", "sliding_window": 1024}
     with pytest.raises(GeometryError) as info:
@@ -242,7 +242,7 @@ def test_mla_page_not_dividing_is_an_error():
 
 
 def test_dsa_mla_and_indexer_become_one_uniform_group():
-    # DSA: MLA + indexer layers share the block, one family -> one uniform container (reference §1.4)
+    # DSA: MLA + indexer layers share the block, one family -> one uniform container (UniformTypeKVCacheSpecs)
     idx = {"kind": "mla", "cache_role": "indexer", "head_size": 132, "dtype": "uint8", "count": 2}
     r = resolve_block_sizes(layered([{**MLA, "count": 2}, idx], block_size=64, parallel={"tp": 2, "dcp": 2}))
     [group] = r.config["groups"]
@@ -320,3 +320,20 @@ def test_layered_config_from_a_json_file(tmp_path):
     path.write_text(json.dumps(layered([full(), mamba([[16, 64, 64]], ["float32"])])))
     assert resolve_block_sizes(path).attention_block_size == 256
     assert resolve_block_sizes(str(path)).config == resolve_block_sizes(json.loads(path.read_text())).config
+
+
+@pytest.mark.parametrize(
+    ("swa_layers", "full_layers", "group_sizes"),
+    [
+        # vLLM 0.33's example (gpt-oss-20b + eagle): 12 sliding + 13 full < 1.5 x 12 -> one group per bucket
+        (12, 13, [12, 13]),
+        # 12 + 17: 17 < 18, still one group per bucket (the old 1.25 threshold split the full layers)
+        (12, 17, [12, 17]),
+        # 12 + 18: not < 18 -> groups of 12: one sliding group, two full groups (12 + 6 padded)
+        (12, 18, [12, 12, 6]),
+    ],
+)
+def test_grouping_keeps_one_group_per_bucket_below_one_and_a_half(swa_layers, full_layers, group_sizes):
+    swa = {**full(heads=2, count=swa_layers), "kind": "sliding_window", "sliding_window": 512}
+    r = resolve_block_sizes(layered([swa, full(heads=2, count=full_layers)]))
+    assert [len(m) for m in r.group_layers] == group_sizes

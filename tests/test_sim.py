@@ -1,6 +1,6 @@
 """Example table for kvgeom.sim: kvgeom's plans pass, deliberately wrong plans are reported.
 
-Geometry of most rows: reference Example 1 (#49964), full attention 16 + Mamba 16 under DCP 2,
+Geometry of most rows: #49964, full attention 16 + Mamba 16 under DCP 2,
 spans (32, 16), dense retention so every Mamba state is stored.
 """
 
@@ -43,7 +43,7 @@ def test_kvgeom_plans_restore_what_a_cold_run_holds(cfg, n, local, end):
 
 
 def test_ranks_hold_only_the_positions_dealt_to_them():
-    # Reference Example 7: B 16, D 2, I 1 -> position 37 on rank 1, offset 2 of column 1.
+    # docs/keys-and-boundaries.md: B 16, D 2, I 1 -> position 37 on rank 1, offset 2 of column 1.
     _g, sim = _stored_sim(DENSE, 64)
     block = sim.groups[0].row[1]
     assert sim.pages[(1, block)][2] == 37

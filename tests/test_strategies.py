@@ -42,17 +42,17 @@ REACHABLE = [
         "uniform_mla_indexer",
         lambda c: any(g["kind"] == "uniform" and g["layers"][-1].get("cache_role") == "indexer" for g in c["groups"]),
     ),
-    # a uniform container of Mamba leaves next to a Mamba group (reference Example 5, unit-test form)
+    # a uniform container of Mamba leaves next to a Mamba group (#50883, unit-test form)
     (
         "uniform_mamba_next_to_mamba",
         lambda c: _families(c).count("mamba") >= 2 and any(g["kind"] == "uniform" for g in c["groups"]),
     ),
-    # a sliding-window group replicated under DCP (fine print 4)
+    # a sliding-window group replicated under DCP (docs/deviations.md#dcp-sharded-windowed-rejected)
     (
         "sliding_window_under_dcp",
         lambda c: c["parallel"]["dcp"] > 1 and any(g["kind"] == "sliding_window" for g in c["groups"]),
     ),
-    # a hybrid with two Mamba groups (one Mamba chunk for both, fine print 7)
+    # a hybrid with two Mamba groups (one Mamba chunk for both, vLLM 0.33 resolve_mamba_align_size)
     ("two_mamba_groups", lambda c: sum(g["kind"] == "mamba" for g in c["groups"]) >= 2),
     # offloading with k > 1 blocks per chunk
     ("blocks_per_chunk_gt_1", lambda c: c.get("offload", {}).get("blocks_per_chunk", 1) > 1),

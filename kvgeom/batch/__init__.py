@@ -69,7 +69,7 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
-from kvgeom.masks import default_alignment
+from kvgeom.masks import _swa_store_need, default_alignment
 from kvgeom.probes import stored_group_index
 from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
@@ -1034,9 +1034,11 @@ def plan_stores(
         prompt = _ints("num_prompt_tokens", num_prompt_tokens)
         _same_length("num_prompt_tokens", prompt, size)
     offloadable = np.minimum(computed, n)
+    prompt_offloadable = np.minimum(prompt, n)
     if max_offload_tokens is not None:
         mot = _int_or_array("max_offload_tokens", max_offload_tokens, size)
         offloadable = np.minimum(offloadable, mot)
+        prompt_offloadable = np.minimum(prompt_offloadable, mot)
     if offload_prompt_only:
         offloadable = np.minimum(offloadable, prompt)
     fin = _bools("finished", finished, size)
@@ -1077,13 +1079,21 @@ def plan_stores(
             req, chunk = direct
             np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
         else:
-            counts = np.maximum(storable - start, 0)
+            prompt_chunks = np.floor_divide(prompt_offloadable, C)
+            final = _swa_store_horizons(geom, g, storable, prompt_chunks, fin)
+            first = _swa_revisit_starts(geom, og, g, start, storable, prompt_chunks, fin)
+            counts = np.maximum(storable - first, 0)
             _check_total("plan_stores candidate chunks", int(counts.sum(dtype=np.float64)) if size else 0)
             np.cumsum(counts, out=indptr[1:])
             total = int(indptr[-1])
             req = np.repeat(np.arange(size, dtype=np.int64), counts)
-            chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - start, counts)
-            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points)
+            chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - first, counts)
+            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points, None if final is None else final * k)
+            old = chunk < start[req]
+            if old.any():  # revisited chunks: kept under the final horizon and skipped under the prompt's
+                keep_prompt = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points, prompt_chunks * k)
+                keep = keep if keep is not None else np.ones(total, dtype=np.bool_)
+                keep = np.where(old, keep & ~keep_prompt if keep_prompt is not None else False, keep)
             if keep is not None:
                 req, chunk = req[keep], chunk[keep]
                 np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
@@ -1091,6 +1101,35 @@ def plan_stores(
         block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
         groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block))
     return StorePlans(offloadable, tuple(groups))
+
+
+def _swa_store_horizons(
+    geom: Geometry, g: GroupGeometry, storable: I64, prompt_chunks: I64, fin: Bools
+) -> I64 | None:
+    """:func:`kvgeom.masks.swa_store_horizon` per request (-1: no final tail); None when it never applies."""
+    if geom.config.cache.retention_interval is not None or g.family != "sliding":
+        return None
+    return np.where(fin, storable, np.where(storable <= prompt_chunks, prompt_chunks, -1))
+
+
+def _swa_revisit_starts(
+    geom: Geometry, og: OffloadGroupGeometry, g: GroupGeometry, start: I64, storable: I64, prompt_chunks: I64,
+    fin: Bools,
+) -> I64:
+    """``kvgeom.hits._swa_revisit_start`` per request: where a finished request's candidates begin."""
+    off = _offload(geom)
+    align = off.alignment_tokens
+    if (
+        geom.config.cache.retention_interval is not None
+        or g.family != "sliding"
+        or align is None
+        or align % og.tokens_per_block
+    ):
+        return start
+    k = off.blocks_per_chunk
+    blocks = storable * k
+    revisit = np.minimum(start, (blocks - blocks % (align // og.tokens_per_block)) // k)
+    return np.where(fin & (storable != prompt_chunks), revisit, start)
 
 
 def _kept_from_points(
@@ -1109,10 +1148,10 @@ def _kept_from_points(
     k = _offload(geom).blocks_per_chunk
     num_blocks = storable * k
     size, width = points.shape
-    if g.family == "sliding" and (not align or align % span):
+    if not align or (g.family == "sliding" and align % span):
         return None  # dense
     empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    if not align or width == 0:
+    if width == 0:
         return empty
     base = _rdown(np.maximum(points, 0), align)
     lo: I64
@@ -1127,12 +1166,11 @@ def _kept_from_points(
             lo = np.where(pblock >= 0, pblock // k, -1)
         hi = lo + 1
     else:
-        window = sliding_window_of(g.spec)
-        tail = -(-(window[0] - 1) // span) if window is not None else 0
+        tail = _swa_store_need(g, span)
         if tail == 0:
             return empty
         stop = np.minimum(base // span, num_blocks[:, None])
-        first = np.maximum(stop - tail, 0)
+        first = np.maximum(base // span - tail, 0)
         ok = (points >= 0) & (first < stop)
         lo = first // k
         hi = (np.maximum(stop, 1) - 1) // k + 1
@@ -1160,11 +1198,13 @@ def _chunk_kept(
     req: I64,
     num_blocks: I64,
     points: I64,
+    final_blocks: I64 | None = None,
 ) -> Bools | None:
     """Which candidate chunks survive :func:`kvgeom.masks.reachable_block_mask` (None: all of them).
 
     The same conditions as the mask, per chunk: a chunk survives when one of
     its ``k`` blocks is kept (align Mamba: when its state block is kept).
+    ``final_blocks`` is the per-request ``final_segment_end_block`` (-1: none).
     """
     R = geom.config.cache.retention_interval
     align = default_alignment(geom, og.index)
@@ -1174,7 +1214,7 @@ def _chunk_kept(
         case "full" | "chunked" | "cross" | "circular":
             return None
         case "mamba":
-            if R is None or (R and span >= R):
+            if R is None or not align or (R and span >= R):
                 return None
             if R and R % span:
                 return None
@@ -1189,7 +1229,7 @@ def _chunk_kept(
                 if R:
                     step = R // span
                     keep |= (lo + k) // step > lo // step
-            if align and points.shape[1]:
+            if points.shape[1]:
                 # per request first: the block each reachable boundary keeps (-1: none), then one gather
                 b = _rdown(np.maximum(points, 0), align)
                 pblock = b // span - 1
@@ -1203,28 +1243,35 @@ def _chunk_kept(
                         keep |= (pb >= 0) & (_div(pb, k) == chunk)
             return keep
         case "sliding":
-            if R is None or not align or align % span:
+            if not align or align % span:
                 return None
-            if R and R % span:
-                return None
-            window = sliding_window_of(g.spec)
-            tail = -(-(window[0] - 1) // span) if window is not None else 0
+            need = _swa_store_need(g, span)
+            segment = align if R is None else (R or None)
             keep = np.zeros(chunk.shape, dtype=np.bool_)
-            if tail == 0:
-                return keep
             lo = chunk * k
             hi = lo + k
-            if points.shape[1]:
+            if segment is not None:
+                per = segment // span
+                if need >= per:
+                    return None
+                if need == 0:
+                    return keep
+                # the first block at or after lo among the last `need` blocks of its segment
+                r = lo % per
+                keep |= np.where(r >= per - need, lo, lo - r + per - need) < hi
+                if R is None and final_blocks is not None:
+                    fe = final_blocks[req]
+                    part = np.where(fe > 0, fe % per, 0)
+                    tail_lo = np.maximum(np.maximum(fe - part, fe - need), lo)
+                    tail_hi = np.minimum(np.minimum(num_blocks[req], fe), hi)
+                    keep |= (part > 0) & (tail_lo < tail_hi)
+            if R is not None and points.shape[1]:
                 # per request first: the kept interval [start, stop) of each reachable boundary, then gathers
-                stop = np.minimum(_rdown(np.maximum(points, 0), align) // span, num_blocks[:, None])
-                start = np.maximum(stop - tail, 0)
-                stop = np.where(points >= 0, stop, 0)
+                end = _rdown(np.maximum(points, 0), align) // span
+                start = np.maximum(end - need, 0)
+                stop = np.where(points >= 0, np.minimum(end, num_blocks[:, None]), 0)
                 for col in range(points.shape[1]):
                     keep |= np.maximum(start[:, col][req], lo) < np.minimum(stop[:, col][req], hi)
-            if R:
-                r = R // span
-                m0 = lo // r + 1
-                keep |= (m0 <= (num_blocks // r)[req]) & (m0 * r < hi + tail)
             return keep
     raise AssertionError(g.family)  # pragma: no cover
 

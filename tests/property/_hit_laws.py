@@ -39,7 +39,7 @@ def hit_cases(**config_kwargs: Any) -> st.SearchStrategy[tuple[dict[str, Any], d
 def check_hit_restores_exact_state(case: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """Every hit kvgeom plans restores each align Mamba state at exactly the hit boundary N (a multiple
     of the Mamba chunk, or an exact partial tail), never at num_tokens, and the simulator's GPU after
-    the load equals a cold run of N tokens (reference §6 items 9, 11, 12)."""
+    the load equals a cold run of N tokens (docs/hits.md)."""
     cfg, sc = case
     geom = kvgeom.resolve(cfg)
     assert geom.offload is not None

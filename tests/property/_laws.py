@@ -1,12 +1,12 @@
 """Law bodies shared by the property tests and the teeth tests.
 
 Each ``check_*`` takes a config dict, resolves it and asserts one invariant of
-reference §6. The expected values come from a small **test oracle** written from
-the reference (which kinds are dealt across DCP ranks, how many ranks), never from
+docs/concepts.md. The expected values come from a small **test oracle** written from
+the rules (which kinds are dealt across DCP ranks, how many ranks), never from
 the kvgeom function under test, so a seam broken on purpose (``tests/property/
 test_teeth_core.py``) makes the law fail instead of agreeing with itself.
 
-The historical configs are the worked examples of reference §7.
+The historical configs are the cases of docs/cases/.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import kvgeom
 from kvgeom._math import cdiv
 
-# --------------------------------------------------------------------------- historical rows (reference §5, §7)
+# --------------------------------------------------------------------------- historical rows (docs/cases/)
 
-#: vLLM #49964 (reference Example 1): attention 16 + Mamba 16 under DCP 2 -> spans (32, 16).
+#: vLLM #49964: attention 16 + Mamba 16 under DCP 2 -> spans (32, 16).
 H49964: dict[str, Any] = {
     "groups": [
         {"kind": "full_attention", "block_size": 16},
@@ -34,12 +34,12 @@ H49964: dict[str, Any] = {
 }
 
 _DSA = {"kind": "uniform", "block_size": 64, "layers": [{"kind": "mla"}, {"kind": "mla", "cache_role": "indexer"}]}
-#: vLLM #50883 (reference Example 5): DSA wrapper, block 64, DCP 2 -> span 128.
+#: vLLM #50883: DSA wrapper, block 64, DCP 2 -> span 128.
 H50883_D2: dict[str, Any] = {"groups": [_DSA], "parallel": {"tp": 2, "dcp": 2}, "offload": {}}
 #: vLLM #50883 / #53889 (GLM-5.2, DCP 8) -> span 512.
 H50883_D8: dict[str, Any] = {"groups": [_DSA], "parallel": {"tp": 8, "dcp": 8}, "offload": {}}
 
-#: vLLM #50287 (reference Example 4): max_model_len 512, B = B_m = 16, DCP 2 -> Mamba row 32.
+#: vLLM #50287: max_model_len 512, B = B_m = 16, DCP 2 -> Mamba row 32.
 H50287: dict[str, Any] = {
     "groups": [
         {"kind": "full_attention", "block_size": 16},
@@ -49,7 +49,7 @@ H50287: dict[str, Any] = {
     "cache": {"max_model_len": 512},
 }
 
-#: LMCache #4809 -> #4834 (reference Example 11): resolved 2304-token pages under DCP 4 ->
+#: LMCache #4809 -> #4834: resolved 2304-token pages under DCP 4 ->
 #: attention span 9216, Mamba span 2304, scheduler block / chunk lcm 9216.
 LMC4809: dict[str, Any] = {
     "groups": [
@@ -62,7 +62,7 @@ LMC4809: dict[str, Any] = {
 
 HISTORICAL = {"49964": H49964, "50883_d2": H50883_D2, "50883_d8": H50883_D8, "50287": H50287, "lmcache_4809": LMC4809}
 
-# --------------------------------------------------------------------------- test oracle (reference §1.3, §2.4)
+# --------------------------------------------------------------------------- test oracle (docs/concepts.md)
 
 _ATTENTION_KINDS = frozenset(
     {
@@ -104,7 +104,7 @@ def _mamba_leaves(spec: Any) -> list[Any]:
 
 
 def check_span(cfg: Any) -> None:
-    """S_g = block_size * shards for a sharded group, block_size otherwise (reference §6.1)."""
+    """S_g = block_size * shards for a sharded group, block_size otherwise (docs/concepts.md)."""
     g = kvgeom.resolve(cfg)
     shards = oracle_shards(g.parallel)
     for x in g.groups:
@@ -140,7 +140,7 @@ def check_pcp_never_scales_span(cfg: Any) -> None:
 
 def check_scheduler_block_and_hash_unit(cfg: Any) -> None:
     """L = lcm(spans); every span divides L; H divides L, and every cacheable span whenever something
-    consumes hashes (prefix caching or an offloading connector; otherwise H = L, reference §2.5)."""
+    consumes hashes (prefix caching or an offloading connector; otherwise H = L, resolve_kv_cache_block_sizes)."""
     g = kvgeom.resolve(cfg)
     spans = [x.span for x in g.groups]
     L, H = g.scheduler_block_size, g.hash_block_size
@@ -168,7 +168,7 @@ def check_hit_alignment(cfg: Any) -> None:
 
 
 def _scheduler_max_blocks(x: kvgeom.GroupGeometry, max_len: int) -> int:
-    """Most block ids the scheduler hands one request of max_len tokens in group x (reference §1.2)."""
+    """Most block ids the scheduler hands one request of max_len tokens in group x (max_num_blocks_per_req)."""
     if is_mamba_group(x.spec):
         spec_blocks = max(leaf.num_speculative_blocks for leaf in _mamba_leaves(x.spec))
         if x.mamba_mode == "none":
@@ -226,7 +226,7 @@ def check_uniform_span_equals_leaves(cfg: Any) -> None:
 
 
 def check_offload_geometry(cfg: Any) -> None:
-    """tokens_per_block = S_g, tokens_per_chunk = S_g * k, hashes_per_chunk = C_g / H (reference §3.1-§3.2)."""
+    """tokens_per_block = S_g, tokens_per_chunk = S_g * k, hashes_per_chunk = C_g / H (from_spec)."""
     g = kvgeom.resolve(cfg)
     off = g.offload
     if off is None:
@@ -252,7 +252,7 @@ def check_offload_geometry(cfg: Any) -> None:
 
 
 def check_retention(cfg: Any) -> None:
-    """R > 0 is a multiple of L and of every windowed offloaded chunk (fine print 5)."""
+    """R > 0 is a multiple of L and of every windowed offloaded chunk (vLLM 0.33 SchedulerOffloadConfig.from_spec)."""
     g = kvgeom.resolve(cfg)
     R = g.config.cache.retention_interval
     if not R:
@@ -267,7 +267,7 @@ def check_retention(cfg: Any) -> None:
 
 
 def check_interleave_fits_sharded_blocks(cfg: Any) -> None:
-    """Under DCP every dealt group's per-rank block is a multiple of the interleave (fine print 1)."""
+    """Under DCP every dealt group's per-rank block is a multiple of the interleave (docs/deviations.md)."""
     g = kvgeom.resolve(cfg)
     if oracle_shards(g.parallel) == 1:
         return

@@ -79,7 +79,7 @@ def geometries(draw, *, offload=None, retention=None):
 
 @st.composite
 def tail_geometries(draw):
-    """Geometries with partial tails (reference §3.6 step 5): one span, k = 1, align Mamba, H < span, D = 1."""
+    """Geometries with partial tails (docs/hits.md): one span, k = 1, align Mamba, H < span, D = 1."""
     block = draw(st.sampled_from([16, 32, 64]))
     attn = draw(st.sampled_from([{"kind": "full_attention"}, {"kind": "mla"}]))
     cfg = {

@@ -22,7 +22,7 @@ INTERLEAVE_ONLY = {
 }
 
 
-@example(cfg=INTERLEAVE_ONLY, choice=0)  # §8 item 6: the interleave alone must change it (vLLM's file tier misses it)
+@example(cfg=INTERLEAVE_ONLY, choice=0)  # docs/fingerprint.md: I alone must change it (vLLM's file tier misses I)
 @given(cfg=layouts(), choice=st.integers(0, 100))
 def test_fingerprint_changes_whenever_a_byte_relevant_field_changes(cfg, choice):
     options = relevant_mutations(cfg)

@@ -1,8 +1,8 @@
-"""Geometry laws (reference §6 items 1, 4, 5, 6, 14 and the offload rules of §3.1-§3.2).
+"""Geometry laws (docs/concepts.md and the offload rules of vLLM 0.33 offloading/config.py).
 
 One test per invariant, named after it. Configs come from ``kvgeom.strategies.configs``
 (any DCP size up to 1024, hybrids, uniform containers, replicated windows, offloading,
-retention); each test carries the historical failures of reference §5/§7 as ``@example``
+retention); each test carries the historical failures of docs/cases/ as ``@example``
 rows. The law bodies live in ``_laws.py`` so the teeth tests can run them against broken rules.
 """
 
@@ -100,7 +100,7 @@ def test_interleave_divides_every_sharded_block(cfg):
     laws.check_interleave_fits_sharded_blocks(cfg)
 
 
-# The published numbers of the historical rows (reference §7), so the @example rows above are
+# The published numbers of the historical rows (docs/cases/), so the @example rows above are
 # known to exercise the right geometry.
 PUBLISHED = [
     # #49964 Example 1: spans (32, 16), L 32, H 16, offload tokens_per_block (32, 16)

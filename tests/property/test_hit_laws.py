@@ -1,4 +1,4 @@
-"""Key, boundary, dealing and hit laws (reference §6 items 5, 7-12), checked with the
+"""Key, boundary, dealing and hit laws (docs/keys-and-boundaries.md, docs/hits.md), checked with the
 token-accurate simulator ``kvgeom.sim`` where bytes move.
 
 ``case`` rows are ``(config, scenario)``; the scenario's ``evict`` booleans drop stored keys in
@@ -101,7 +101,7 @@ def test_mamba_key_ending_at_b_holds_the_state_after_b_tokens(g, n):
             assert sim.tier[(end // H - 1, gs.index)] == end
 
 
-@example(g=kvgeom.resolve(_DENSE_49964), n=37)  # reference Example 7: rank lengths 19 and 18
+@example(g=kvgeom.resolve(_DENSE_49964), n=37)  # docs/keys-and-boundaries.md: rank lengths 19 and 18
 @example(g=kvgeom.resolve({**_DENSE_49964, "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 16}}), n=37)  # 21, 16
 @given(g=geometries(max_block_size=MAX_BLOCK), n=st.integers(0, 1500))
 def test_rank_lengths_sum_to_n_and_every_position_has_exactly_one_owner(g, n):

@@ -1,4 +1,4 @@
-"""Laws of block-size resolution (reference §2.1-§2.3): the Mamba state fits, pages unify, stages agree."""
+"""Laws of block-size resolution (docs/resolution.md): the Mamba state fits, pages unify, stages agree."""
 
 from __future__ import annotations
 
@@ -56,13 +56,13 @@ def test_mamba_state_fits_one_attention_page_and_pages_unify(cfg):
     r = resolve_block_sizes(cfg)
     b = r.attention_block_size
     m = mamba_state_bytes(tuple(map(tuple, mamba["shapes"])), tuple(mamba["dtypes"]))
-    assert b * _per_token(attn) >= m  # §2.1: the attention page holds the Mamba state
+    assert b * _per_token(attn) >= m  # _align_hybrid_block_size: the attention page holds the Mamba state
     assert b >= cfg["model"]["block_size"]  # raised, never lowered
     assert b % cfg["model"]["kernel_block_size"] == 0
     if attn["kind"] == "mla":
         assert b >= 128  # MLA hybrid minimum
     assert r.mamba_block_size == b  # align mode: B_m = per-rank attention block
-    assert r.page_bytes == b * _per_token(attn)  # one page for every layer (§2.2)
+    assert r.page_bytes == b * _per_token(attn)  # one page for every layer (unify_kv_cache_spec_page_size)
     assert {g["block_size"] for g in r.config["groups"]} == {b}
     padded = [p for p in r.padding if p.kind == "mamba"]
     assert bool(padded) == (b * _per_token(attn) != m)

@@ -3,7 +3,7 @@
 Each test swaps one module-level function of kvgeom for a deliberately broken variant
 (pytest's ``monkeypatch``: a test-only seam, nothing a user can set), then checks that
 
-1. the law fails on the historical row of that bug (reference §5, §7),
+1. the law fails on the historical row of that bug (docs/cases/),
 2. Hypothesis finds a counterexample from the generated configs, shrunk with
    :func:`kvgeom.strategies.minimal` and recorded in the docstring (the test asserts the features
    that make it a counterexample, not the exact dict: Hypothesis also seeds generation with

@@ -54,7 +54,7 @@ def _store_with_scaled_mamba_span(correct):
 
 
 def test_hit_law_catches_49962_store_plan_with_scaled_mamba_span(monkeypatch):
-    """vLLM #49962 (reference Example 3): a confirmed 64-token prefix stored 2 attention + **2** Mamba
+    """vLLM #49962: a confirmed 64-token prefix stored 2 attention + **2** Mamba
     blocks (states after 16 and 32, keyed as prefixes 32 and 64) instead of 2 + 4.
 
     Caught by ``test_every_hit_restores_mamba_at_exactly_the_hit_boundary_and_matches_a_cold_run``

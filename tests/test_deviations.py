@@ -1,0 +1,119 @@
+"""Every deliberate difference from vLLM 0.33 is on docs/deviations.md and has a test here asserting
+kvgeom's answer on the page's reproducer (vLLM's answer is stated on the page; it was obtained by running
+vLLM 0.33's own code on the same geometry)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import kvgeom
+from kvgeom.deviations import DEVIATIONS, deviation
+from kvgeom.errors import GeometryError, ParallelismError
+from kvgeom.hits import lookup_hit, plan_store
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "deviations.md"
+
+
+def test_page_and_registry_name_the_same_ids():
+    headings = re.findall(r"^## (\S+)\s*$", PAGE.read_text(encoding="utf-8"), flags=re.M)
+    assert headings == list(DEVIATIONS)
+
+
+def test_every_deviation_has_a_test_here():
+    names = {name for name in globals() if name.startswith("test_")}
+    for id in DEVIATIONS:
+        assert f"test_{id.replace('-', '_')}" in names, id
+
+
+def test_unknown_id_names_the_known_ones():
+    with pytest.raises(KeyError, match="realign-after-clamp"):
+        deviation("no-such-id")
+
+
+def test_realign_after_clamp():
+    # FA 16 + Mamba 24: a 73-token prompt stores attention 16..64 and the Mamba key at 72; a lookup of 80
+    # clamps to 64 on the attention chunks, re-aligns to the Mamba chunk (48): no Mamba key there -> 0
+    # (vLLM hits 64 and loads the state after token 72)
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "mamba", "block_size": 24}], "offload": {}})
+    tier = {s.index: list(s.end_tokens) for s in plan_store(g, num_tokens=73, num_computed_tokens=73).groups}
+    assert tier == {0: [16, 32, 48, 64], 1: [72]}
+    assert lookup_hit(g, 80, stored=tier).hit_tokens == 0
+
+
+def test_interleave_per_sharded_group():
+    # only the 32-token attention group is dealt: I = 32 fits (vLLM rejects it against the Mamba block 16)
+    ok = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 16}],
+                         "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 32}})
+    assert ok.groups[0].span == 64
+    # a 48-token dealt group does not hold whole 32-token runs (vLLM accepts it)
+    with pytest.raises(ParallelismError) as info:
+        kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+                                   {"kind": "full_attention", "block_size": 48}],
+                        "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 32}})
+    assert [(p.code, p.field) for p in info.value.problems] == [("interleave_mismatch", "parallel.cp_interleave")]
+    assert "48" in info.value.problems[0].message
+
+
+def test_swa_mask_own_span():
+    # replicated SWA 16 next to FA 16 at DCP 2: alignment 32 = two SWA blocks, the window needs one
+    # (vLLM's 32-token grid makes the mask dense and stores every chunk)
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "sliding_window", "block_size": 16, "sliding_window": 16,
+                                    "dcp_sharded": False}],
+                        "parallel": {"tp": 2, "dcp": 2}, "cache": {"retention_interval": None}, "offload": {}})
+    plan = plan_store(g, num_tokens=100, num_computed_tokens=100)
+    assert plan.groups[1].end_tokens == (32, 64, 96)
+
+
+def test_dcp_sharded_windowed_rejected():
+    # one DCP-sharded circular buffer: vLLM accepts it (no hybrid coordinator); kvgeom rejects with the fix
+    with pytest.raises(ParallelismError) as info:
+        kvgeom.resolve({"groups": [{"kind": "circular_buffer", "block_size": 16, "dcp_sharded": True}],
+                        "parallel": {"tp": 2, "dcp": 2}})
+    (p,) = info.value.problems
+    assert (p.code, p.field) == ("sharded_kind_under_dcp", "groups[0].dcp_sharded")
+    assert "dcp_sharded=false" in p.message
+
+
+def test_mamba_all_mode():
+    # vLLM 0.33 rejects 'all'; kvgeom resolves it with H = L and a warning
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}]})
+    assert g.hash_block_size == g.scheduler_block_size == 16
+    assert "mamba_mode_all_legacy" in [w.code for w in g.warnings]
+
+
+def test_sink_attention():
+    # vLLM 0.33 raises TypeError building the sink manager; kvgeom resolves it as full attention
+    g = kvgeom.resolve({"groups": [{"kind": "sink_full_attention", "block_size": 16, "sink_len": 32}]})
+    assert (g.scheduler_block_size, g.hash_block_size, g.groups[0].family) == (16, 16, "full")
+    # sink_len 16 under DCP 2: the span is 32, so the sink does not cover whole blocks
+    with pytest.raises(GeometryError) as info:
+        kvgeom.resolve({"groups": [{"kind": "sink_full_attention", "block_size": 16, "sink_len": 16}],
+                        "parallel": {"tp": 2, "dcp": 2}})
+    (p,) = info.value.problems
+    assert p.code == "sink_len_not_multiple_of_span" and "32" in p.message
+
+
+def test_chunked_local_mixed_blocks():
+    # vLLM 0.33 asserts at the first prefix-cache lookup (block 16 != hit alignment 32); kvgeom resolves it
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+                                   {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}],
+                        "offload": {}})
+    assert (g.scheduler_block_size, g.hash_block_size, g.hit_alignment_tokens) == (32, 16, 32)
+    assert "chunked_local_block_mismatch" in [w.code for w in g.warnings]
+    assert g.offload is not None and g.offload.group(1).window_chunks == 64 // 16
+
+
+def test_swa_lookup_window():
+    # window 17 over 16-token chunks: a hit at 96 needs the chunk [80, 96) only (vLLM requires 2 chunks -> 0)
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "sliding_window", "block_size": 16, "sliding_window": 17}],
+                        "offload": {}})
+    tier = {s.index: list(s.end_tokens) for s in plan_store(g, num_tokens=100, num_computed_tokens=100).groups}
+    assert tier == {0: [16, 32, 48, 64, 80, 96], 1: [96]}
+    assert lookup_hit(g, 120, stored=tier).hit_tokens == 96
