@@ -145,7 +145,7 @@ def _get(event: Any, name: str, default: Any = None) -> Any:
 def _event_type(event: Any) -> str | None:
     if isinstance(event, Mapping):
         t = event.get("type")
-        return t if isinstance(t, str) else None
+        return t if t in EVENT_TYPES else None
     name = type(event).__name__
     return name if name in EVENT_TYPES else None
 
@@ -394,14 +394,17 @@ class KVEventReader:
         partial = size == H and H < S and n_hashes == 1
         placeholder = size == 0 and not n_tokens and medium is not None and medium != "GPU"
         if not (full or partial or placeholder):
-            hint = ""
+            hints = []
+            if size == H and n_hashes != 1 and H < S:
+                hints.append(f" a partial-prefix entry (block_size=H={H}) carries exactly one hash, this event "
+                             f"{n_hashes};")
             if size == g.block_size and g.block_size != S:
-                hint = (f" {size} is the per-rank block size; group {group} is DCP-sharded, so one block id stands "
-                        f"for block_size*kv_shards={S} tokens and its hashes are the chain hashes every {S} tokens "
-                        "(vLLM 0.33's emit_cached_block_events reports the per-rank size for reused blocks: "
-                        "publish with kv_cache_report_mode='incremental')")
-            elif size == H and n_hashes != 1:
-                hint = f" a partial-prefix entry (block_size=H={H}) carries exactly one hash, this event {n_hashes}"
+                hints.append(
+                    f" {size} is the per-rank block size; group {group} is DCP-sharded, so one block id stands for "
+                    f"block_size*kv_shards={S} tokens and its hashes are the chain hashes every {S} tokens (vLLM "
+                    "0.33's emit_cached_block_events reports the per-rank size for reused blocks: publish with "
+                    "kv_cache_report_mode='incremental');")
+            hint = "".join(hints).rstrip(";")
             fix = ("resolve kvgeom's geometry from the engine's resolved block sizes and parallel sizes "
                    "(kvgeom.adapters.vllm) so spans match")
             placeholder_note = " nor 0 (an offload placeholder)" if medium != "GPU" else ""
