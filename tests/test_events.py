@@ -61,7 +61,9 @@ def test_stored_dicts_become_holder_bits_per_replica_group_medium():
 
 def test_vllm_event_objects_are_read_like_dicts():
     r = KVEventReader(DEFAULT)
-    r.apply(BlockStored([b"h1"], None, list(range(32)), 32, None, None, group_idx=0, kv_cache_spec_kind="full_attention"))
+    event = BlockStored([b"h1"], None, list(range(32)), 32, None, None, group_idx=0,
+                        kv_cache_spec_kind="full_attention")
+    r.apply(event)
     assert r.residency("GPU").contains(0, b"h1")  # medium None is the GPU prefix cache
 
 
