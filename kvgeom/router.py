@@ -138,6 +138,33 @@ def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
 
 
 # -- the held matrix ---------------------------------------------------------------------------------
+def _chain_masks(residency: Residency, group: int, chain: Sequence[Hashable], num_replicas: int) -> list[int]:
+    """Holder bit masks of ``chain`` in ``group``, checked against ``num_replicas``."""
+    try:
+        masks = residency.chain_masks(group, chain)
+    except TypeError as e:  # an unhashable hash (a list from a careless decoder)
+        raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
+    union = 0
+    for m in masks:
+        union |= m
+    if union >> num_replicas:
+        top = union.bit_length() - 1
+        raise QueryError.single(
+            "replica_out_of_range",
+            f"replica {top} holds entries of group {group} but num_replicas={num_replicas}; pass num_replicas > {top}",
+            "num_replicas", num_replicas=num_replicas, replica=top)
+    return masks
+
+
+def _unpack(masks: list[int], num_replicas: int) -> BoolMatrix:
+    n = len(masks)
+    if num_replicas == 0 or not any(masks):
+        return np.zeros((n, num_replicas), dtype=bool)
+    nb = (num_replicas + 7) // 8
+    packed = np.frombuffer(b"".join([m.to_bytes(nb, "little") for m in masks]), dtype=np.uint8).reshape(n, nb)
+    return np.unpackbits(packed, axis=1, count=num_replicas, bitorder="little").view(bool)
+
+
 def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], num_replicas: int) -> BoolMatrix:
     """``M[i, r]``: replica ``r`` (holder bit r) holds ``group``'s entry keyed by ``chain[i]``, i.e.
     the entry ending at token ``(i+1)*H``. Shape ``(len(chain), num_replicas)``.
@@ -147,43 +174,26 @@ def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], nu
     [[0, 1], [1, 0], [0, 0]]
     """
     R = nonneg("num_replicas", num_replicas)
-    try:
-        masks = residency.chain_masks(group, chain)
-    except TypeError as e:  # an unhashable hash (a list from a careless decoder)
-        raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
-    n = len(masks)
-    if R == 0 or not any(masks):
-        return np.zeros((n, R), dtype=bool)
-    nb = (R + 7) // 8
-    try:
-        buf = b"".join([m.to_bytes(nb, "little") for m in masks])
-    except OverflowError:
-        top = max(masks).bit_length() - 1
-        raise QueryError.single(
-            "replica_out_of_range",
-            f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > {top}",
-            "num_replicas", num_replicas=R, replica=top) from None
-    packed = np.frombuffer(buf, dtype=np.uint8).reshape(n, nb)
-    return np.unpackbits(packed, axis=1, count=R, bitorder="little").view(bool)
+    return _unpack(_chain_masks(residency, group, chain, R), R)
 
 
 # -- vectorised kernels ------------------------------------------------------------------------------
+def _row_index(n: int) -> npt.NDArray[np.signedinteger[Any]]:
+    """Row numbers 0..n-1 as a column, in the narrowest dtype that holds -1..n+1 (less memory traffic)."""
+    rows: npt.NDArray[np.signedinteger[Any]] = np.arange(n, dtype=np.int16 if n < 2**15 - 2 else np.int32)
+    return rows[:, None]
+
+
+# The kernels below reduce (rows, replicas) C-ordered matrices along axis 0 only with elementwise
+# arithmetic followed by ``max(axis=0)``: numpy runs those row by row over whole rows, while
+# argmin/argmax/cumsum/accumulate along axis 0 go column by column and are ~20x slower here.
 def _leading_run(F: BoolMatrix) -> IntVector:
     """Per column, the number of leading True rows."""
     n, R = F.shape
     if n == 0:
         return np.zeros(R, dtype=np.int64)
-    first_false = F.argmin(axis=0)
-    all_true = F[first_false, np.arange(R)]
-    out: IntVector = np.where(all_true, n, first_false).astype(np.int64)
-    return out
-
-
-def _runs_ending(F: BoolMatrix) -> npt.NDArray[np.int32]:
-    """``RL[j, r]``: the number of consecutive True rows of column r ending at row j (0 when F[j] is False)."""
-    c = np.cumsum(F, axis=0, dtype=np.int32)
-    reset = np.maximum.accumulate(np.where(F, 0, c), axis=0)
-    out: npt.NDArray[np.int32] = c - reset
+    rows = _row_index(n)
+    out: IntVector = n - ((~F) * (n - rows)).max(axis=0).astype(np.int64)
     return out
 
 
@@ -192,11 +202,49 @@ def _last_true_below(Y: BoolMatrix, limit: IntVector) -> IntVector:
     n, R = Y.shape
     if n == 0:
         return np.full(R, -1, dtype=np.int64)
-    masked = Y & (np.arange(n)[:, None] < limit[None, :])
-    rev = masked[::-1]
-    j = rev.argmax(axis=0)
-    found = rev[j, np.arange(R)]
-    out: IntVector = np.where(found, n - 1 - j, -1).astype(np.int64)
+    rows = _row_index(n)
+    below = rows < np.clip(limit, 0, n).astype(rows.dtype)[None, :]
+    out: IntVector = ((Y & below) * (rows + 1)).max(axis=0).astype(np.int64) - 1
+    return out
+
+
+def _first_false_from(F: BoolMatrix, start: IntVector) -> IntVector:
+    """Per column r, the first row j >= start[r] with F[j, r] False (the row count when there is none)."""
+    n, R = F.shape
+    if n == 0:
+        return np.zeros(R, dtype=np.int64)
+    rows = _row_index(n)
+    from_start = rows >= np.clip(start, 0, n).astype(rows.dtype)[None, :]
+    out: IntVector = n - (((~F) & from_start) * (n - rows)).max(axis=0).astype(np.int64)
+    return out
+
+
+def _window_all(F: BoolMatrix, c: int) -> BoolMatrix:
+    """``W[j, r]``: rows ``j-c+1 .. j`` of column r are all True (False for j < c - 1). O(log c) passes."""
+    n, R = F.shape
+    out = np.zeros((n, R), dtype=bool)
+    if c > n or c <= 0:
+        return out
+    # Windows are kept aligned by their end row: an array for length w has n-w+1 rows, row i ending at i+w-1.
+    acc: BoolMatrix | None = None
+    acc_len = 0
+    power, p_len, k = F, 1, c
+    while True:
+        if k & 1:
+            if acc is None:
+                acc, acc_len = power, p_len
+            else:  # window of acc_len + p_len ending at t: acc's ending at t, power's ending at t - acc_len
+                rows_out = n - acc_len - p_len + 1
+                acc = acc[p_len:] & power[:rows_out]
+                acc_len += p_len
+        k >>= 1
+        if not k:
+            break
+        rows_out = n - 2 * p_len + 1
+        power = power[p_len:] & power[:rows_out]
+        p_len *= 2
+    assert acc is not None and acc_len == c
+    out[c - 1 :] = acc
     return out
 
 
@@ -224,11 +272,12 @@ class _Lookup:
             case "sliding":
                 assert lg.window is not None
                 need = max(cdiv(lg.window - 1, S), 1)
-                e = np.arange(1, nblk + 1)
-                aligned = (e * S) % A == 0
-                self.V = aligned[:, None] & (_runs_ending(self.F) >= np.minimum(need, e)[:, None])
+                aligned = (np.arange(1, nblk + 1) * S) % A == 0
+                # a run of `need` held blocks ending at the hit, or a shorter run that starts at block 0
+                short = _row_index(nblk) < np.minimum(_leading_run(self.F), need - 1)[None, :]
+                self.V = aligned[:, None] & (_window_all(self.F, need) | short)
             case "chunked":
-                self.RF = _runs_ending(self.F[::-1])[::-1]
+                pass
             case "mamba":
                 if not self.fine:
                     e = np.arange(1, nblk + 1)
@@ -265,10 +314,7 @@ class _Lookup:
                 chunk = self.lg.chunk
                 sb = (m // chunk * chunk) // S
                 mb = m // S
-                if self.nblk:
-                    run = np.where(sb < self.nblk, self.RF[np.minimum(sb, self.nblk - 1), self.cols], 0)
-                else:
-                    run = np.zeros(self.R, dtype=np.int64)
+                run = np.maximum(_first_false_from(self.F, sb) - sb, 0)
                 local: IntVector = ((sb + np.minimum(run, mb - sb)) * S).astype(np.int64)
                 return local
             case _:  # mamba
@@ -353,6 +399,159 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
             return hit
 
 
+# -- the bit-parallel path ----------------------------------------------------------------------------
+# Residency stores, per hash, the set of holders as one Python int (bit r = replica r). For groups of
+# the full-attention and Mamba families the coordinator's rules only need "which replicas hold this
+# hash" per row, so they can run on those ints directly, 1,000 replicas per integer operation, with
+# no (hashes x replicas) matrix at all. Per-replica values are kept as a partition: {value: set of
+# replicas with that value}, disjoint sets covering every replica. Same answers as the matrix kernels
+# (``tests/property/test_router_laws.py`` checks both against the scalar reference).
+Partition = dict[int, int]
+
+_BIT_FAMILIES = frozenset({"full", "mamba"})
+
+
+def _put(out: Partition, value: int, bits: int) -> None:
+    if bits:
+        out[value] = out.get(value, 0) | bits
+
+
+def _pmin(p: Partition, q: Partition) -> Partition:
+    out: Partition = {}
+    for v1, b1 in p.items():
+        for v2, b2 in q.items():
+            _put(out, min(v1, v2), b1 & b2)
+    return out
+
+
+class _BitLookup:
+    """One lookup group's finder on holder bit masks (families "full" and "mamba" only)."""
+
+    def __init__(self, lg: LookupGroup, masks: list[int], H: int, A: int, everyone: int) -> None:
+        self.lg, self.masks, self.H, self.A = lg, masks, H, A
+        S = lg.span
+        self.S, self.s = S, S // H
+        self.n_h = len(masks)
+        self.nblk = self.n_h // self.s
+        self.fine = A < S and S % A == 0
+        self._states: tuple[list[int], int, int] | None = None
+        if lg.family == "full":
+            # the run of held full blocks from block 0, as {run length: replicas}
+            run: Partition = {}
+            alive = everyone
+            s = self.s
+            for j in range(self.nblk):
+                nxt = alive & masks[(j + 1) * s - 1]
+                if nxt != alive:
+                    _put(run, j, alive & ~nxt)
+                    alive = nxt
+                    if not alive:
+                        break
+            _put(run, self.nblk, alive)
+            self.run = run
+
+    def __call__(self, cand: Partition) -> Partition:
+        if self.lg.family == "full":
+            return self._full(cand)
+        return self._mamba(cand)
+
+    def _full(self, cand: Partition) -> Partition:
+        S, s, A, H, masks, n_h = self.S, self.s, self.A, self.H, self.masks, self.n_h
+        out: Partition = {}
+        for m, mbits in cand.items():
+            for run, rbits in self.run.items():
+                b = mbits & rbits
+                if not b:
+                    continue
+                k = min(run, m // S)
+                if self.fine:  # the highest held hash boundary inside block k
+                    lo = k * s
+                    hi = min(lo + s - 1, m // A, n_h)
+                    for idx in range(hi - 1, lo - 1, -1):
+                        found = masks[idx] & b
+                        if found:
+                            hit = (idx + 1) * H
+                            _put(out, hit - hit % A, found)
+                            b &= ~found
+                            if not b:
+                                break
+                hit = k * S
+                _put(out, hit - hit % A, b)
+        return out
+
+    def _mamba(self, cand: Partition) -> Partition:
+        # rows[i]: holders of the state that a hit of rank i would restore (0 where no state may land)
+        rows, unit, n_ranks = self.state_rows()
+        limits = sorted(((min(m // unit, n_ranks), b) for m, b in cand.items()), reverse=True)
+        out: Partition = {}
+        pending = 0
+        for k, (lim, b) in enumerate(limits):
+            pending |= b
+            lower = limits[k + 1][0] if k + 1 < len(limits) else 0
+            for i in range(lim - 1, lower - 1, -1):  # the last held state below each replica's limit
+                if not pending:
+                    break
+                found = rows[i] & pending
+                if found:
+                    _put(out, (i + 1) * unit, found)
+                    pending &= ~found
+        _put(out, 0, pending)
+        return out
+
+    def state_rows(self) -> tuple[list[int], int, int]:
+        """Mamba candidates as (holder masks by rank, tokens per rank, number of ranks): every hash boundary
+        with fine-grained hits (A = H < S), else the block ends that are multiples of A."""
+        if self._states is None:
+            S, s, A, masks = self.S, self.s, self.A, self.masks
+            if self.fine:
+                self._states = (masks, A, self.n_h)
+            else:
+                rows = [masks[(i + 1) * s - 1] if ((i + 1) * S) % A == 0 else 0 for i in range(self.nblk)]
+                self._states = (rows, S, self.nblk)
+        return self._states
+
+
+def _bit_hits(plan: Sequence[LookupGroup], masks: Mapping[int, list[int]], num_tokens: int, H: int, A: int,
+              everyone: int) -> Partition:
+    """The coordinator loop of :func:`prefix_hits` on holder bit masks (every family in ``_BIT_FAMILIES``)."""
+    lookups = []
+    for lg in plan:
+        joint = masks[lg.group_ids[0]]
+        for g in lg.group_ids[1:]:
+            joint = [a & b for a, b in zip(joint, masks[g], strict=True)]
+        lookups.append(_BitLookup(lg, joint, H, A, everyone))
+    simple = len(plan) == 2 and plan[0].full_attention
+    hit: Partition = {max(num_tokens - 1, 0): everyone}
+    fa_hit: dict[int, Partition] = {}
+    while True:
+        curr = hit
+        for i, lk in enumerate(lookups):
+            if lk.lg.full_attention and i in fa_hit:
+                curr = _pmin(curr, fa_hit[i])
+                continue
+            curr = lk(curr)
+            if lk.lg.full_attention:
+                fa_hit[i] = curr
+        converged = curr == hit
+        hit = curr
+        if converged or simple:
+            return hit
+
+
+def _unpartition(p: Partition, num_replicas: int) -> IntVector:
+    """Per-replica values of a partition."""
+    if not p or num_replicas == 0:
+        return np.zeros(num_replicas, dtype=np.int64)
+    values = [v for v in p if v]
+    if not values:
+        return np.zeros(num_replicas, dtype=np.int64)
+    nb = (num_replicas + 7) // 8
+    packed = np.frombuffer(b"".join([p[v].to_bytes(nb, "little") for v in values]), dtype=np.uint8)
+    member = np.unpackbits(packed.reshape(len(values), nb), axis=1, count=num_replicas, bitorder="little")
+    out: IntVector = np.asarray(values, dtype=np.int64) @ member.astype(np.int64)
+    return out
+
+
 # -- scoring ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RouterScores:
@@ -386,6 +585,7 @@ def score_replicas(
     num_replicas: int,
     tiers: Sequence[str] | None = None,
     cumulative: bool = False,
+    matrix_path: bool | None = None,
 ) -> RouterScores:
     """Score every request on every replica and tier: the GPU prefix-cache hit vLLM 0.33's coordinator
     would compute if the request ran on that replica and that tier's entries were its cache.
@@ -398,6 +598,9 @@ def score_replicas(
     With ``cumulative`` a tier is scored on the union of itself and the tiers before it (GPU, then
     GPU + CPU, ...): what a replica could serve by loading from its lower tiers, under the prefix
     rules (an upper bound: the offload connector's chunk rules are in :mod:`kvgeom.hits`).
+    ``matrix_path`` forces the (hashes x replicas) matrix kernels (True) or the bit-parallel ones
+    (False, full-attention and Mamba groups only); by default the bit-parallel path runs whenever
+    every group allows it. Both give the same scores.
 
     Returns :class:`RouterScores` with ``hit_tokens`` of shape ``(len(chains), len(tiers),
     num_replicas)``.
@@ -440,6 +643,15 @@ def score_replicas(
     _check_geometry(geom)
     plan = lookup_groups(geom)
     groups = [g for lg in plan for g in lg.group_ids]
+    A = geom.hit_alignment_tokens
+    everyone = (1 << R) - 1
+    bit_ok = all(lg.family in _BIT_FAMILIES for lg in plan)
+    bit_path = bit_ok if matrix_path is None else not matrix_path
+    if bit_path and not bit_ok:
+        raise QueryError.single(
+            "bit_path_unsupported",
+            f"the bit-parallel kernels handle full-attention and Mamba groups only; this geometry has "
+            f"{sorted({lg.family for lg in plan} - _BIT_FAMILIES)} groups: leave matrix_path unset", "matrix_path")
     out = np.zeros((n_q, len(names), R), dtype=np.int64)
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
         n = nonneg(f"num_tokens[{q}]", n)
@@ -449,14 +661,19 @@ def score_replicas(
                 f"chain {q} has {len(chain)} hashes but a {n}-token request has {n // H} complete blocks of the hash "
                 f"unit H={H}; hash the request every H tokens (a chain at another block size would be read at the "
                 "wrong end tokens)", f"chains[{q}]", num_hashes=len(chain), num_tokens=n, hash_block_size=H)
-        union: dict[int, BoolMatrix] = {}
+        union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
             res = by_tier[name]
-            held = {g: chain_matrix(res, g, chain, R) for g in groups}
+            masks = {g: _chain_masks(res, g, chain, R) for g in groups}
             if cumulative:
                 for g in groups:
                     if g in union:
-                        held[g] = held[g] | union[g]
-                union = held
-            out[q, t] = prefix_hits(geom, held, n) if plan else 0
+                        masks[g] = [a | b for a, b in zip(masks[g], union[g], strict=True)]
+                union = masks
+            if not plan or not geom.config.cache.prefix_caching or R == 0:
+                continue
+            if bit_path:
+                out[q, t] = _unpartition(_bit_hits(plan, masks, n, H, A, everyone), R)
+            else:
+                out[q, t] = prefix_hits(geom, {g: _unpack(m, R) for g, m in masks.items()}, n)
     return RouterScores(tiers=names, hit_tokens=out)
