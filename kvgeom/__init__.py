@@ -55,6 +55,7 @@ from kvgeom.specs import (
 from kvgeom.compat import CompatReason, CompatReport, GroupCompat, compat, compat_main_text
 from kvgeom.fingerprint import fingerprint, layout_fields
 from kvgeom.pages import maybe_page_bytes, page_bytes
+from kvgeom.prefix import PrefixHit, prefix_hit
 
 # The layer-shape resolution loads on first use (PEP 562): it is the largest module and
 # serving paths that only resolve a config never need it.
@@ -153,6 +154,9 @@ __all__ = [
     "SpeculativeGeometry",
     "make_offload_key",
     "split_offload_key",
+    # 0.2: GPU prefix-cache hits
+    "PrefixHit",
+    "prefix_hit",
     # issue 12: KV events (kvgeom.events) and router scoring (kvgeom.router)
     "KVEventError",
     "KVEventReader",

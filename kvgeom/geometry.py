@@ -243,6 +243,31 @@ class Geometry:
 
         return plan_hit(self, scenario).to_dict()
 
+    def prefix_hit(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
+        """The GPU prefix-cache hit for ``{"num_tokens": N, "resident": {"<group>": [end tokens]}}`` (see
+        :func:`kvgeom.prefix.prefix_hit`), as ``{"hit_tokens", "groups": [{"index", "blocks"}]}``.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> resolve(DEFAULT_CONFIG).prefix_hit({"num_tokens": 65, "resident": {"0": [32, 64], "1": [48]}})["hit_tokens"]
+        48
+        """
+        from kvgeom.prefix import prefix_hit_from_scenario
+
+        return prefix_hit_from_scenario(self, scenario).to_dict()
+
+    def plan_request(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
+        """GPU hit then connector hit, as the Scheduler admits a request (see :func:`kvgeom.request.plan_request`):
+        ``{"local_hit_tokens", "external_hit_tokens", "groups": [loads as in plan_hit]}``.
+
+        >>> from kvgeom import DEFAULT_CONFIG
+        >>> sc = {"num_tokens": 100, "resident": {"0": [32, 64], "1": [48]}, "stored": {"0": [32, 64], "1": [48]}}
+        >>> p = resolve(DEFAULT_CONFIG).plan_request(sc); p["local_hit_tokens"], p["external_hit_tokens"]
+        (48, 0)
+        """
+        from kvgeom.request import plan_request
+
+        return plan_request(self, scenario).to_dict()
+
     def fingerprint(self) -> str:
         """A short, versioned, stable digest of everything behind an offload key's bytes.
 

@@ -29,6 +29,7 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask
+from kvgeom.prefix import scheduler_keeps_load
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
@@ -390,7 +391,9 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
 
     ``scenario``: ``num_tokens``, optional ``num_prompt_tokens``,
     ``local_computed_tokens``, ``stored`` (``{"<group>": [end tokens]}``),
-    ``max_load_tokens``, ``max_num_new_tokens``; unknown keys are an error.
+    ``max_load_tokens``, ``max_num_new_tokens``; unknown keys are an error. ``groups`` hold only
+    the loads the Scheduler runs (:func:`kvgeom.prefix.scheduler_keeps_load`: none when the local
+    prefix is not a multiple of L and the hit does not pass it); ``hit_tokens`` is the connector's.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
@@ -417,6 +420,8 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
         max_load_tokens=scenario.get("max_load_tokens"),
         max_num_new_tokens=scenario.get("max_num_new_tokens"),
     )
+    if not scheduler_keeps_load(scenario.get("local_computed_tokens", 0), geom.scheduler_block_size, hit.hit_tokens):
+        return HitPlan(hit, plan_load(geom, Hit(0, hit.local_computed_tokens, hit.local_computed_tokens, False)))
     return HitPlan(hit, plan_load(geom, hit))
 
 

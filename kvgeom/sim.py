@@ -25,6 +25,10 @@ Plans are kvgeom's (:func:`kvgeom.hits.plan_store`, :func:`kvgeom.hits.plan_hit`
 or a connector's own, given as the same contract dicts (``StorePlan.to_dict()``,
 ``HitPlan.to_dict()``); ``docs/fuzzing.md`` shows how to check a connector's plans.
 
+**GPU prefix cache**: :class:`GPUPrefixCache` keeps the prefix-cache entries of one hash chain per
+group (with per-group eviction), and :func:`run_request` admits a second request by
+:func:`kvgeom.request.plan_request`, checks the GPU entries it adopts and follows its load.
+
 Scope: one request at a time; offloaded groups must be positional (attention,
 MLA, sliding window, chunked local) or align-mode Mamba. Non-offloaded groups are
 ignored. Meant for tests: it keeps every position as a Python int.
@@ -44,8 +48,9 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.keys import boundary_hash_index, offload_group
 from kvgeom.ranks import Placement, dcp_placement
+from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
-__all__ = ["ScenarioReport", "Simulator", "run_scenario"]
+__all__ = ["GPUPrefixCache", "RequestReport", "ScenarioReport", "Simulator", "run_request", "run_scenario"]
 
 _EMPTY = -1
 
@@ -384,3 +389,202 @@ def run_scenario(
     )
     sim.load(hit_plan)
     return ScenarioReport(store_plan, hit_plan, tuple(tier_problems), tuple(sim.check_restored(hit_plan, num_tokens=n)))
+
+
+# ---------------------------------------------------------------------- GPU prefix cache
+
+
+class GPUPrefixCache:
+    """The GPU prefix cache of one hash chain: per group, the cached entries and what each holds.
+
+    An attention entry ending at *e* holds the positions of block ``cdiv(e, S) - 1`` up to *e* (a
+    partial entry when S does not divide *e*); an align-mode Mamba entry ending at *e* holds the state
+    after *e* tokens. :meth:`cache_request` caches what a cold run leaves behind; :meth:`evict`
+    drops entries per group; :meth:`check_adopted` checks a hit against what the entries hold.
+
+    Which entries a cold run caches (modelled on vLLM 0.33's ``cache_blocks``; one copy per group,
+    DCP dealing is the offload simulator's business): the full blocks of every group up to the
+    cacheable prefix (``n``, or ``rdown(n, L)`` without partial hash hits), thinned by the
+    retention mask for sliding-window and Mamba groups (:func:`kvgeom.masks.reachable_block_mask`,
+    replay boundary ``n - 1``, aligned to A); with H < S the prompt's last H boundary below ``n`` as a
+    partial entry of full-attention and Mamba groups.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+    >>> c = GPUPrefixCache(g); c.cache_request(70)
+    >>> c.resident()
+    {'0': [32, 64], '1': [16, 32, 48, 64]}
+    >>> c.check_adopted(kvgeom.prefix_hit(g, 70, c.resident()))
+    []
+    """
+
+    def __init__(self, geom: Geometry) -> None:
+        self.geom = geom
+        self.entries: dict[tuple[int, int], tuple[int, ...] | int] = {}
+
+    def _holds(self, group: int, end: int) -> tuple[int, ...] | int:
+        g = self.geom.groups[group]
+        if g.family == "mamba":
+            return end
+        return tuple(range((cdiv(end, g.span) - 1) * g.span, end))
+
+    def cache_request(self, num_tokens: int) -> None:
+        """Cache what a cold run of a ``num_tokens`` prompt of this chain leaves behind."""
+        from kvgeom.masks import reachable_block_mask
+
+        geom = self.geom
+        n = nonneg("num_tokens", num_tokens)
+        if not geom.config.cache.prefix_caching or n == 0:
+            return
+        H, A, L = geom.hash_block_size, geom.hit_alignment_tokens, geom.scheduler_block_size
+        cacheable = n if geom.partial_hash_hits else n - n % L
+        tail = (n - 1) // H * H
+        for g in geom.groups:
+            if not g.prefix_cacheable or g.family in {"cross", "circular"}:
+                continue
+            blocks = cacheable // g.span
+            mask = None
+            if g.family in {"sliding", "mamba"}:
+                mask = reachable_block_mask(geom, g.index, blocks, reachable=[n - 1], alignment=A)
+            for j in range(blocks):
+                if mask is None or j in mask:
+                    self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
+            if g.span != H and g.family in {"full", "mamba"} and 0 < tail <= cacheable and tail % g.span:
+                self.entries[(g.index, tail)] = self._holds(g.index, tail)
+
+    def evict(self, keep: Callable[[int, int], bool]) -> None:
+        """Keep only the entries ``(group, end_token)`` for which ``keep`` is true."""
+        self.entries = {key: v for key, v in self.entries.items() if keep(*key)}
+
+    def resident(self) -> dict[str, list[int]]:
+        """The cached entries as :func:`kvgeom.prefix.prefix_hit`'s ``resident``: ``{"<group>": [end tokens]}``."""
+        out: dict[str, list[int]] = {str(g.index): [] for g in self.geom.groups if g.prefix_cacheable}
+        for group, end in sorted(self.entries):
+            out[str(group)].append(end)
+        return out
+
+    def check_adopted(self, hit: Any, *, end_token: int | None = None, states: bool = True) -> list[str]:
+        """Problems with adopting ``hit``'s entries (a :class:`kvgeom.prefix.PrefixHit`) to resume at
+        ``end_token`` (default ``hit.hit_tokens``): every adopted entry must be cached; every position a
+        group needs before N must be in an adopted entry (full attention ``[0, N)``, sliding window the
+        last ``sliding_window - 1``, chunked local the current chunk); with ``states``, each align-mode
+        Mamba group must adopt the state after exactly N tokens."""
+        N = hit.hit_tokens if end_token is None else nonneg("end_token", end_token)
+        problems: list[str] = []
+        if N == 0:
+            return problems
+        for gh in hit.groups:
+            g = self.geom.groups[gh.index]
+            if not g.prefix_cacheable:
+                continue
+            held: set[int] = set()
+            got_states = []
+            for e in gh.end_tokens:
+                value = self.entries.get((g.index, e))
+                if value is None:
+                    problems.append(f"group {g.index}: adopts the entry ending at {e}, which is not cached")
+                elif isinstance(value, int):
+                    got_states.append(value)
+                else:
+                    held.update(value)
+            if g.family == "mamba":
+                if states and got_states != [N]:
+                    problems.append(f"group {g.index}: resuming at {N} adopts Mamba states {got_states}, not [{N}]")
+                continue
+            window = sliding_window_of(g.spec)
+            size = attention_chunk_size_of(g.spec)
+            first = 0
+            if window is not None:
+                first = max(N - (window[0] - 1), 0)
+            elif size is not None:
+                first = N // size * size
+            missing = [p for p in range(first, N) if p not in held]
+            if missing:
+                problems.append(
+                    f"group {g.index}: resuming at {N} needs positions [{first}, {N}); {len(missing)} are in no "
+                    f"adopted entry (first {missing[0]})"
+                )
+        return problems
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    """What :func:`run_request` did: the admission plan and every problem the checks found."""
+
+    plan: Any
+    """The :class:`kvgeom.request.RequestPlan`."""
+    local_problems: tuple[str, ...]
+    tier_problems: tuple[str, ...]
+    restore_problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.local_problems and not self.tier_problems and not self.restore_problems
+
+
+def _bits_predicate(order: list[tuple[int, int]], bits: Sequence[bool]) -> Callable[[int, int], bool]:
+    gone = {key for key, bit in zip(order, bits, strict=False) if bit}
+    return lambda g, e: (g, e) in gone
+
+
+def run_request(
+    geom: Geometry,
+    num_tokens: int,
+    *,
+    first_tokens: int | None = None,
+    evict_gpu: Callable[[int, int], bool] | Sequence[bool] | None = None,
+    evict_tier: Callable[[int, int], bool] | Sequence[bool] | None = None,
+) -> RequestReport:
+    """A cold run of a ``first_tokens`` prompt (default ``num_tokens``) fills the GPU prefix cache
+    and, with an offload section, the tier; entries are evicted per group from each; then a request
+    of ``num_tokens`` tokens on the same chain is admitted by :func:`kvgeom.request.plan_request`
+    and executed: the GPU entries it adopts are checked (:meth:`GPUPrefixCache.check_adopted`) and
+    the load is followed on a fresh GPU and compared with a cold run (:meth:`Simulator.check_restored`).
+
+    ``evict_gpu`` / ``evict_tier``: a predicate ``evict(group, end_token)`` or booleans applied in
+    order to the entries sorted by ``(group, end_token)`` (True evicts).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+    >>> r = run_request(g, 100, evict_gpu=lambda g, e: g == 1 and e > 48)   # GPU hit 48, not on L = 32
+    >>> r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok
+    (32, 64, True)
+    """
+    from kvgeom.request import plan_request
+
+    n = nonneg("num_tokens", num_tokens)
+    n0 = n if first_tokens is None else nonneg("first_tokens", first_tokens)
+    cache = GPUPrefixCache(geom)
+    cache.cache_request(n0)
+    if evict_gpu is not None:
+        pred = evict_gpu if callable(evict_gpu) else _bits_predicate(sorted(cache.entries), evict_gpu)
+        cache.evict(lambda g, e: not pred(g, e))
+    scenario: dict[str, Any] = {"num_tokens": n, "resident": cache.resident()}
+    sim = None
+    tier_problems: list[str] = []
+    if geom.offload is not None:
+        sim = Simulator(geom)
+        sim.prefill(n0)
+        sim.store(hits.plan_store(geom, num_tokens=n0, num_computed_tokens=n0))
+        if evict_tier is not None:
+            H = geom.hash_block_size
+            order = sorted((g, (h + 1) * H) for h, g in sim.tier)
+            tpred = evict_tier if callable(evict_tier) else _bits_predicate(order, evict_tier)
+            sim.evict(lambda g, e: not tpred(g, e))
+        tier_problems = sim.check_tier()
+        scenario["stored"] = sim.tier_end_tokens()
+    plan = plan_request(geom, scenario)
+    external = plan.external_hit_tokens
+    local_problems = cache.check_adopted(plan.local, end_token=plan.local_hit_tokens, states=external == 0)
+    restore: list[str] = []
+    if external and sim is not None and plan.hit is not None:
+        sim.reset()
+        sim.prefill(plan.local_hit_tokens)
+        hit_plan = hits.HitPlan(plan.hit, plan.groups)
+        sim.load(hit_plan)
+        restore = sim.check_restored(hit_plan, num_tokens=n)
+        if plan.local_hit_tokens + external != plan.hit.end_token:
+            restore.append(
+                f"local {plan.local_hit_tokens} + external {external} != the load's end token {plan.hit.end_token}"
+            )
+    return RequestReport(plan, tuple(local_problems), tuple(tier_problems), tuple(restore))

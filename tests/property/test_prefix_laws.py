@@ -1,0 +1,175 @@
+"""Laws of the GPU prefix-cache hit (``kvgeom.prefix``) and of the request admission
+(``kvgeom.request.plan_request``), the latter checked with the token-accurate simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from _prefix_laws import (
+    MAX_TOKENS,
+    ROW_45614,
+    check_mamba_state_exact,
+    held_sets,
+    hit_or_unsupported,
+    prefix_cases,
+    usable,
+    with_drop,
+)
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import kvgeom
+from kvgeom._math import cdiv
+from kvgeom.sim import run_request
+from kvgeom.strategies import configs
+
+_H49964 = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # full attention span 32 + Mamba 16, H = A = 16
+#: vLLM #46453's shape: full attention 16 + Mamba 16; Mamba holds m0 -- -- m3, attention f0 f1 -- --.
+_FA16_M16 = kvgeom.resolve(
+    {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]}
+)
+_46453 = (_FA16_M16, 70, {"0": [16, 32], "1": [16, 64]})
+
+
+@example(case=_46453)  # #46453: hit 16 (m0), not 32 (no m1) and not 64 (no f2, f3)
+@given(prefix_cases())
+def test_prefix_hit_never_exceeds_any_groups_usable_prefix(case):
+    """The hit is below num_tokens, on A, and every prefix-cacheable group alone can serve it;
+    full-attention groups reuse exactly cdiv(hit, S) resident entries."""
+    geom, n, resident = case
+    hit = hit_or_unsupported(geom, n, resident)
+    if hit is None:
+        return
+    h = hit.hit_tokens
+    assert 0 <= h <= max(n - 1, 0)
+    assert h % geom.hit_alignment_tokens == 0 or len(geom.groups) == 1
+    held = held_sets(geom, resident)
+    for g in geom.groups:
+        if g.prefix_cacheable and h:
+            assert usable(geom, g.index, held[g.index], h), (g.index, h, hit)
+        assert set(hit.groups[g.index].end_tokens) <= held[g.index]
+        if g.family == "full" and g.prefix_cacheable:
+            assert len(hit.groups[g.index].end_tokens) == cdiv(h, g.span)
+
+
+@example(case=_46453, pick=1, unit=1)  # #46453 with m1 back: Mamba m0 m1 -- m3, hit 16 -> 32
+@given(prefix_cases(), st.integers(0, 7), st.integers(1, MAX_TOKENS))
+def test_adding_a_resident_entry_never_lowers_the_hit(case, pick, unit):
+    geom, n, resident = case
+    before = hit_or_unsupported(geom, n, resident)
+    cacheable = [x.index for x in geom.groups if x.prefix_cacheable]
+    if before is None or n < geom.hash_block_size or not cacheable:
+        return
+    g = cacheable[pick % len(cacheable)]
+    e = (unit % (n // geom.hash_block_size) + 1) * geom.hash_block_size
+    more = {**resident, str(g): sorted(set(resident.get(str(g), [])) | {e})}
+    after = hit_or_unsupported(geom, n, more)
+    assert after is not None and after.hit_tokens >= before.hit_tokens, (g, e, before, after)
+
+
+@example(case=_46453, pick=0)  # attention f0 gone: hit 0
+@given(prefix_cases(), st.integers(0, 1000))
+def test_removing_a_resident_entry_never_raises_the_hit(case, pick):
+    geom, n, resident = case
+    before = hit_or_unsupported(geom, n, resident)
+    entries = [(k, e) for k, ends in resident.items() for e in ends]
+    if before is None or not entries:
+        return
+    k, e = entries[pick % len(entries)]
+    fewer = {**resident, k: [x for x in resident[k] if x != e]}
+    after = hit_or_unsupported(geom, n, fewer)
+    assert after is not None and after.hit_tokens <= before.hit_tokens, (k, e, before, after)
+
+
+@example(case=_46453)
+@given(prefix_cases())
+def test_restored_mamba_state_is_exact(case):
+    check_mamba_state_exact(case)
+
+
+@example(case=ROW_45614)  # #45614 shape: full attention proves 32, drops to 16; no Mamba state <= 16: hit 0
+@given(prefix_cases(drop=True))
+def test_restored_mamba_state_is_exact_with_the_drop(case):
+    check_mamba_state_exact(case)
+
+
+@given(prefix_cases(drop=True, kinds=["full_attention", "mla", "mamba", "sliding_window", "uniform"]))
+def test_with_the_drop_a_hit_never_includes_the_volatile_unit(case):
+    """A dropping group's entries prove at least one drop unit past the hit (full attention
+    ``min(A, S)``, sliding window one block): the unit a drafter rewrote is never reused."""
+    geom, n, resident = case
+    hit = hit_or_unsupported(geom, n, resident)
+    if hit is None or hit.hit_tokens == 0:
+        return
+    h, A = hit.hit_tokens, geom.hit_alignment_tokens
+    held = held_sets(geom, resident)
+    for g in geom.groups:
+        if g.proof_margin is None:
+            continue
+        unit = min(A, g.span) if g.family == "full" else g.span
+        same_block = [e for e in held[g.index] if cdiv(e, g.span) == cdiv(h + unit, g.span)]
+        assert usable(geom, g.index, held[g.index], h + unit) or (
+            g.family == "full" and any(h + unit <= e for e in same_block)
+        ), (g.index, h, unit, hit)
+
+
+@given(prefix_cases())
+def test_probe_and_mapping_agree(case):
+    """The two residency forms (a mapping, a ``contains`` probe such as ``Residency.probe``) give
+    the same hit."""
+    geom, n, resident = case
+    a = hit_or_unsupported(geom, n, resident)
+    if a is None:
+        return
+    r = kvgeom.Residency()
+    chain = [f"h{i}" for i in range(n // geom.hash_block_size)]
+    for k, ends in resident.items():
+        for e in ends:
+            if e // geom.hash_block_size <= len(chain):  # past the chain: never held, either way
+                r.add(int(k), chain[e // geom.hash_block_size - 1])
+    assert kvgeom.prefix_hit(geom, n, r.probe(geom, chain)) == a
+
+
+@st.composite
+def _request_cases(draw):
+    cfg = draw(configs(kinds=["full_attention", "mla", "mamba", "uniform"], max_block_size=8,
+                                         max_dcp=4, prefix_caching=True, offload=True, max_groups=3,
+                                         allow_pcp=False))
+    n = draw(st.integers(1, MAX_TOKENS))
+    first = draw(st.integers(1, MAX_TOKENS))
+    evict_gpu = draw(st.lists(st.booleans(), max_size=120))
+    evict_tier = draw(st.lists(st.booleans(), max_size=120))
+    return cfg, n, first, evict_gpu, evict_tier
+
+
+_DENSE_49964 = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}
+
+
+#: GPU entries (group, end) in order: attention 32, 64, 96; Mamba 16 .. 96. Evict Mamba 64, 80, 96.
+_GPU_HIT_48 = [False] * 6 + [True] * 3
+
+
+@example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, []))  # GPU hit 48 (off L = 32): the load to 96 drops its tail
+@example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, _GPU_HIT_48))  # the tier's hit ends at 48 too: keep 48, no load
+@given(_request_cases())
+def test_plan_request_agrees_with_the_simulator(case):
+    """A request admitted by ``plan_request`` resumes correctly in the simulator: the GPU entries it
+    adopts hold every position its groups need (and the exact Mamba state when nothing is loaded),
+    the load restores exactly ``local + external`` tokens, and no load runs when external is 0."""
+    cfg, n, first, evict_gpu, evict_tier = case
+    geom = kvgeom.resolve(cfg)
+    report = run_request(geom, n, first_tokens=first, evict_gpu=evict_gpu, evict_tier=evict_tier)
+    assert report.ok, (report.local_problems, report.tier_problems, report.restore_problems)
+    plan = report.plan
+    assert plan.local_hit_tokens + plan.external_hit_tokens <= n
+    if plan.external_hit_tokens == 0:
+        assert all(not g.load_keys for g in plan.groups)
+    else:
+        assert plan.local_hit_tokens % geom.scheduler_block_size == 0
+        assert plan.local_hit_tokens + plan.external_hit_tokens > plan.local.hit_tokens
+
+
+def test_with_drop_helper_leaves_mamba_alone():
+    g = with_drop(_H49964, {0, 1})
+    assert [x.proof_margin for x in g.groups] == [16, None]
+    assert dataclasses.replace(g, speculative=None).groups == g.groups

@@ -1,0 +1,180 @@
+"""Example tables for ``kvgeom.prefix`` (GPU prefix-cache hits) and ``kvgeom.request`` (admission).
+
+Every ``prefix_hit`` row's expected numbers are vLLM 0.33's: the same geometry and residency were
+run through vLLM's own ``get_kv_cache_coordinator(...).find_longest_cache_hit`` (CPU build; block
+pool lookups answered from the row's residency, ``max_cache_hit_length = num_tokens - 1``), and the
+comment on each row says what vLLM returned. Retention rows take their residency from
+``kvgeom.sim.GPUPrefixCache`` (a cold run of a 100-token prompt), then ask the same question.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _prefix_rows import ROWS, geometry
+
+import kvgeom
+from kvgeom.prefix import prefix_hit, resident_sets, scheduler_keeps_load
+from kvgeom.request import plan_request
+from kvgeom.sim import GPUPrefixCache
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop", "n", "resident", "hit", "blocks"), ROWS, ids=[r[0] for r in ROWS])
+def test_prefix_hit_matches_vllm_coordinator(name, cfg, drop, n, resident, hit, blocks):
+    geom = geometry(cfg, drop)
+    got = prefix_hit(geom, n, resident)
+    assert got.hit_tokens == hit
+    assert [list(g.end_tokens) for g in got.groups] == blocks
+    assert geom.prefix_hit({"num_tokens": n, "resident": resident}) == {
+        "hit_tokens": hit,
+        "groups": [{"index": i, "blocks": b} for i, b in enumerate(blocks)],
+    }
+
+
+def test_block_indices_follow_the_span():
+    g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # attention span 32, Mamba 16
+    got = prefix_hit(g, 100, {0: [32, 64, 80], 1: [16, 48, 80]})
+    assert [x.block_indices for x in got.groups] == [(0, 1, 2), (4,)]  # partial entry 80 is attention block 2
+
+
+@pytest.mark.parametrize(
+    ("resident", "code"),
+    [
+        ({"0": [8]}, "not_on_hash_grid"),  # H = 16
+        ({"0": [0]}, "not_on_hash_grid"),  # an entry covers at least one hash unit
+        ({"5": [16]}, "no_such_group"),  # two groups
+        ({"x": [16]}, "bad_resident"),  # not a group index
+        ({"0": 16}, "bad_resident"),  # not a list
+        ([16], "bad_resident"),  # not a mapping
+        ({"0": [-16]}, "negative"),
+    ],
+)
+def test_bad_residency_raises_query_error(resident, code):
+    g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    with pytest.raises(kvgeom.QueryError) as e:
+        prefix_hit(g, 100, resident)
+    assert e.value.problems[0].code == code
+
+
+def test_non_cacheable_group_in_residency_is_an_error():
+    g = kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "circular_buffer", "block_size": 16}]}
+    )
+    with pytest.raises(kvgeom.QueryError) as e:
+        resident_sets(g, {"1": [16]})
+    assert e.value.problems[0].code == "group_not_prefix_cacheable"
+
+
+def test_cross_attention_has_no_prefix_cache_lookup():
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "cross_attention", "block_size": 16}]})
+    with pytest.raises(kvgeom.QueryError) as e:
+        prefix_hit(g, 100, {})
+    assert e.value.problems[0].code == "cross_attention_prefix_cache"
+
+
+def test_prefix_caching_off_gives_no_hit():
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "cache": {"prefix_caching": False}})
+    assert prefix_hit(g, 100, {"0": [16, 32]}).hit_tokens == 0
+
+
+def test_scenario_contract_rejects_unknown_keys():
+    g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    with pytest.raises(kvgeom.QueryError) as e:
+        g.prefix_hit({"num_tokens": 10, "stored": {}})
+    assert e.value.problems[0].code == "unknown_key"
+    with pytest.raises(kvgeom.QueryError):
+        g.prefix_hit({"resident": {}})
+
+
+def test_max_hit_tokens_caps_the_hit():
+    g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    # capped at 50: attention proves one span (32) and has no partial entry at 48, so 32 (not 48)
+    assert prefix_hit(g, 100, {0: [32, 64], 1: [16, 32, 48, 64]}, max_hit_tokens=50).hit_tokens == 32
+    assert prefix_hit(g, 100, {0: [32, 48, 64], 1: [16, 32, 48, 64]}, max_hit_tokens=50).hit_tokens == 48
+
+
+@pytest.mark.parametrize(
+    ("local", "L", "external", "runs"),
+    [
+        (64, 32, 16, True),  # local on L: the connector's answer stands
+        (48, 32, 16, False),  # tail 16; the load ends at 48, not past the local hit: keep 48, load nothing
+        (48, 32, 32, True),  # tail 16; the load ends at 64, past 48: local drops to 32, load 32
+        (48, 32, 0, False),  # nothing to load
+        (0, 32, 0, False),  # nothing at all
+    ],
+)
+def test_scheduler_keeps_load(local, L, external, runs):
+    assert scheduler_keeps_load(local, L, external) is runs
+
+
+_DENSE = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}  # L = 32, H = A = 16
+
+
+@pytest.mark.parametrize(
+    ("resident", "stored", "local", "external", "mamba_keys"),
+    [
+        # GPU hit 48 (off L); from 32 the tier reaches 96: local 32 + load 64
+        ({"0": [32, 64, 96], "1": [48]}, {"0": [32, 64, 96], "1": [96]}, 32, 64, [96]),
+        # GPU hit 48; the tier's Mamba state is at 48 only: the load would end at 48, keep 48, load nothing
+        ({"0": [32, 64, 96], "1": [48]}, {"0": [32, 64, 96], "1": [48]}, 48, 0, []),
+        # GPU hit 64 (on L): the connector is asked from 64 and loads 32 more
+        ({"0": [32, 64], "1": [64]}, {"0": [32, 64, 96], "1": [96]}, 64, 32, [96]),
+        # nothing on the GPU: the tier serves everything it holds
+        ({}, {"0": [32, 64], "1": [64]}, 0, 64, [64]),
+        # the tier holds nothing past the GPU hit
+        ({"0": [32, 64], "1": [64]}, {"0": [32], "1": [32]}, 64, 0, []),
+    ],
+)
+def test_plan_request(resident, stored, local, external, mamba_keys):
+    g = kvgeom.resolve(_DENSE)
+    p = plan_request(g, {"num_tokens": 100, "resident": resident, "stored": stored})
+    assert (p.local_hit_tokens, p.external_hit_tokens) == (local, external)
+    assert list(p.groups[1].load_keys) == mamba_keys
+    assert g.plan_request({"num_tokens": 100, "resident": resident, "stored": stored}) == p.to_dict()
+
+
+def test_plan_hit_runs_no_load_the_scheduler_would_not():
+    """``plan_hit`` with a local prefix off the L grid: the connector's hit_tokens stay, but no group
+    loads when the hit does not pass the local prefix."""
+    g = kvgeom.resolve(_DENSE)
+    plan = g.plan_hit({"num_tokens": 100, "local_computed_tokens": 48, "stored": {"0": [32, 64], "1": [48]}})
+    assert plan["hit_tokens"] == 16 and plan["end_token"] == 48
+    assert all(not x["load_keys"] for x in plan["groups"])
+    plan = g.plan_hit({"num_tokens": 100, "local_computed_tokens": 48, "stored": {"0": [32, 64], "1": [64]}})
+    assert plan["hit_tokens"] == 32 and plan["groups"][1]["load_keys"] == [64]
+
+
+def test_plan_request_without_offload():
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]})
+    assert g.plan_request({"num_tokens": 50, "resident": {"0": [16, 32, 48]}}) == {
+        "local_hit_tokens": 48, "external_hit_tokens": 0, "groups": []
+    }
+    with pytest.raises(kvgeom.QueryError) as e:
+        g.plan_request({"num_tokens": 50, "stored": {"0": [16]}})
+    assert e.value.problems[0].code == "no_offload"
+
+
+@pytest.mark.parametrize(
+    ("retention", "resident"),
+    [
+        (None, {"0": [32, 64, 96], "1": [16, 32, 48, 64, 80, 96]}),  # dense: every state
+        (0, {"0": [32, 64, 96], "1": [96]}),  # only the replay boundary rdown(99, A) = 96
+        (32, {"0": [32, 64, 96], "1": [32, 64, 96]}),  # one state per 32 tokens, plus 96
+    ],
+)
+def test_gpu_prefix_cache_retention(retention, resident):
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": retention}})
+    cache = GPUPrefixCache(g)
+    cache.cache_request(100)
+    assert cache.resident() == resident
+
+
+def test_gpu_prefix_cache_partial_tail_and_check():
+    g = kvgeom.resolve(_DENSE)  # attention span 32 > H = 16: the prompt's last H boundary is a partial entry
+    cache = GPUPrefixCache(g)
+    cache.cache_request(90)  # tail rdown(89, 16) = 80
+    assert cache.resident()["0"] == [32, 64, 80]
+    hit = prefix_hit(g, 200, cache.resident())
+    assert hit.hit_tokens == 80 and cache.check_adopted(hit) == []
+    cache.evict(lambda grp, e: not (grp == 1 and e == 80))
+    assert "not cached" in cache.check_adopted(hit)[0]
