@@ -117,12 +117,18 @@ def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
     out = []
     for spec, ids in merged:
         g = geom.groups[ids[0]]
-        if g.family in ("cross", "circular"):
+        if g.family in ("cross", "circular"):  # the same refusal as the scalar kvgeom.prefix.prefix_hit
             raise QueryError.single(
-                "no_prefix_lookup",
-                f"group {g.index} ({g.kind}) is marked prefix-cacheable but vLLM 0.33 has no prefix-cache lookup "
-                "for it (CrossAttentionManager.find_longest_cache_hit raises); set prefix_cacheable = false",
-                f"groups[{g.index}]", group=g.index)
+                "cross_attention_prefix_cache",
+                f"group {g.index} ({g.kind}) is prefix-cacheable, but vLLM 0.33 has no prefix-cache lookup for it "
+                "(CrossAttentionManager.find_longest_cache_hit raises): set prefix_cacheable=false on the group",
+                f"groups[{g.index}].prefix_cacheable", group=g.index)
+        if g.family == "chunked" and g.span != geom.hit_alignment_tokens and len(geom.groups) > 1:
+            raise QueryError.single(
+                "chunked_local_span_not_alignment",
+                f"group {g.index} (chunked_local) has span {g.span} but hits align to A={geom.hit_alignment_tokens}; "
+                "vLLM 0.33's chunked-local lookup needs them equal: give every group the same span",
+                f"groups[{g.index}].block_size", span=g.span, hit_alignment_tokens=geom.hit_alignment_tokens)
         window = sliding_window_of(spec)
         view = scheduler_view(spec)
         out.append(LookupGroup(
