@@ -150,10 +150,11 @@ def _chain_masks(residency: Residency, group: int, chain: Sequence[Hashable], nu
         masks = residency.chain_masks(group, chain)
     except TypeError as e:  # an unhashable hash (a list from a careless decoder)
         raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
-    union = 0
-    for m in masks:
-        union |= m
-    if union >> num_replicas:
+    highest = max(masks, default=0)  # holder masks are non-negative: the largest has the highest bit
+    if highest >> num_replicas:
+        union = 0
+        for m in masks:
+            union |= m
         top = union.bit_length() - 1
         raise QueryError.single(
             "replica_out_of_range",
@@ -445,11 +446,10 @@ class _BitLookup:
             # the run of held full blocks from block 0, as {run length: replicas}
             run: Partition = {}
             alive = everyone
-            s = self.s
-            for j in range(self.nblk):
-                nxt = alive & masks[(j + 1) * s - 1]
+            for j, mask in enumerate(masks[self.s - 1 : self.nblk * self.s : self.s]):
+                nxt = alive & mask
                 if nxt != alive:
-                    _put(run, j, alive & ~nxt)
+                    run[j] = alive ^ nxt
                     alive = nxt
                     if not alive:
                         break
@@ -499,8 +499,8 @@ class _BitLookup:
                     break
                 found = rows[i] & pending
                 if found:
-                    _put(out, (i + 1) * unit, found)
-                    pending &= ~found
+                    out[(i + 1) * unit] = found  # one rank per value: no merge needed
+                    pending ^= found
         _put(out, 0, pending)
         return out
 
@@ -512,7 +512,10 @@ class _BitLookup:
             if self.fine:
                 self._states = (masks, A, self.n_h)
             else:
-                rows = [masks[(i + 1) * s - 1] if ((i + 1) * S) % A == 0 else 0 for i in range(self.nblk)]
+                if S % A == 0:  # every block end is on the alignment
+                    rows = masks[s - 1 : self.nblk * s : s]
+                else:
+                    rows = [masks[(i + 1) * s - 1] if ((i + 1) * S) % A == 0 else 0 for i in range(self.nblk)]
                 self._states = (rows, S, self.nblk)
         return self._states
 
@@ -545,16 +548,24 @@ def _bit_hits(plan: Sequence[LookupGroup], masks: Mapping[int, list[int]], num_t
 
 
 def _unpartition(p: Partition, num_replicas: int) -> IntVector:
-    """Per-replica values of a partition."""
-    if not p or num_replicas == 0:
-        return np.zeros(num_replicas, dtype=np.int64)
-    values = [v for v in p if v]
-    if not values:
+    """Per-replica values of a partition. Bit-sliced: group j's replicas get index j+1 written in binary
+    across a dozen ints (an OR-reduction over the packed groups per bit), so the cost stays at one pass over
+    the packed masks, not a (groups x replicas) matrix."""
+    items = [(v, b) for v, b in p.items() if v and b]
+    if not items or num_replicas == 0:
         return np.zeros(num_replicas, dtype=np.int64)
     nb = (num_replicas + 7) // 8
-    packed = np.frombuffer(b"".join([p[v].to_bytes(nb, "little") for v in values]), dtype=np.uint8)
-    member = np.unpackbits(packed.reshape(len(values), nb), axis=1, count=num_replicas, bitorder="little")
-    out: IntVector = np.asarray(values, dtype=np.int64) @ member.astype(np.int64)
+    k = len(items)
+    packed = np.frombuffer(b"".join([b.to_bytes(nb, "little") for _, b in items]), dtype=np.uint8).reshape(k, nb)
+    codes = np.arange(1, k + 1)
+    nbits = int(k).bit_length()
+    planes = np.empty((nbits, nb), dtype=np.uint8)
+    for t in range(nbits):
+        planes[t] = np.bitwise_or.reduce(packed[(codes >> t) & 1 == 1], axis=0)
+    bits = np.unpackbits(planes, axis=1, count=num_replicas, bitorder="little").astype(np.int64)
+    index = (np.int64(1) << np.arange(nbits, dtype=np.int64)) @ bits  # 0: no group, else j + 1
+    values = np.concatenate([np.zeros(1, dtype=np.int64), np.asarray([v for v, _ in items], dtype=np.int64)])
+    out: IntVector = values[index]
     return out
 
 
