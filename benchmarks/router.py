@@ -66,7 +66,7 @@ def router_cases(record: Callable[..., None], median_time: Callable[..., float],
         n = tokens + 1  # a request one token past the chain: the whole chain may hit
 
         def run_batch(chains: list[list[bytes]] = chains, res: kvgeom.Residency = res,
-                      geom: kvgeom.Geometry = geom) -> Any:
+                      geom: kvgeom.Geometry = geom, n: int = n) -> Any:
             return score_replicas(geom, res, chains, n, num_replicas=replicas)
 
         b = median_time(run_batch, repeat=repeat)
@@ -79,8 +79,8 @@ def router_cases(record: Callable[..., None], median_time: Callable[..., float],
         scores = run_batch().hit_tokens[:, 0, :]
         sample = [(q, r) for q in range(sample_requests) for r in range(sample_replicas)]
 
-        def loop(geom: kvgeom.Geometry = geom, chains: list[list[bytes]] = chains,
-                 res: kvgeom.Residency = res) -> list[int]:
+        def loop(geom: kvgeom.Geometry = geom, chains: list[list[bytes]] = chains, res: kvgeom.Residency = res,
+                 n: int = n, sample: list[tuple[int, int]] = sample) -> list[int]:
             return [prefix_hit(geom, n, res.probe(geom, chains[q], holder=r)).hit_tokens for q, r in sample]
 
         got = loop()
@@ -105,7 +105,8 @@ def ingest_case(record: Callable[..., None], median_time: Callable[..., float], 
         start = int(rng.integers(0, 4096 - 8))
         block = hashes[start : start + 8]
         if k % 3 == 2:
-            stream.append((replica, {"type": "BlockRemoved", "block_hashes": block, "medium": "GPU", "group_idx": 1}))
+            stream.append((replica, {"type": "BlockRemoved", "block_hashes": block, "medium": "GPU",
+                                     "group_idx": 1}))
         else:
             stream.append((replica, {"type": "BlockStored", "block_hashes": block, "parent_block_hash": None,
                                      "token_ids": [], "block_size": 16, "lora_id": None, "medium": "GPU",

@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         "scaling": lambda: scaling_case(18 if q else 24, repeat=repeat),
         "router": lambda: (
             router_bench.router_cases(record, median_time, replicas=1000, requests=8 if q else 64, tokens=8192,
-                                      repeat=3 if q else 7, sample_replicas=4 if q else 16, sample_requests=2 if q else 4),
+                                      repeat=3 if q else 7, sample_replicas=4 if q else 16,
+                                      sample_requests=2 if q else 4),
             router_bench.ingest_case(record, median_time, events=2000 if q else 20000, repeat=3 if q else 5),
         ),
     }
