@@ -91,7 +91,8 @@ def router_cases(record: Callable[..., None], median_time: Callable[..., float],
         per_request = b / requests
         record(f"router score {name}", n=replicas * requests, batch_s=b, scalar_s=s,
                target="< 1 ms per request (1000 replicas)", met=per_request < 1e-3 if replicas >= 1000 else None,
-               ms_per_request=per_request * 1e3, cpu_ms_per_request=cpu_per_request * 1e3, replicas=replicas, requests=requests, tokens=tokens,
+               ms_per_request=per_request * 1e3, cpu_ms_per_request=cpu_per_request * 1e3, replicas=replicas,
+               requests=requests, tokens=tokens,
                replicas_with_a_hit=float((scores > 0).mean()), mean_hit=float(scores.mean()))
 
 
