@@ -44,3 +44,11 @@ def test_replay_example_prints_the_scalar_scores_per_replica():
     best = max(expected, key=lambda k: expected[k][0])
     assert lines[-1] == f"route to {best} (GPU prefix hit {expected[best][0]} tokens)"
     assert lines[0].startswith(f"replayed {reader.num_events} events from {len(expected)} replicas")
+
+
+def test_routing_page_shows_what_the_example_prints():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "replay_events.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    page = (ROOT / "docs" / "routing.md").read_text(encoding="utf-8")
+    block = page.split("$ python examples/replay_events.py\n", 1)[1].split("```", 1)[0]
+    assert block == proc.stdout
