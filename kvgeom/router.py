@@ -20,6 +20,10 @@ reconciles them with per-family rules (``v1/core/single_type_kv_cache_manager.py
   one full-attention group plus one other);
 * the candidate starts at ``num_tokens - 1``: the last token is always recomputed.
 
+Speculative decoding's drop (a group with ``GroupGeometry.proof_margin``) is not vectorised: on such
+a geometry every score comes from the scalar :func:`kvgeom.prefix.prefix_hit`, replica by replica
+(same answers, tens of times slower).
+
 This module is the batch twin of :func:`kvgeom.prefix.prefix_hit` over replicas: the residency of
 replica r is holder bit r, and for each request the held hashes become a (hashes x replicas)
 boolean matrix per group; every rule above is a handful of numpy operations over all replicas at
@@ -48,7 +52,7 @@ Invariants (property-tested in ``tests/property/test_router_laws.py``):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -332,14 +336,33 @@ class _Lookup:
                 return (idx + 1) * S
 
 
-def _check_geometry(geom: Geometry) -> None:
-    spec = geom.speculative
-    if spec is not None and spec.gpu_drop:
-        raise QueryError.single(
-            "speculative_not_modelled",
-            f"router scoring does not model the speculative-decoding block drop yet (method {spec.method!r} drops a "
-            "proven unit from GPU prefix hits); scores would be too high. Use kvgeom.prefix.prefix_hit per replica",
-            "speculative", method=spec.method)
+def _drops(geom: Geometry) -> bool:
+    """Whether a group takes the speculative-decoding drop (``GroupGeometry.proof_margin`` set)."""
+    return any(g.proof_margin is not None and g.prefix_cacheable for g in geom.groups)
+
+
+def _mask_reader(masks: Mapping[int, list[int]]) -> Callable[[int, int, int], bool]:
+    def held(group: int, index: int, replica: int) -> bool:
+        row = masks.get(group)
+        return row is not None and index < len(row) and bool(row[index] >> replica & 1)
+
+    return held
+
+
+def _scalar_hits(geom: Geometry, num_tokens: int, num_replicas: int,
+                 held: Callable[[int, int, int], bool]) -> IntVector:
+    """The scalar reference per replica, for what the kernels do not model (the speculative drop):
+    ``held(group, hash_index, replica)``."""
+    from kvgeom.prefix import prefix_hit
+
+    H = geom.hash_block_size
+    out = np.zeros(num_replicas, dtype=np.int64)
+    for r in range(num_replicas):
+        def contains(group: int, end: int, r: int = r) -> bool:
+            return end > 0 and end % H == 0 and held(group, end // H - 1, r)
+
+        out[r] = prefix_hit(geom, num_tokens, contains).hit_tokens
+    return out
 
 
 def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int) -> IntVector:
@@ -361,7 +384,6 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
     [48]
     """
     n_tokens = nonneg("num_tokens", num_tokens)
-    _check_geometry(geom)
     plan = lookup_groups(geom)
     shapes = {np.shape(held[g]) for lg in plan for g in lg.group_ids if g in held}
     missing = [g for lg in plan for g in lg.group_ids if g not in held]
@@ -381,6 +403,8 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
             f"complete H-token block ({n_tokens // H} here)", "held", num_hashes=n_h, num_tokens=n_tokens)
     if not geom.config.cache.prefix_caching:
         return np.zeros(R, dtype=np.int64)
+    if _drops(geom):
+        return _scalar_hits(geom, n_tokens, R, lambda g, i, r: g in held and i < n_h and bool(held[g][i, r]))
     A = geom.hit_alignment_tokens
     lookups = []
     for lg in plan:
@@ -657,11 +681,11 @@ def score_replicas(
                 "length_mismatch", f"{len(counts)} num_tokens for {n_q} chains; give one per chain or a single int",
                 "num_tokens")
     H = geom.hash_block_size
-    _check_geometry(geom)
     plan = lookup_groups(geom)
     groups = [g for lg in plan for g in lg.group_ids]
     A = geom.hit_alignment_tokens
     everyone = (1 << R) - 1
+    drop = _drops(geom)
     bit_ok = all(lg.family in _BIT_FAMILIES for lg in plan)
     bit_path = bit_ok if matrix_path is None else not matrix_path
     if bit_path and not bit_ok:
@@ -689,7 +713,9 @@ def score_replicas(
                 union = masks
             if not plan or not geom.config.cache.prefix_caching or R == 0:
                 continue
-            if bit_path:
+            if drop:
+                out[q, t] = _scalar_hits(geom, n, R, _mask_reader(masks))
+            elif bit_path:
                 out[q, t] = _unpartition(_bit_hits(plan, masks, n, H, A, everyone), R)
             else:
                 out[q, t] = prefix_hits(geom, {g: _unpack(m, R) for g, m in masks.items()}, n)

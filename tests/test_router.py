@@ -163,3 +163,36 @@ def test_unknown_tier_is_an_error():
     with pytest.raises(kvgeom.QueryError) as e:
         score_replicas(geom, {"GPU": kvgeom.Residency()}, [["a"]], 20, num_replicas=1, tiers=["CPU"])
     assert e.value.code == "unknown_tier"
+
+
+def test_speculative_drop_scores_come_from_the_scalar_reference():
+    # Attention 16 (drafter, drops one block) + Mamba 16: the kernels do not model the drop, so every
+    # replica's score is the scalar prefix_hit's (which vLLM's coordinator agrees with, tests/test_prefix.py).
+    import dataclasses
+
+    from kvgeom.geometry import SpeculativeGeometry
+    from kvgeom.prefix import prefix_hit
+
+    base = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}]})
+    groups = (dataclasses.replace(base.groups[0], eagle_group=True, proof_margin=16), base.groups[1])
+    geom = dataclasses.replace(base, groups=groups, speculative=SpeculativeGeometry("eagle", 1, True, False, True, 1))
+    chain = [f"h{i}" for i in range(5)]
+    res = kvgeom.Residency()
+    for i in range(5):
+        res.add(0, chain[i], holder=0)
+        res.add(1, chain[i], holder=0)
+    for i in (0, 1, 2):
+        res.add(0, chain[i], holder=1)
+    res.add(1, chain[1], holder=1)
+    got = score_replicas(geom, res, [chain], 81, num_replicas=2).tier("GPU")[0].tolist()
+    want = [prefix_hit(geom, 81, res.probe(geom, chain, holder=r)).hit_tokens for r in range(2)]
+    assert got == want
+    plain = score_replicas(base, res, [chain], 81, num_replicas=2).tier("GPU")[0].tolist()
+    assert got[0] < plain[0]  # the drop costs replica 0 its last proven block
+
+
+def test_forcing_the_bit_path_on_a_sliding_window_geometry_is_refused():
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]})
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, kvgeom.Residency(), [["a"]], 20, num_replicas=1, matrix_path=False)
+    assert e.value.code == "bit_path_unsupported"
