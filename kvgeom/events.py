@@ -169,8 +169,8 @@ class KVEventReader:
     :meth:`replica`.
     """
 
-    __slots__ = ("_cleared", "_count", "_events", "_extra", "_geom", "_kinds", "_media", "_names", "_res",
-                 "_spans", "_windows")
+    __slots__ = ("_cleared", "_count", "_events", "_extra", "_geom", "_hash_types", "_kinds", "_media", "_names",
+                 "_res", "_spans", "_windows")
 
     def __init__(
         self,
@@ -205,6 +205,7 @@ class KVEventReader:
         self._kinds = tuple(vllm_spec_kinds(g) for g in geom.groups)
         self._windows = tuple((w[0] if (w := sliding_window_of(g.spec)) else None) for g in geom.groups)
         self._events = 0
+        self._hash_types: set[type] = set()
 
     # -- what the reader holds ------------------------------------------------------------------------
     @property
@@ -246,6 +247,11 @@ class KVEventReader:
         if index is None:
             index = self._names[name] = len(self._names)
         return index
+
+    @property
+    def hash_types(self) -> frozenset[type]:
+        """The Python types of the block hashes read so far (bytes from msgpack, str from JSON, int)."""
+        return frozenset(self._hash_types)
 
     @property
     def replica_names(self) -> tuple[Hashable, ...]:
@@ -448,6 +454,8 @@ class KVEventReader:
                     del self._extra[key]
             return
         _, medium, group, hashes = op
+        if hashes:
+            self._hash_types.add(type(hashes[0]))
         res = self._res[medium]
         extra = self._extra
         if op[0] == "stored":

@@ -442,6 +442,10 @@ Partition = dict[int, int]
 _BIT_FAMILIES = frozenset({"full", "mamba"})
 
 
+def _first(item: tuple[int, int]) -> int:
+    return item[0]
+
+
 def _put(out: Partition, value: int, bits: int) -> None:
     if bits:
         out[value] = out.get(value, 0) | bits
@@ -512,7 +516,7 @@ class _BitLookup:
     def _mamba(self, cand: Partition) -> Partition:
         # rows[i]: holders of the state that a hit of rank i would restore (0 where no state may land)
         rows, unit, n_ranks = self.state_rows()
-        limits = sorted(((min(m // unit, n_ranks), b) for m, b in cand.items()), reverse=True)
+        limits = sorted([(min(m // unit, n_ranks), b) for m, b in cand.items()], key=_first, reverse=True)
         out: Partition = {}
         pending = 0
         for k, (lim, b) in enumerate(limits):
@@ -657,8 +661,10 @@ def score_replicas(
     from kvgeom.events import KVEventReader
 
     R = nonneg("num_replicas", num_replicas)
+    seen_types: frozenset[type] = frozenset()
     if isinstance(residency, KVEventReader):
         by_tier = residency.residencies()
+        seen_types = residency.hash_types
     elif isinstance(residency, Residency):
         by_tier = {"GPU": residency}
     elif isinstance(residency, Mapping):
@@ -702,6 +708,13 @@ def score_replicas(
                 f"chain {q} has {len(chain)} hashes but a {n}-token request has {n // H} complete blocks of the hash "
                 f"unit H={H}; hash the request every H tokens (a chain at another block size would be read at the "
                 "wrong end tokens)", f"chains[{q}]", num_hashes=len(chain), num_tokens=n, hash_block_size=H)
+        if seen_types and chain and type(chain[0]) not in seen_types:
+            raise QueryError.single(
+                "chain_encoding_mismatch",
+                f"chain {q} holds {type(chain[0]).__name__} hashes but the events carried "
+                f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
+                "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
+                f"chains[{q}]", chain_type=type(chain[0]).__name__)
         union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
             res = by_tier[name]

@@ -69,15 +69,17 @@ def test_prefix_hits_match_vllm_coordinator(cfg, n, held, expected):
     assert prefix_hits(geom, _held(geom, n, held, replicas=3), n).tolist() == [expected] * 3
 
 
+@pytest.mark.parametrize("matrix_path", [None, True])
 @pytest.mark.parametrize(("cfg", "n", "held", "expected"), TABLE)
-def test_score_replicas_reads_the_same_hits_from_a_residency(cfg, n, held, expected):
+def test_score_replicas_reads_the_same_hits_from_a_residency(cfg, n, held, expected, matrix_path):
+    # matrix_path None: the bit-parallel kernels wherever the geometry allows them (FA + Mamba rows)
     geom = kvgeom.resolve(cfg)
     chain = [f"h{i}" for i in range(n // geom.hash_block_size)]
     res = kvgeom.Residency()
     for g, idx in held.items():
         for i in idx:
             res.add(g, chain[i], holder=1)  # replica 1 holds the row's sets, replica 0 nothing
-    scores = score_replicas(geom, res, [chain], n, num_replicas=2)
+    scores = score_replicas(geom, res, [chain], n, num_replicas=2, matrix_path=matrix_path)
     assert scores.tier("GPU").tolist() == [[0, expected]]
     assert scores.best("GPU").tolist() == [1]
 
@@ -196,3 +198,16 @@ def test_forcing_the_bit_path_on_a_sliding_window_geometry_is_refused():
     with pytest.raises(kvgeom.QueryError) as e:
         score_replicas(geom, kvgeom.Residency(), [["a"]], 20, num_replicas=1, matrix_path=False)
     assert e.value.code == "bit_path_unsupported"
+
+
+def test_a_chain_in_another_encoding_than_the_events_is_refused():
+    from kvgeom.events import KVEventReader
+
+    geom = kvgeom.resolve({"groups": [FA16]})
+    reader = KVEventReader(geom)
+    reader.apply({"type": "BlockStored", "block_hashes": ["YWI="], "parent_block_hash": None, "token_ids": [],
+                  "block_size": 16, "lora_id": None, "medium": "GPU"})  # JSON: base64 strings
+    with pytest.raises(kvgeom.QueryError) as e:  # the router hashed to raw bytes: nothing would ever match
+        score_replicas(geom, reader, [[b"ab"]], 20, num_replicas=1)
+    assert e.value.code == "chain_encoding_mismatch" and e.value.field == "chains[0]"
+    assert score_replicas(geom, reader, [["YWI="]], 20, num_replicas=1).tier("GPU").tolist() == [[16]]
