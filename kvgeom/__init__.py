@@ -31,8 +31,8 @@ from kvgeom.geometry import (
     resolve,
 )
 from kvgeom.parallel import ParallelConfig
-from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.presets import load_preset, preset_names
+from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
@@ -48,6 +48,8 @@ from kvgeom.specs import (
     is_dcp_sharded,
     is_prefix_cacheable,
 )
+from kvgeom.speculative import MambaCheckpoint, mamba_checkpoint
+from kvgeom.speculative_config import SpeculativeConfig
 
 # isort: split
 # `compat` and `fingerprint` are both functions and submodules: imported eagerly, so the
@@ -152,6 +154,9 @@ __all__ = [
     # 0.2: residency (connector, prefix cache, router), speculative decoding
     "Residency",
     "SpeculativeGeometry",
+    "SpeculativeConfig",
+    "MambaCheckpoint",
+    "mamba_checkpoint",
     "make_offload_key",
     "split_offload_key",
     # 0.2: GPU prefix-cache hits

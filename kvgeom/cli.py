@@ -46,6 +46,7 @@ from kvgeom._math import cdiv
 from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
 from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, resolve
+from kvgeom.prefix import hit_landing_lines
 from kvgeom.presets import load_preset, preset_description, preset_names
 from kvgeom.ranks import dcp_placement, rank_lengths
 from kvgeom.specs import attention_chunk_size_of, iter_leaves, sliding_window_of
@@ -278,6 +279,10 @@ def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
         rows.append(row)
     lines.extend(_table(rows, right={2, 4, 5, 8}))
     lines.append("")
+    if geom.speculative is not None:
+        from kvgeom.speculative import explain_lines
+
+        lines.extend([*explain_lines(geom), ""])
     lines.extend(
         _table(
             [
@@ -293,6 +298,8 @@ def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
             right={2},
         )
     )
+    lines.append("")
+    lines.extend(hit_landing_lines(geom))
     lines.append("")
     lines.append(f"layout fingerprint: {geom.fingerprint()}  (equal fingerprints: offloaded keys are interchangeable)")
     lines.append("")

@@ -2,7 +2,8 @@
 
 Top level: ``groups`` (list of specs, see :mod:`kvgeom.specs`), ``parallel``
 (:class:`kvgeom.ParallelConfig`), ``cache`` (:class:`CacheConfig`) and
-``offload`` (:class:`OffloadConfig`; absent means no offloading connector).
+``offload`` (:class:`OffloadConfig`; absent means no offloading connector) and
+``speculative`` (:class:`kvgeom.SpeculativeConfig`; absent means no drafter).
 Unknown keys are rejected everywhere. ``docs/config.md`` documents every key.
 """
 
@@ -20,6 +21,7 @@ from kvgeom._pydantic import FrozenModel
 from kvgeom.errors import ConfigError
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import GroupSpec
+from kvgeom.speculative_config import SpeculativeConfig
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -84,6 +86,9 @@ class KVGeomConfig(FrozenModel):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     offload: OffloadConfig | None = Field(default=None, description="Absent: no offloading connector.")
+    speculative: SpeculativeConfig | None = Field(
+        default=None, description="Absent: no drafter (speculative decoding off). See docs/speculative.md."
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict that :func:`load_config` reads back to an equal config."""

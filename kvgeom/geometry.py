@@ -301,6 +301,8 @@ class Geometry:
                     "prefix_cacheable": g.prefix_cacheable,
                     "span": g.span,
                     "row_width": g.row_width,
+                    "eagle_group": g.eagle_group,
+                    "proof_margin": g.proof_margin,
                 }
                 for g in self.groups
             ],
@@ -324,9 +326,21 @@ class Geometry:
                         "tokens_per_chunk": og.tokens_per_chunk,
                         "hashes_per_chunk": og.hashes_per_chunk,
                         "window_chunks": og.window_chunks,
+                        "eagle_group": og.eagle_group,
+                        "proof_margin": og.proof_margin,
                     }
                     for og in off.groups
                 ],
+            },
+            "speculative": None
+            if self.speculative is None
+            else {
+                "method": self.speculative.method,
+                "num_speculative_tokens": self.speculative.num_speculative_tokens,
+                "block_drop": self.speculative.block_drop,
+                "lookahead_hashes": self.speculative.lookahead_hashes,
+                "gpu_drop": self.speculative.gpu_drop,
+                "prefill_lookahead_tokens": self.speculative.prefill_lookahead_tokens,
             },
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
             "fingerprint": self.fingerprint(),
@@ -529,8 +543,11 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
     >>> [o.tokens_per_block for o in g.offload.groups]
     [32, 16]
     """
-    cfg = load_config(source)
+    from kvgeom import speculative as _spec  # at call time: kvgeom.speculative reads this module's types
+
+    cfg = _spec.apply_defaults(load_config(source))
     out = _Collector()
+    out.extend(GeometryError, _spec.check_drafters(cfg))
     par = cfg.parallel
     cache = cfg.cache
     out.extend(ParallelismError, check_parallel(par))
@@ -684,12 +701,18 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
                 scheduler_block_size=L,
             )
 
+    speculative = _spec.speculative_geometry(cfg)
+    groups, spec_problems = _spec.resolve_groups(cfg, groups, speculative, L, H, partial)
+    out.extend(GeometryError, spec_problems)
     offload = None
     if cfg.offload is not None:
         offload = _resolve_offload(cfg, groups, H, L, hash_ok, out, warnings)
+        if offload is not None:
+            offload = _spec.resolve_offload(offload, groups, H, A, partial)
     out.raise_if_any()
 
     _add_warnings(cfg, groups, L, H, A, offload, warnings)
+    warnings.extend(_spec.speculative_warnings(cfg, groups, A, offload, speculative))
     return Geometry(
         config=cfg,
         groups=tuple(groups),
@@ -699,6 +722,7 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
         partial_hash_hits=partial,
         offload=offload,
         warnings=tuple(warnings),
+        speculative=speculative,
     )
 
 

@@ -17,8 +17,8 @@ tokens, SimpleCPUOffloadConnector's lazy mode.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,17 @@ from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGro
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask
 from kvgeom.prefix import scheduler_keeps_load
+from kvgeom.probes import Probe, as_probe
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.speculative import (
+    eagle_pair_held,
+    eagle_pops,
+    eagle_query_end,
+    mamba_store_boundary,
+    partial_tail_key,
+    partial_tail_max_boundary,
+    store_holdback_chunks,
+)
 
 __all__ = [
     "GroupLoad",
@@ -101,55 +111,6 @@ def _offload(geom: Geometry) -> OffloadGeometry:
     return geom.offload
 
 
-def stored_group_index(key: Any, offloaded: Collection[int]) -> int:
-    """The group index a ``stored`` key names (an int or its string, as in JSON), checked to be offloaded."""
-    try:
-        index = int(key)
-    except (TypeError, ValueError):
-        raise QueryError.single(
-            "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
-        ) from None
-    if index not in offloaded:
-        raise QueryError.single(
-            "group_not_offloaded",
-            f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(offloaded)}",
-            f"stored.{key}",
-            group=index,
-        )
-    return index
-
-
-def _stored_sets(
-    geom: Geometry, off: OffloadGeometry, stored: Mapping[Any, Collection[int]]
-) -> dict[int, frozenset[int]]:
-    if not isinstance(stored, Mapping):
-        raise QueryError.single(
-            "bad_stored", f"stored must map a group index to end tokens, got {type(stored).__name__}", "stored"
-        )
-    out: dict[int, frozenset[int]] = {og.index: frozenset() for og in off.groups}
-    H = geom.hash_block_size
-    for key, ends in stored.items():
-        index = stored_group_index(key, out)
-        if isinstance(ends, str | bytes) or not isinstance(ends, Collection):
-            raise QueryError.single(
-                "bad_stored", f"stored[{key!r}] must be a list of end tokens", f"stored.{key}"
-            )
-        checked = set()
-        for e in ends:
-            e = nonneg(f"stored.{key} end token", e)
-            if e == 0 or e % H:
-                raise QueryError.single(
-                    "not_on_hash_grid",
-                    f"stored[{key!r}] holds end token {e}; keys end on positive multiples of the hash unit H={H}",
-                    f"stored.{key}",
-                    end_token=e,
-                    hash_block_size=H,
-                )
-            checked.add(e)
-        out[index] = frozenset(checked)
-    return out
-
-
 def _need_tokens(g: GroupGeometry) -> int | None:
     """Positions before a hit end that a windowed group must hold (None: Mamba, one key)."""
     window = sliding_window_of(g.spec)
@@ -161,18 +122,37 @@ def _need_tokens(g: GroupGeometry) -> int | None:
     return None
 
 
-def _scan_window(
-    g: GroupGeometry, og: OffloadGroupGeometry, held: frozenset[int], end: int, start_chunk: int
-) -> int | None:
+#: Consecutive misses after which a window scan asks the probe where the next held chunk may be
+#: (:meth:`kvgeom.probes.Probe.below`) instead of stepping: a set-backed probe then sorts its chunks
+#: once, which a scan that stops within a few chunks (the common case) never pays for.
+_MISSES_BEFORE_SKIP = 8
+
+
+def _full_run(probe: Probe, og: OffloadGroupGeometry, c: int, m: int) -> int:
+    """Full attention: the candidate end after the run of held chunks from chunk ``c // C`` (vLLM's
+    prefix scan, stopping at the first miss and never probing a chunk that starts at or past ``m``)."""
+    C = og.tokens_per_chunk
+    contains, g = probe.contains, og.index
+    j = c // C
+    top = m
+    while j * C < top and contains(g, (j + 1) * C):
+        j += 1
+    return min(m, C * j)
+
+
+def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: int, start_chunk: int) -> int | None:
     """Right-to-left scan for a run of stored chunks that serves a hit ending at ``end``.
 
     Returns the new candidate end (the right edge of the run found), or None.
     The first run may end inside a chunk; later runs end on chunk boundaries.
-    A run that reaches the start of the scan counts even when short (fine print 9).
+    A run that reaches the start of the scan counts even when short (vLLM 0.33
+    ``offloading/scheduler.py::_sliding_window_lookup``). Chunks are probed from the one holding
+    ``end - 1`` downwards, and the scan stops as soon as the run is long enough.
     """
     C = og.tokens_per_chunk
     w = _need_tokens(g)
     window = og.window_chunks or 1
+    contains, index = probe.contains, og.index
 
     def need(at: int) -> int:
         if w is None:  # Mamba: the single key ending at the candidate
@@ -180,16 +160,17 @@ def _scan_window(
         n = cdiv(w + (-at) % C, C)
         return max(n, window) if g.family == "chunked" else n
 
-    held_chunks = sorted(e // C - 1 for e in held if e % C == 0)
     run_end = end
     cur = need(run_end)
     run = 0
+    misses = 0
     j = cdiv(end, C) - 1
     while j >= start_chunk:
         if cur <= run:
             return run_end
-        if (j + 1) * C in held:
+        if contains(index, (j + 1) * C):
             run += 1
+            misses = 0
             j -= 1
             continue
         run = 0
@@ -197,13 +178,15 @@ def _scan_window(
         cur = need(run_end)
         if cur <= 0:
             return run_end
-        # Every chunk down to the next held one is a miss too, and a miss on the chunk grid always needs
-        # the same run: jump there instead of stepping (a long request with few keys stays cheap).
-        below = bisect_right(held_chunks, j - 1) - 1
-        nxt = max(held_chunks[below] if below >= 0 else start_chunk - 1, start_chunk - 1)
-        if nxt < j - 1:
-            run_end = (nxt + 1) * C
-            cur = need(run_end)
+        misses += 1
+        nxt = j - 1
+        if misses >= _MISSES_BEFORE_SKIP:
+            # Every chunk down to the next one that may be held is a miss too, and a miss on the chunk
+            # grid always needs the same run: jump there (a long request with few keys stays cheap).
+            nxt = max(probe.below(index, C, j), start_chunk - 1)
+            if nxt < j - 1:
+                run_end = (nxt + 1) * C
+                cur = need(run_end)
         j = nxt
     if run >= cur or run > 0:
         return run_end
@@ -220,29 +203,43 @@ def lookup_hit(
     geom: Geometry,
     num_tokens: int,
     *,
-    stored: Mapping[Any, Collection[int]],
+    stored: Any,
+    block_hashes: Sequence[Hashable] | None = None,
+    holder: int = 0,
+    req_context: Any = None,
     num_prompt_tokens: int | None = None,
     local_computed_tokens: int = 0,
     max_load_tokens: int | None = None,
     max_num_new_tokens: int | None = None,
 ) -> Hit:
-    """How many tokens past the local prefix an offload tier can supply (reference §3.6).
+    """How many tokens past the local prefix an offload tier can supply (vLLM 0.33
+    ``offloading/scheduler.py::_lookup_complete_chunks`` and ``_lookup``).
 
-    ``stored`` maps a group index to the end tokens of the keys the tier holds
-    for this request. The local prefix is rounded down to the scheduler block L
-    first, as the scheduler hands it to the connector.
+    ``stored`` is the tier in any form :func:`kvgeom.probes.as_probe` accepts: a mapping from a
+    group index to the end tokens (or a bool chunk mask) of the keys held for this request, a
+    ``contains(group, end_token)`` callable, a :class:`kvgeom.Residency` or an object with the
+    offload manager's ``lookup(key, req_context)`` (these two with ``block_hashes``, the
+    request's hash chain). The tier is probed lazily, key by key in vLLM's order: full-attention
+    groups from the local prefix forwards, stopping at the first miss; windowed groups from the
+    candidate end backwards, stopping when a run is long enough. Keys the answer does not depend
+    on are never probed and the stored set is never validated or sorted as a whole.
+
+    The local prefix is rounded down to the scheduler block L first, as the scheduler hands it to
+    the connector.
 
     Postconditions: ``end_token < num_tokens`` whenever a windowed (sliding,
     chunked or Mamba) group exists; with an align Mamba group ``end_token`` is
     a multiple of the Mamba chunk, or an exact partial-tail boundary whose
     boundary key every group holds; every full-attention chunk covering
     ``[local, end_token)`` is stored; the Mamba key ending at ``end_token`` is
-    stored.
+    stored. Every store form gives the same :class:`Hit` for the same held keys.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     >>> lookup_hit(g, 64, stored={0: [32, 64], 1: [16, 32, 48, 64]}).end_token
     48
+    >>> lookup_hit(g, 65, stored=lambda group, end: end <= 64).end_token
+    64
     """
     off = _offload(geom)
     n = nonneg("num_tokens", num_tokens)
@@ -264,75 +261,136 @@ def lookup_hit(
             local_computed_tokens=local,
             num_tokens=n,
         )
-    held = _stored_sets(geom, off, stored)
+    mnn = None if max_num_new_tokens is None else nonneg("max_num_new_tokens", max_num_new_tokens)
+    mlt = None if max_load_tokens is None else nonneg("max_load_tokens", max_load_tokens)
+    probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
+    return _lookup(geom, off, probe, n, prompt, local, mlt, mnn)
+
+
+def _lookup(
+    geom: Geometry, off: OffloadGeometry, probe: Probe, n: int, prompt: int, local: int, mlt: int | None,
+    mnn: int | None,
+) -> Hit:
+    """The lookup core over checked arguments: complete chunks to a fixed point, then a partial tail."""
     c = rdown(local, geom.scheduler_block_size)
     H = geom.hash_block_size
-
     M = n
-    if max_num_new_tokens is not None:
-        M = min(M, c + nonneg("max_num_new_tokens", max_num_new_tokens))
-    if max_load_tokens is not None:
-        M = min(M, c + nonneg("max_load_tokens", max_load_tokens))
+    if mnn is not None:
+        M = min(M, c + mnn)
+    if mlt is not None:
+        M = min(M, c + mlt)
     limit = M
     Cm = off.mamba_align_size
-
-    def realign(m: int) -> int:
-        return _align_to_mamba_chunk(m, Cm)
-
-    groups = geom.groups
-    windowed = [og for og in off.groups if og.window_chunks is not None]
-    full = [og for og in off.groups if og.window_chunks is None]
+    windowed, full = _lookup_order(off)
     if windowed:
-        M = realign(max(M - 1, 0))
-
-    def clamp(og: OffloadGroupGeometry, m: int) -> int:
-        m = min(m, num_keys(geom, og.index, n) * og.tokens_per_chunk)
-        if max_load_tokens is not None:
-            m = rdown(m, og.tokens_per_chunk)
-        return realign(m)
-
-    def complete() -> int:
-        m = M
-        for og in full:
-            C = og.tokens_per_chunk
-            m = clamp(og, m)
-            if m - c < C:
-                return c
-            first = c // C
-            hits = 0
-            while (first + hits + 1) * C in held[og.index] and (first + hits) * C < m:
-                hits += 1
-            m = realign(min(m, C * (first + hits)))
-            if m - c < C:
-                return c
-        ordered = sorted(windowed, key=lambda og: -(og.window_chunks or 0))
-        while True:
-            changed = False
-            for og in ordered:
-                C = og.tokens_per_chunk
-                before = m
-                m = clamp(og, m)
-                if m - c < C:
-                    return c
-                found = _scan_window(groups[og.index], og, held[og.index], m, c // C)
-                if found is None:
-                    return c
-                m = realign(min(m, found))
-                if m - c < C:
-                    return c
-                changed = changed or m < before
-            if not changed:
-                return m
-
-    done = complete()
+        M = _align_to_mamba_chunk(max(M - 1, 0), Cm)
+    done = _complete(geom, probe, n, c, M, mlt is not None, full, windowed)
     if off.supports_partial_tail:
         span = off.groups[0].tokens_per_block
-        b = rdown(min(prompt - 1, done + span - 1, limit), H) if prompt else 0
+        contains = probe.contains
+        b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+        if b >= done + span and not all(
+            contains(og.index, done + span) for og in off.groups if not geom.groups[og.index].is_align_mamba
+        ):
+            b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
         while b > done:
-            if all(b in held[og.index] for og in off.groups):
+            if all(contains(og.index, partial_tail_key(og, b)) for og in off.groups):
                 return Hit(b - c, b, c, True)
             b -= H
     return Hit(done - c, done, c, False)
+
+
+def _lookup_order(off: OffloadGeometry) -> tuple[tuple[OffloadGroupGeometry, ...], tuple[OffloadGroupGeometry, ...]]:
+    """(windowed groups by decreasing window, stable; full-attention groups in index order): vLLM's
+    ``OffloadingConnectorScheduler._lookup_groups`` order."""
+    windowed = [og for og in off.groups if og.window_chunks is not None]
+    windowed.sort(key=lambda og: -(og.window_chunks or 0))
+    return tuple(windowed), tuple(og for og in off.groups if og.window_chunks is None)
+
+
+def _complete(
+    geom: Geometry, probe: Probe, n: int, c: int, M: int, load_capped: bool,
+    full: tuple[OffloadGroupGeometry, ...], windowed: tuple[OffloadGroupGeometry, ...],
+) -> int:
+    """Complete-chunk hit end: each group in turn clamps the candidate (re-aligned to the Mamba chunk
+    after every clamp, kvgeom's difference from vLLM), then scans its keys; windowed groups repeat
+    until no group lowers the candidate. A candidate less than one chunk past ``c`` is no hit."""
+    Cm = geom.offload.mamba_align_size if geom.offload is not None else None
+    keyed = n // geom.hash_block_size
+    verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
+    m = M
+    for og in full:
+        before = m
+        found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
+        if found is None:
+            return c
+        m = _align_to_mamba_chunk(found, Cm)
+        if m - c < og.tokens_per_chunk:
+            return c
+        if m < before and not og.eagle_group:
+            verified.clear()
+    while True:
+        changed = False
+        for og in windowed:
+            before = m
+            found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
+            if found is None:
+                return c
+            m = _align_to_mamba_chunk(found, Cm)
+            if m - c < og.tokens_per_chunk:
+                return c
+            if m < before and not og.eagle_group:
+                verified.clear()
+            changed = changed or m < before
+        if not changed:
+            return m
+
+
+def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: bool, Cm: int | None) -> int:
+    """The candidate limited to the group's keyed chunks (and its chunk grid under max_load_tokens), re-aligned."""
+    C = og.tokens_per_chunk
+    m = min(m, keyed_hashes // og.hashes_per_chunk * C)
+    if load_capped:
+        m = rdown(m, C)
+    return _align_to_mamba_chunk(m, Cm)
+
+
+def _group_end(
+    geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed_hashes: int, verified: set[int]
+) -> int | None:
+    """One group's lookup from a clamped candidate ``m``: the lowered candidate (not yet re-aligned),
+    or None when the group cannot serve any hit past ``c``. This is the per-group rule; a rule that
+    changes what one group probes (an extra look-ahead chunk, say) changes only this function.
+
+    An eagle group not yet verified at this candidate queries one chunk more and pops it
+    (:func:`kvgeom.speculative.eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
+    if m - c < og.tokens_per_chunk:
+        return None
+    pop = eagle_pops(og, verified)
+    if pop:
+        return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk)
+    if og.window_chunks is None:
+        return _full_run(probe, og, c, m)
+    found = _scan_window(geom.groups[og.index], og, probe, m, c // og.tokens_per_chunk)
+    return None if found is None else min(m, found)
+
+
+def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int) -> int | None:
+    """An unverified eagle group: the run of held chunks up to one chunk past ``m`` (capped at the keyed
+    chunks), minus the last one. A windowed group scans the chunks whose next chunk is held too
+    (:func:`kvgeom.speculative.eagle_pair_held`); None when nothing is left after the pop."""
+    C = og.tokens_per_chunk
+    query = eagle_query_end(og, m, keyed * C, 1)
+    if og.window_chunks is None:
+        contains, g = probe.contains, og.index
+        j = c // C
+        while j * C < query and contains(g, (j + 1) * C):
+            j += 1
+        return None if j == c // C else min(m, C * (j - 1))
+    stop = min(cdiv(query, C), keyed)
+    found = _scan_window(geom.groups[og.index], og, eagle_pair_held(probe, C, stop * C), min(m, (stop - 1) * C),
+                         c // C)
+    return None if found is None else min(m, found)
 
 
 def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
@@ -380,7 +438,7 @@ def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:
         last = cdiv(N, C) - (1 if hit.partial_tail else 0)
         keys = tuple((j + 1) * C for j in range(first // k, last))
         if hit.partial_tail:
-            keys += (N,)
+            keys += (partial_tail_key(og, N),)
         state = restore_read_block(geom, og.index, N) if g.is_align_mamba else None
         out.append(GroupLoad(og.index, keys, tuple(range(first, stop)), first % k, state))
     return tuple(out)
@@ -411,10 +469,14 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
         )
     if "num_tokens" not in scenario:
         raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    stored = scenario.get("stored", {})
+    if isinstance(stored, Mapping):
+        # the JSON contract checks every end token (lookup_hit reads a set value only where it probes)
+        stored = {k: list(v) if isinstance(v, AbstractSet) else v for k, v in stored.items()}
     hit = lookup_hit(
         geom,
         scenario["num_tokens"],
-        stored=scenario.get("stored", {}),
+        stored=stored,
         num_prompt_tokens=scenario.get("num_prompt_tokens"),
         local_computed_tokens=scenario.get("local_computed_tokens", 0),
         max_load_tokens=scenario.get("max_load_tokens"),
@@ -507,12 +569,16 @@ def plan_store(
         C = og.tokens_per_chunk
         k = off.blocks_per_chunk
         keyed = num_keys(geom, og.index, n)
-        storable = min(offloadable // C, keyed)
+        storable = store_holdback_chunks(geom, og.index, min(offloadable // C, keyed), offloadable, prompt, finished)
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
         _fits(storable - start)
-        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=points)
+        group_points = points
+        if reachable is None and g.is_align_mamba:
+            shifted = mamba_store_boundary(geom, prompt)
+            group_points = points if shifted is None else (shifted,)
+        mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.

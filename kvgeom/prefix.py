@@ -508,3 +508,49 @@ def scheduler_keeps_load(local_computed_tokens: int, scheduler_block_size: int, 
     """
     tail = local_computed_tokens % scheduler_block_size
     return external_tokens > 0 and (tail == 0 or external_tokens > tail)
+
+
+def hit_landing_lines(geom: Geometry) -> list[str]:
+    """Where a GPU prefix-cache hit can land, per group (the ``kvgeom explain`` section).
+
+    >>> import kvgeom
+    >>> print("\\n".join(hit_landing_lines(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))))
+    GPU prefix hits: multiples of A = 16 below num_tokens where every cacheable group holds:
+      group 0 (full_attention): every 32-token block before the hit, partial entries on H = 16
+      group 1 (mamba): the state at exactly the hit (states every 16 tokens)
+    """
+    if not geom.config.cache.prefix_caching:
+        return ["GPU prefix hits: none (prefix caching is off)"]
+    A, H = geom.hit_alignment_tokens, geom.hash_block_size
+    single = len(geom.groups) == 1
+    unit = geom.groups[0].span if single else A
+    lines = [f"GPU prefix hits: multiples of {'the span' if single else 'A'} = {unit} below num_tokens "
+             "where every cacheable group holds:"]
+    for g in geom.groups:
+        S = g.span
+        head = f"  group {g.index} ({g.kind}): "
+        if not g.prefix_cacheable:
+            lines.append(head + "not prefix-cacheable, never limits a hit")
+            continue
+        fine = not single and A < S and S % A == 0
+        match g.family:
+            case "full":
+                tail = f", partial entries on H = {H}" if fine else ""
+                lines.append(head + f"every {S}-token block before the hit{tail}")
+            case "sliding":
+                window = sliding_window_of(g.spec)
+                need = cdiv(window[0] - 1, S) if window is not None else 0
+                lines.append(head + f"the {need} block(s) of {S} tokens before the hit (its window)")
+            case "chunked":
+                size = attention_chunk_size_of(g.spec)
+                lines.append(head + f"the blocks of the hit's {size}-token attention chunk")
+            case "mamba":
+                grid = f"states on every H = {H}" if fine else f"states every {S} tokens"
+                lines.append(head + f"the state at exactly the hit ({grid})")
+            case "cross":
+                lines.append(head + "no prefix-cache lookup in vLLM 0.33 (mark it prefix_cacheable=false)")
+            case "circular":
+                lines.append(head + "not prefix-cacheable")
+            case _:
+                assert_never(g.family)
+    return lines

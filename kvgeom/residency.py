@@ -19,7 +19,13 @@ Invariants (tested in ``tests/test_residency.py``):
 * ``contains(g, h, holder)`` is true iff the last update of ``(g, h, holder)`` was an add;
 * ``clear(holder)`` removes exactly that holder's entries and no one else's;
 * ``version`` changes on every update that changes what is held, so derived caches know when to
-  rebuild.
+  rebuild;
+* batch reads: every hash the index has seen (held, or named by a chain passed to :meth:`intern`)
+  has a stable integer id (``0`` is never a hash), and :meth:`held_array` is a bool array over those
+  ids, equal at every moment to :meth:`contains` for that group and holder. Once asked for, it is
+  kept current by every update (one array store per update, still O(1)); the batch lookup
+  (:func:`kvgeom.batch.lookup.lookup_resident`) reads it with numpy, without converting any key.
+  Ids are never reused, so the id table grows by one entry per distinct hash ever seen.
 
 vLLM's offload key is the block hash bytes followed by the 4-byte big-endian group index
 (OffloadingConnector ``make_offload_key``, vLLM 0.33); :meth:`add_key` / :meth:`discard_key` take
@@ -37,6 +43,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from kvgeom.errors import QueryError
 
@@ -100,11 +109,74 @@ class Residency:
     tier, storage), with holder 0, or one instance per tier across replicas, one holder per replica.
     """
 
-    __slots__ = ("_held", "version")
+    __slots__ = ("_arrays", "_held", "_ids", "version")
 
     def __init__(self) -> None:
         self._held: dict[int, dict[Hashable, int]] = {}
+        self._ids: dict[Hashable, int] = {}
+        self._arrays: dict[tuple[int, int], npt.NDArray[np.bool_]] = {}
         self.version = 0
+
+    # -- ids and arrays for batch reads -------------------------------------------------------------
+    def _id(self, block_hash: Hashable) -> int:
+        i = self._ids.get(block_hash)
+        if i is None:
+            i = self._ids[block_hash] = len(self._ids) + 1
+            if self._arrays:
+                self._grow(i)
+        return i
+
+    def _grow(self, top: int) -> None:
+        for k, a in self._arrays.items():
+            if top >= a.shape[0]:
+                b = np.zeros(max(2 * a.shape[0], top + 1), dtype=np.bool_)
+                b[: a.shape[0]] = a
+                self._arrays[k] = b
+
+    def intern(self, block_hashes: Iterable[Hashable]) -> npt.NDArray[np.int64]:
+        """Stable integer ids of ``block_hashes`` (new hashes get new ids; ``0`` is never used), as int64.
+
+        >>> r = Residency(); r.intern([b"a", b"b", b"a"]).tolist()
+        [1, 2, 1]
+        """
+        ids = self._ids
+        n0 = len(ids)
+        out = [ids.setdefault(h, len(ids) + 1) for h in block_hashes]
+        if self._arrays and len(ids) != n0:
+            self._grow(len(ids))
+        return np.array(out, dtype=np.int64)
+
+    @property
+    def num_ids(self) -> int:
+        """How many hashes have an id (ids run from 1 to this)."""
+        return len(self._ids)
+
+    def held_array(self, group: int, holder: int = 0) -> npt.NDArray[np.bool_]:
+        """Bool array over hash ids: entry ``i`` is :meth:`contains` of ``group`` for the hash with id ``i``
+        (entry 0 and ids past the array are never held). Built once from the index, O(entries held), then
+        kept current by every update; do not write to it.
+
+        >>> r = Residency(); r.add(0, b"a"); r.add(0, b"b"); r.discard(0, b"a")
+        >>> r.held_array(0)[r.intern([b"a", b"b"])].tolist()
+        [False, True]
+        """
+        bit = 1 << _holder(holder)
+        key = (group, holder)
+        a = self._arrays.get(key)
+        if a is None:
+            a = np.zeros(max(len(self._ids) + 1, 64), dtype=np.bool_)
+            held = self._held.get(group, {})
+            ids = self._ids
+            if held:
+                idx = np.fromiter((ids[h] for h, m in held.items() if m & bit), dtype=np.int64)
+                a[idx] = True
+            self._arrays[key] = a
+        return a
+
+    def _mark(self, group: int, holder: int, block_hash: Hashable, value: bool) -> None:
+        a = self._arrays.get((group, holder))
+        if a is not None:
+            a[self._ids[block_hash]] = value
 
     # -- updates ------------------------------------------------------------------------------------
     def add(self, group: int, block_hash: Hashable, holder: int = 0) -> None:
@@ -115,8 +187,12 @@ class Residency:
             held = self._held[group] = {}
         old = held.get(block_hash, 0)
         if not old & bit:
+            if not old:
+                self._id(block_hash)
             held[block_hash] = old | bit
             self.version += 1
+            if self._arrays:
+                self._mark(group, holder, block_hash, True)
 
     def discard(self, group: int, block_hash: Hashable, holder: int = 0) -> None:
         """Record that ``holder`` no longer holds that entry (a no-op when it did not)."""
@@ -132,6 +208,8 @@ class Residency:
             else:
                 del held[block_hash]
             self.version += 1
+            if self._arrays:
+                self._mark(group, holder, block_hash, False)
 
     def add_key(self, key: bytes, holder: int = 0) -> None:
         """:meth:`add` from vLLM offload key bytes (block hash + 4-byte group index)."""
@@ -149,6 +227,8 @@ class Residency:
             if self._held:
                 self._held.clear()
                 self.version += 1
+            for a in self._arrays.values():
+                a[:] = False
             return
         keep = ~(1 << _holder(holder))
         changed = False
@@ -162,6 +242,9 @@ class Residency:
                         del held[h]
         if changed:
             self.version += 1
+        for (_, h), a in self._arrays.items():
+            if h == holder:
+                a[:] = False
 
     # -- reads --------------------------------------------------------------------------------------
     def contains(self, group: int, block_hash: Hashable, holder: int = 0) -> bool:

@@ -37,6 +37,8 @@ def geometry(cfg, drop):
 
 
 _ALL16 = [16, 32, 48, 64, 80, 96, 112, 128]
+_EAGLE = {"method": "eagle", "num_speculative_tokens": 2, "lookahead_hashes": False}
+_MTP3 = {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}
 
 #: (name, config, drop groups, num_tokens, resident, vLLM hit, vLLM non-null blocks per group (end tokens))
 ROWS = [
@@ -94,4 +96,16 @@ ROWS = [
     # the #45614 row: attention proves 32, drops to 16; no Mamba state at or below 16. vLLM: 0
     ("45614-row", _cfg([_fa(16), _m(16), _sw(16, 33)]), (0, 2), 80,
      {"0": [16, 32, 64, 80], "1": [32, 48, 64, 80], "2": [16, 32, 48, 64, 80]}, 0, [[], [], []]),
+    # real drafter config (eagle, K = 2, no look-ahead hashes): attention is the drafter, drops one span. vLLM: 80
+    ("spec-eagle", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _EAGLE}, (), 100,
+     {"0": _ALL16[:6], "1": _ALL16[:6]}, 80, [_ALL16[:5], [80]]),
+    # no group flagged as drafter: vLLM's coordinator drops in every group (Mamba ignores it). vLLM: 80
+    ("spec-no-flag", {"groups": [_fa(16), _m(16)], "speculative": _EAGLE}, (), 100,
+     {"0": _ALL16[:6], "1": _ALL16[:6]}, 80, [_ALL16[:5], [80]]),
+    # MTP K = 3 with look-ahead hashes: no drop, but a 98-token request has floor(95 / 16) = 5 hashes. vLLM: 80
+    ("spec-lookahead", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3}, (), 98,
+     {"0": _ALL16[:6], "1": _ALL16[:6]}, 80, [_ALL16[:5], [80]]),
+    # same with an offload connector: legacy hashes (6 of them), the drop takes 96 to 80. vLLM: 80
+    ("spec-mtp-drop", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3, "offload": {}}, (), 98,
+     {"0": _ALL16[:6], "1": _ALL16[:6]}, 80, [_ALL16[:5], [80]]),
 ]

@@ -187,13 +187,13 @@ def test_row_width_null_without_max_model_len():
 def test_report_contract_keys():
     r = kvgeom.resolve(kvgeom.DEFAULT_CONFIG).to_report()
     assert {"groups", "scheduler_block_size", "hash_block_size", "hit_alignment_tokens", "partial_hash_hits",
-            "offload", "warnings"} <= set(r)
+            "offload", "warnings", "speculative"} <= set(r)
     assert set(r["groups"][0]) == {"index", "kind", "block_size", "dcp_sharded", "prefix_cacheable", "span",
-                                   "row_width"}
+                                   "row_width", "eagle_group", "proof_margin"}
     assert set(r["offload"]) == {"blocks_per_chunk", "tokens_per_hash", "alignment_tokens", "mamba_align_size",
                                  "retention_interval", "supports_partial_tail", "groups"}
     assert set(r["offload"]["groups"][0]) == {"index", "tokens_per_block", "tokens_per_chunk", "hashes_per_chunk",
-                                             "window_chunks"}
+                                             "window_chunks", "eagle_group", "proof_margin"}
     assert all(set(w) == {"code", "message"} for w in r["warnings"])
     import json
 

@@ -9,10 +9,12 @@ comment on each row says what vLLM returned. Retention rows take their residency
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from _prefix_rows import ROWS, geometry
 
 import kvgeom
+from kvgeom.batch.prefix import prefix_hits
 from kvgeom.prefix import prefix_hit, resident_sets, scheduler_keeps_load
 from kvgeom.request import plan_request
 from kvgeom.sim import GPUPrefixCache
@@ -178,3 +180,19 @@ def test_gpu_prefix_cache_partial_tail_and_check():
     assert hit.hit_tokens == 80 and cache.check_adopted(hit) == []
     cache.evict(lambda grp, e: not (grp == 1 and e == 80))
     assert "not cached" in cache.check_adopted(hit)[0]
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop", "n", "resident", "hit", "blocks"), ROWS, ids=[r[0] for r in ROWS])
+def test_batch_prefix_hits_match_the_rows(name, cfg, drop, n, resident, hit, blocks):
+    """The batch twin on each row, beside an empty residency and a 0-token request of the same geometry."""
+    geom = geometry(cfg, drop)
+    H = geom.hash_block_size
+    cols = n // H
+    held = {}
+    for g in geom.groups:
+        m = np.zeros((3, cols), bool)
+        for e in resident.get(str(g.index), ()):
+            if e // H <= cols:
+                m[0, e // H - 1] = m[2, e // H - 1] = True
+        held[g.index] = m
+    assert prefix_hits(geom, np.array([n, n, 0]), held).tolist() == [hit, prefix_hit(geom, n, {}).hit_tokens, 0]

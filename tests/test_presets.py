@@ -26,6 +26,8 @@ EXPECTED = [
     ("gemma3-swa", [16, 16], 16, 16, [16, 16]),  # no DCP: spans are the block sizes
     ("deepseek-v3-mla-dcp8", [512], 512, 512, [512]),  # MLA is DCP-sharded: 64*8
     ("falcon-mamba", [16], 16, 16, [64]),  # #44599 shape: Mamba chunk B*k = 16*4
+    ("qwen35-mtp-hybrid", [528, 528], 528, 528, [528, 528]),  # #40696: 528-token attention block; MTP
+    ("llama31-eagle3", [16], 16, 16, [16]),  # one group: the EAGLE3 head shares the target's spec
 ]
 
 

@@ -67,9 +67,10 @@ from kvgeom._math import INT64_MAX
 from kvgeom.boundaries import _mamba
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, stored_group_index
+from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
 from kvgeom.masks import default_alignment
+from kvgeom.probes import stored_group_index
 from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
@@ -991,6 +992,9 @@ def plan_stores(
     else:
         points = _ints("reachable", reachable, ndim=2, allow_minus_one=True)
         _same_length("reachable", points, size)
+    from kvgeom.batch.speculative import mamba_store_points, store_holdback
+
+    shifted = mamba_store_points(geom, prompt)
     H = geom.hash_block_size
     keyed_n = _div(n, H)
     groups = []
@@ -999,6 +1003,7 @@ def plan_stores(
         C = og.tokens_per_chunk
         k = off.blocks_per_chunk
         storable = np.minimum(np.floor_divide(offloadable, C), _div(keyed_n, og.hashes_per_chunk))
+        storable = store_holdback(og, storable, offloadable, prompt, fin)
         if allocated_blocks is not None and og.index in allocated_blocks:
             alloc = _ints(f"allocated_blocks[{og.index}]", allocated_blocks[og.index])
             _same_length(f"allocated_blocks[{og.index}]", alloc, size)
@@ -1009,7 +1014,10 @@ def plan_stores(
         else:
             start = np.zeros(size, dtype=np.int64)
         indptr = np.zeros(size + 1, dtype=np.int64)
-        direct = _kept_from_points(geom, og, g, start, storable, points)
+        group_points = points
+        if reachable is None and g.is_align_mamba and shifted is not None:
+            group_points = shifted
+        direct = _kept_from_points(geom, og, g, start, storable, group_points)
         if direct is not None:
             req, chunk = direct
             np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
@@ -1020,7 +1028,7 @@ def plan_stores(
             total = int(indptr[-1])
             req = np.repeat(np.arange(size, dtype=np.int64), counts)
             chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - start, counts)
-            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, points)
+            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points)
             if keep is not None:
                 req, chunk = req[keep], chunk[keep]
                 np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
@@ -1228,6 +1236,10 @@ class _Held:
         """Whether chunk ``chunks`` of request ``rows`` is held (chunks past the matrix are not)."""
         return _gather_flat(self.flat, self.width, rows, (chunks + 1) * self.hpc - 1)
 
+    def hashes(self, rows: I64, cols: I64) -> Bools:
+        """Whether the key of request ``rows`` ending at ``(cols + 1) * H`` is held (a partial-tail boundary)."""
+        return _gather_flat(self.flat, self.width, rows, cols)
+
 
 def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
     """``matrix[rows, cols]`` of a row-major bool matrix; columns outside ``[0, width)`` read as False."""
@@ -1239,7 +1251,7 @@ def _gather_flat(flat: Bools, width: int, rows: I64, cols: I64) -> Bools:
     return np.take(flat, idx, mode="clip") & inside
 
 
-def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
+def _forward_run(hc: Any, rows: I64, start: I64, limit: I64) -> I64:
     """Consecutive held chunks from ``start`` upwards, capped at ``limit`` (the full-attention prefix scan)."""
     out = np.zeros(rows.shape, dtype=np.int64)
     active = np.flatnonzero(limit > 0)
@@ -1256,7 +1268,7 @@ def _forward_run(hc: _Held, rows: I64, start: I64, limit: I64) -> I64:
 
 
 def _scan_windows(
-    g: GroupGeometry, og: OffloadGroupGeometry, hc: _Held, rows: I64, end: I64, start_chunk: I64
+    g: GroupGeometry, og: OffloadGroupGeometry, hc: Any, rows: I64, end: I64, start_chunk: I64
 ) -> tuple[I64, Bools]:
     """:func:`kvgeom.hits._scan_window` for many requests: ``(found, has)``.
 
@@ -1415,6 +1427,19 @@ def lookup_hits(
     mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
     mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
     held = _stored_matrices(geom, off, stored, size)
+    views = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
+    return _lookup_views(geom, off, n, prompt, local, mlt, mnn, views)
+
+
+def _lookup_views(
+    geom: Geometry, off: OffloadGeometry, n: I64, prompt: I64, local: I64, mlt: I64 | None, mnn: I64 | None,
+    chunk_held: Mapping[int, Any],
+) -> Hits:
+    """The :func:`lookup_hits` core over checked arrays and one held-key view per offloaded group (an object
+    with ``view(rows, chunks)``, ``view.hashes(rows, cols)`` and ``view.chunks``, the chunk count past
+    which nothing is held; :class:`_Held` over a bool matrix, or :mod:`kvgeom.batch.lookup`'s view of a
+    :class:`kvgeom.Residency`)."""
+    size = n.shape[0]
     H = geom.hash_block_size
     c = _rdown(local, geom.scheduler_block_size)
 
@@ -1434,7 +1459,6 @@ def lookup_hits(
     full = [og for og in off.groups if og.window_chunks is None]
     if windowed:
         M = realign(np.maximum(M - 1, 0))
-    chunk_held = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
     keyed = _div(n, H)
 
     def clamp(og: OffloadGroupGeometry, m: I64, rows: I64) -> I64:
@@ -1444,23 +1468,64 @@ def lookup_hits(
             m = _rdown(m, C)
         return realign(m)
 
+    from kvgeom.batch.speculative import eagle_pair_held, partial_tail_top
+
     m = M.copy()
     dead = np.zeros(size, dtype=np.bool_)  # requests whose scalar lookup returned c early
     alive = np.arange(size)
+    # Eagle groups not yet verified at the request's current candidate (they query one chunk more and pop it).
+    unverified = {og.index: np.ones(size, dtype=np.bool_) for og in off.groups if og.eagle_group}
     for og in full:
         C = og.tokens_per_chunk
-        ma = clamp(og, m[alive], alive)
+        before = m[alive]
+        ma = clamp(og, before, alive)
         ca = c[alive]
         ok = ma - ca >= C
         dead[alive[~ok]] = True
-        alive, ma, ca = alive[ok], ma[ok], ca[ok]
+        alive, ma, ca, before = alive[ok], ma[ok], ca[ok], before[ok]
         first = ca // C
-        hits = _forward_run(chunk_held[og.index], alive, first, _cdiv(ma, C) - first)
-        ma = realign(np.minimum(ma, C * (first + hits)))
+        pop = unverified[og.index][alive].astype(np.int64) if og.eagle_group else np.zeros_like(ma)
+        if og.eagle_group:
+            unverified[og.index][alive] = False
+        query = np.where(pop > 0, np.minimum(ma + C, _div(keyed[alive], og.hashes_per_chunk) * C), ma)
+        hits = _forward_run(chunk_held[og.index], alive, first, _cdiv(query, C) - first)
+        ok = hits > 0
+        dead[alive[~ok]] = True
+        alive, ma, ca, first, hits, pop, before = (
+            alive[ok], ma[ok], ca[ok], first[ok], hits[ok], pop[ok], before[ok]
+        )
+        ma = realign(np.minimum(ma, C * (first + hits - pop)))
         ok = ma - ca >= C
         dead[alive[~ok]] = True
-        alive, ma = alive[ok], ma[ok]
+        alive, ma, before = alive[ok], ma[ok], before[ok]
+        if not og.eagle_group:
+            for flags in unverified.values():
+                flags[alive[ma < before]] = True
         m[alive] = ma
+    pair_held = {og.index: eagle_pair_held(chunk_held[og.index]) for og in windowed if og.eagle_group}
+
+    def _scan_eagle(og: OffloadGroupGeometry, rows: I64, ma: I64, start: I64) -> tuple[I64, Bools]:
+        """A windowed eagle group: unverified rows scan the pair-held chunks from one chunk further."""
+        C = og.tokens_per_chunk
+        pop = unverified[og.index][rows]
+        unverified[og.index][rows] = False
+        found = np.full(rows.shape, -1, dtype=np.int64)
+        has = np.zeros(rows.shape, dtype=np.bool_)
+        plain = np.flatnonzero(~pop)
+        if plain.size:
+            found[plain], has[plain] = _scan_windows(
+                groups[og.index], og, chunk_held[og.index], rows[plain], ma[plain], start[plain]
+            )
+        wide = np.flatnonzero(pop)
+        if wide.size:
+            keyed_chunks = _div(keyed[rows[wide]], og.hashes_per_chunk)
+            stop = np.minimum(_cdiv(np.minimum(ma[wide] + C, keyed_chunks * C), C), keyed_chunks)
+            found[wide], has[wide] = _scan_windows(
+                groups[og.index], og, pair_held[og.index], rows[wide], np.minimum(ma[wide], (stop - 1) * C),
+                start[wide],
+            )
+        return found, has
+
     # Windowed groups from the widest window (stable sort, as the scalar), repeated until no group lowers m.
     ordered = sorted(windowed, key=lambda og: -(og.window_chunks or 0))
     busy = alive
@@ -1472,11 +1537,19 @@ def lookup_hits(
             ma = clamp(og, before, busy)
             cb = c[busy]
             ok = ma - cb >= C
-            found, has = _scan_windows(groups[og.index], og, chunk_held[og.index], busy[ok], ma[ok], cb[ok] // C)
+            if og.eagle_group:
+                found, has = _scan_eagle(og, busy[ok], ma[ok], cb[ok] // C)
+            else:
+                found, has = _scan_windows(
+                    groups[og.index], og, chunk_held[og.index], busy[ok], ma[ok], cb[ok] // C
+                )
             ok[ok] = has
             ma[ok] = realign(np.minimum(ma[ok], found[has]))
             ok &= ma - cb >= C
             dead[busy[~ok]] = True
+            if not og.eagle_group:
+                for flags in unverified.values():
+                    flags[busy[ok & (ma < before)]] = True
             changed = (changed | (ma < before))[ok]
             busy = busy[ok]
             m[busy] = ma[ok]
@@ -1486,15 +1559,19 @@ def lookup_hits(
     if off.supports_partial_tail and size:
         # Probe boundaries b from rdown(min(prompt - 1, done + span - 1, limit), H) down to just above done.
         span = off.groups[0].tokens_per_block
-        hi = done + np.minimum(np.minimum(prompt - 1 - done, span - 1), limit - done)
-        b = np.where(prompt > 0, _rdown(np.maximum(hi, 0), H), 0)
+        b = partial_tail_top(geom, n, prompt, done, limit)
+        far = np.flatnonzero(b >= done + span)
+        if far.size:  # a tail past the next block also loads that block's chunk: it must be stored
+            bridge = np.ones(far.shape, dtype=np.bool_)
+            for og in off.groups:
+                if not groups[og.index].is_align_mamba:
+                    bridge &= chunk_held[og.index].hashes(far, (done[far] + span) // H - 1)
+            b[far[~bridge]] = done[far[~bridge]] + span - H
         rows = np.flatnonzero(b > done)
         while rows.size:
-            col = b[rows] // H - 1
             all_held = np.ones(rows.shape, dtype=np.bool_)
             for og in off.groups:
-                ch = chunk_held[og.index]
-                all_held &= _gather_flat(ch.flat, ch.width, rows, col)
+                all_held &= chunk_held[og.index].hashes(rows, (b[rows] + (og.proof_margin or 0)) // H - 1)
             tail[rows[all_held]] = True
             done[rows[all_held]] = b[rows[all_held]]
             rows = rows[~all_held]
@@ -1551,6 +1628,7 @@ def plan_loads(geom: Geometry, hits: Hits) -> LoadPlans:
                 stop_key_chunk=stop_key,
                 skip_in_first_chunk=np.where(loads, first % k, zero),
                 state_block=state,
+                tail_key_offset=og.proof_margin or 0,
             )
         )
     return LoadPlans(hits, tuple(out))
@@ -1569,6 +1647,8 @@ class GroupLoads:
     stop_key_chunk: I64
     skip_in_first_chunk: I64
     state_block: I64
+    tail_key_offset: int = 0
+    """Tokens past ``end_token`` where this group's partial-tail key ends (its eagle proof margin)."""
 
 
 @dataclass(frozen=True)
@@ -1593,7 +1673,7 @@ class LoadPlans:
             C = g.tokens_per_chunk
             keys = tuple((j + 1) * C for j in range(int(g.first_key_chunk[i]), int(g.stop_key_chunk[i])))
             if tail:
-                keys += (N,)
+                keys += (N + g.tail_key_offset,)
             state = int(g.state_block[i])
             out.append(
                 GroupLoad(

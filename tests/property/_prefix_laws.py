@@ -64,7 +64,16 @@ def prefix_cases(
     geom = kvgeom.resolve(cfg)
     if drop:
         chosen = draw(st.sets(st.sampled_from(range(len(geom.groups)))))
-        geom = with_drop(geom, chosen)
+        if draw(st.booleans()):  # a real drafter config, resolved by kvgeom.speculative
+            groups = [{**g, "drafter": True} if i in chosen else g for i, g in enumerate(cfg["groups"])]
+            spec = {"method": draw(st.sampled_from(["eagle", "eagle3", "mtp"])),
+                    "num_speculative_tokens": draw(st.integers(1, 3)), "lookahead_hashes": draw(st.booleans())}
+            try:
+                geom = kvgeom.resolve({**cfg, "groups": groups, "speculative": spec})
+            except kvgeom.KVGeomError:
+                geom = with_drop(geom, chosen)
+        else:
+            geom = with_drop(geom, chosen)
     n = draw(st.integers(0, MAX_TOKENS))
     H = geom.hash_block_size
     grid = list(range(H, n + H, H))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from _prefix_laws import (
     MAX_TOKENS,
     ROW_45614,
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom._math import cdiv
+from kvgeom.batch.prefix import prefix_hits
 from kvgeom.sim import run_request
 from kvgeom.strategies import configs
 
@@ -142,6 +144,27 @@ def _request_cases(draw):
     return cfg, n, first, evict_gpu, evict_tier
 
 
+@st.composite
+def _dcp_hybrid_cases(draw):
+    """Attention + Mamba with equal blocks under DCP: partial hash hits (A = H < L), so GPU hits land
+    off the scheduler block and the Scheduler's rounding rule decides."""
+    b = draw(st.sampled_from([2, 4, 8]))
+    dcp = draw(st.sampled_from([2, 4]))
+    cfg = {
+        "groups": [{"kind": "full_attention", "block_size": b}, {"kind": "mamba", "block_size": b}],
+        "parallel": {"dcp": dcp, "tp": dcp},
+        "cache": {"retention_interval": draw(st.sampled_from([None, 0]))},
+        "offload": {},
+    }
+    first = draw(st.integers(1, 200))
+    n = max(first + draw(st.integers(-8, 64)), 1)  # the same prompt again, or a longer turn
+    # GPU: one group loses every entry past a cut (per-group eviction from the tail, as LRU leaves it)
+    evict_gpu = (draw(st.sampled_from([0, 1])), draw(st.integers(0, first)))
+    evict_tier = draw(st.lists(st.sampled_from([False, False, False, True]), max_size=120)
+                      | st.tuples(st.sampled_from([0, 1]), st.integers(0, first)))
+    return cfg, n, first, evict_gpu, evict_tier
+
+
 _DENSE_49964 = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}
 
 
@@ -151,13 +174,19 @@ _GPU_HIT_48 = [False] * 6 + [True] * 3
 
 @example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, []))  # GPU hit 48 (off L = 32): the load to 96 drops its tail
 @example(case=(_DENSE_49964, 100, 100, _GPU_HIT_48, _GPU_HIT_48))  # the tier's hit ends at 48 too: keep 48, no load
-@given(_request_cases())
+@given(_request_cases() | _dcp_hybrid_cases())
 def test_plan_request_agrees_with_the_simulator(case):
     """A request admitted by ``plan_request`` resumes correctly in the simulator: the GPU entries it
     adopts hold every position its groups need (and the exact Mamba state when nothing is loaded),
     the load restores exactly ``local + external`` tokens, and no load runs when external is 0."""
     cfg, n, first, evict_gpu, evict_tier = case
     geom = kvgeom.resolve(cfg)
+    if isinstance(evict_gpu, tuple):  # (group, cut): the group loses every entry past the cut
+        group, cut = evict_gpu
+        evict_gpu = lambda g, e: g == group and e > cut  # noqa: E731
+    if isinstance(evict_tier, tuple):
+        tgroup, tcut = evict_tier
+        evict_tier = lambda g, e: g == tgroup and e > tcut  # noqa: E731
     report = run_request(geom, n, first_tokens=first, evict_gpu=evict_gpu, evict_tier=evict_tier)
     assert report.ok, (report.local_problems, report.tier_problems, report.restore_problems)
     plan = report.plan
@@ -173,3 +202,64 @@ def test_with_drop_helper_leaves_mamba_alone():
     g = with_drop(_H49964, {0, 1})
     assert [x.proof_margin for x in g.groups] == [16, None]
     assert dataclasses.replace(g, speculative=None).groups == g.groups
+
+
+def _matrices(geom, rows):
+    """Per group the (R, hashes) bool matrix of a list of (num_tokens, resident) rows."""
+    H = geom.hash_block_size
+    cols = max((n // H for n, _ in rows), default=0)
+    out = {}
+    for g in geom.groups:
+        if not g.prefix_cacheable:
+            continue
+        m = np.zeros((len(rows), cols), bool)
+        for r, (_n, resident) in enumerate(rows):
+            for e in resident.get(str(g.index), ()):
+                if e // H <= cols:
+                    m[r, e // H - 1] = True
+        out[g.index] = m
+    return out
+
+
+def _thinned(resident, rnd):
+    return {k: [e for e in v if rnd.random() < 0.7] for k, v in resident.items()}
+
+
+@given(prefix_cases(), st.lists(st.tuples(st.integers(0, MAX_TOKENS), st.randoms(use_true_random=False)), max_size=5))
+def test_batch_prefix_hits_equal_scalar(case, more):
+    """``kvgeom.batch.prefix.prefix_hits`` equals ``prefix_hit`` row by row: rows of different
+    lengths and residencies (replicas) over one geometry."""
+    geom, n0, resident = case
+    rows = [(n0, resident)] + [(n, _thinned(resident, rnd)) for n, rnd in more]
+    want = []
+    for n, res in rows:
+        hit = hit_or_unsupported(geom, n, res)
+        if hit is None:
+            return
+        want.append(hit.hit_tokens)
+    got = prefix_hits(geom, np.array([r[0] for r in rows], dtype=np.int64), _matrices(geom, rows))
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
+@given(prefix_cases())
+def test_batch_prefix_hits_on_empty_input(case):
+    geom, _n, _resident = case
+    if hit_or_unsupported(geom, 0, {}) is None:
+        return
+    empty = {g.index: np.zeros((0, 0), bool) for g in geom.groups if g.prefix_cacheable}
+    assert prefix_hits(geom, np.zeros(0, np.int64), empty).shape == (0,)
+    assert prefix_hits(geom, 100, {}).shape == (0,)
+
+
+@given(prefix_cases(drop=True), st.lists(st.integers(0, MAX_TOKENS), max_size=4))
+def test_batch_prefix_hits_equal_scalar_with_the_drop(case, more):
+    geom, n0, resident = case
+    rows = [(n0, resident)] + [(n, resident) for n in more]
+    want = []
+    for n, res in rows:
+        hit = hit_or_unsupported(geom, n, res)
+        if hit is None:
+            return
+        want.append(hit.hit_tokens)
+    got = prefix_hits(geom, np.array([r[0] for r in rows], dtype=np.int64), _matrices(geom, rows))
+    assert got.tolist() == want

@@ -1,0 +1,236 @@
+"""Batch hit lookups that read a :class:`kvgeom.Residency` directly (the batch twin of the lazy
+:func:`kvgeom.hits.lookup_hit` over a Residency + hash chain).
+
+A connector keeps one :class:`~kvgeom.Residency` current from its tier's store-complete and evict
+events (:meth:`~kvgeom.Residency.add_key` / :meth:`~kvgeom.Residency.discard_key`, O(1) each) and
+one :class:`RequestChains` current from its requests' block hashes (O(1) per new hash). A lookup
+over many requests then reads both with numpy: per group, a bool array over hash ids kept by the
+Residency, and one int64 matrix of hash ids, one row per request. Nothing is converted per key at
+lookup time, and only the chunks the scans need are gathered.
+
+Invariants (``tests/property/test_resident_batch_laws.py``):
+
+* ``lookup_resident(...).hit(i) == lookup_hit(geom, n[i], stored=residency, block_hashes=chain[i], ...)``
+  for every request, whatever order of adds and discards built the Residency;
+* a :class:`RequestChains` row holds exactly the ids of the hashes given for that request, in order;
+  hash index ``i`` of the row names the key ending at ``(i + 1) * H``; entries past the chain are 0
+  (never held).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvgeom.batch import I64, Bools, Hits, _int_or_array, _ints, _lookup_views, _offload, _same_length
+from kvgeom.errors import QueryError
+from kvgeom.geometry import Geometry
+from kvgeom.residency import Residency
+
+__all__ = ["ChainRows", "RequestChains", "lookup_resident"]
+
+
+class RequestChains:
+    """The hash chains of the requests a connector tracks, as hash ids of one :class:`~kvgeom.Residency`.
+
+    :meth:`update` takes a request's whole ``block_hashes`` list each time (vLLM's
+    ``request.block_hashes`` grows as tokens arrive) and interns only the hashes it has not seen for
+    that request: O(1) per new hash. Rows of finished requests are reused.
+
+    >>> import kvgeom
+    >>> r = kvgeom.Residency(); chains = RequestChains(r)
+    >>> chains.update("req-1", [b"h0", b"h1"]); chains.update("req-1", [b"h0", b"h1", b"h2"])
+    >>> chains.ids[chains.rows(["req-1"]).rows[0], :3].tolist()
+    [1, 2, 3]
+    """
+
+    __slots__ = ("_free", "_len", "_row", "ids", "residency")
+
+    def __init__(self, residency: Residency) -> None:
+        if not isinstance(residency, Residency):
+            raise QueryError.single(
+                "bad_residency", f"RequestChains reads a kvgeom.Residency, got {type(residency).__name__}", "residency"
+            )
+        self.residency = residency
+        self.ids = np.zeros((0, 0), dtype=np.int64)
+        """Hash ids, one row per tracked request (0 past a request's chain). Read only."""
+        self._row: dict[Hashable, int] = {}
+        self._len: list[int] = []
+        self._free: list[int] = []
+
+    def _reserve(self, rows: int, width: int) -> None:
+        r, w = self.ids.shape
+        if rows <= r and width <= w:
+            return
+        grown = np.zeros((max(rows, 2 * r if rows > r else r, 8), max(width, 2 * w if width > w else w, 64)),
+                         dtype=np.int64)
+        grown[:r, :w] = self.ids
+        self.ids = grown
+
+    def update(self, request_id: Hashable, block_hashes: Sequence[Hashable]) -> None:
+        """Record ``request_id``'s hash chain (the full list; only its new tail is interned)."""
+        row = self._row.get(request_id)
+        if row is None:
+            row = self._free.pop() if self._free else len(self._len)
+            if row == len(self._len):
+                self._len.append(0)
+            self._row[request_id] = row
+        known = self._len[row]
+        n = len(block_hashes)
+        if n < known:
+            raise QueryError.single(
+                "chain_shrank",
+                f"request {request_id!r} had {known} block hashes and now has {n}; a request's hash chain only grows "
+                "(call remove() when the request is gone, then update() for a new one)",
+                "block_hashes",
+            )
+        if n > known:
+            self._reserve(row + 1, n)
+            self.ids[row, known:n] = self.residency.intern(block_hashes[known:n])
+            self._len[row] = n
+
+    def remove(self, request_id: Hashable) -> None:
+        """Forget a request (its row is reused)."""
+        row = self._row.pop(request_id, None)
+        if row is not None:
+            self.ids[row, : self._len[row]] = 0
+            self._len[row] = 0
+            self._free.append(row)
+
+    def rows(self, request_ids: Sequence[Hashable]) -> ChainRows:
+        """The rows of ``request_ids`` (in that order) for :func:`lookup_resident`."""
+        try:
+            rows = np.array([self._row[r] for r in request_ids], dtype=np.int64)
+        except KeyError as e:
+            raise QueryError.single(
+                "unknown_request", f"request {e.args[0]!r} is not tracked; call update() with its block hashes first",
+                "request_ids",
+            ) from None
+        return ChainRows(self, rows)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
+class ChainRows:
+    """A selection of :class:`RequestChains` rows, one per request of a batch lookup."""
+
+    __slots__ = ("chains", "rows")
+
+    def __init__(self, chains: RequestChains, rows: I64) -> None:
+        self.chains = chains
+        self.rows = rows
+
+
+class _ResidentView:
+    """One group's held keys for the requests of a batch: ``held[ids[row_of[r], col]]``."""
+
+    __slots__ = ("chunks", "flat", "held", "hpc", "row_base", "width")
+
+    def __init__(self, ids: I64, row_of: I64, held: Bools, hashes_per_chunk: int) -> None:
+        self.flat = ids.reshape(-1)
+        self.width = ids.shape[1]
+        self.row_base = row_of * self.width
+        self.held = held
+        self.hpc = hashes_per_chunk
+        self.chunks = self.width // hashes_per_chunk
+
+    def hashes(self, rows: I64, cols: I64) -> Bools:
+        shape = np.broadcast_shapes(rows.shape, cols.shape)
+        if self.width == 0:
+            return np.zeros(shape, dtype=np.bool_)
+        inside = (cols >= 0) & (cols < self.width)
+        idx = self.row_base[rows] + np.where(inside, cols, 0)
+        held: Bools = np.take(self.held, np.take(self.flat, idx)) & inside
+        return held
+
+    def __call__(self, rows: I64, chunks: I64) -> Bools:
+        return self.hashes(rows, (chunks + 1) * self.hpc - 1)
+
+
+def lookup_resident(
+    geom: Geometry,
+    residency: Residency,
+    chains: ChainRows | Sequence[Sequence[Hashable]],
+    num_tokens: Any,
+    *,
+    holder: int = 0,
+    num_prompt_tokens: Any = None,
+    local_computed_tokens: Any = None,
+    max_load_tokens: Any = None,
+    max_num_new_tokens: Any = None,
+) -> Hits:
+    """:func:`kvgeom.hits.lookup_hit` over a :class:`~kvgeom.Residency` for many requests at once.
+
+    ``chains`` is either ``RequestChains.rows(request_ids)`` (the chains a connector keeps current,
+    nothing converted here) or a list of hash chains, one per request (interned on this call, one
+    dict read per hash). ``num_tokens`` and the optional arguments are as in
+    :func:`kvgeom.batch.lookup_hits`. Result: ``Hits.hit(i) == lookup_hit(geom, num_tokens[i],
+    stored=residency, block_hashes=chain_i, holder=holder, ...)``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)          # H = 16; chunks 32 (attention), 16 (Mamba)
+    >>> chain = [b"h%d" % i for i in range(4)]
+    >>> r = kvgeom.Residency()
+    >>> for i in range(4): r.add(1, chain[i])
+    >>> r.add(0, chain[1]); r.add(0, chain[3])
+    >>> lookup_resident(g, r, [chain, chain[:2], [b"x", b"y", b"z"]], [65, 40, 48]).end_token.tolist()
+    [64, 32, 0]
+    """
+    off = _offload(geom)
+    if not isinstance(residency, Residency):
+        raise QueryError.single(
+            "bad_residency", f"lookup_resident reads a kvgeom.Residency, got {type(residency).__name__}", "residency"
+        )
+    n = _ints("num_tokens", num_tokens)
+    size = n.shape[0]
+    if isinstance(chains, ChainRows):
+        if chains.chains.residency is not residency:
+            raise QueryError.single(
+                "foreign_chains", "these RequestChains intern hashes against another Residency", "chains"
+            )
+        ids, row_of = chains.chains.ids, chains.rows
+    else:
+        if isinstance(chains, str | bytes) or not isinstance(chains, Sequence):
+            raise QueryError.single(
+                "bad_chains", f"chains must be RequestChains.rows(...) or a list of hash chains, got "
+                f"{type(chains).__name__}", "chains",
+            )
+        tmp = RequestChains(residency)
+        for i, chain in enumerate(chains):
+            tmp.update(i, chain)
+        ids, row_of = tmp.ids, np.arange(len(chains), dtype=np.int64)
+    _same_length("chains", row_of, size)
+    if num_prompt_tokens is None:
+        prompt = n
+    else:
+        prompt = _ints("num_prompt_tokens", num_prompt_tokens)
+        _same_length("num_prompt_tokens", prompt, size)
+        if (prompt > n).any():
+            i = int(np.argmax(prompt > n))
+            raise QueryError.single(
+                "prompt_longer_than_request",
+                f"num_prompt_tokens={int(prompt[i])} exceeds num_tokens={int(n[i])} (request {i}); a request "
+                "holds its whole prompt",
+                "num_prompt_tokens", num_prompt_tokens=int(prompt[i]), num_tokens=int(n[i]),
+            )
+    if local_computed_tokens is None:
+        local = np.zeros(size, dtype=np.int64)
+    else:
+        local = _int_or_array("local_computed_tokens", local_computed_tokens, size)
+        if (local > n).any():
+            i = int(np.argmax(local > n))
+            raise QueryError.single(
+                "local_past_request",
+                f"local_computed_tokens={int(local[i])} exceeds num_tokens={int(n[i])} (request {i})",
+                "local_computed_tokens", local_computed_tokens=int(local[i]), num_tokens=int(n[i]),
+            )
+    mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
+    mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
+    views = {
+        og.index: _ResidentView(ids, row_of, residency.held_array(og.index, holder), og.hashes_per_chunk)
+        for og in off.groups
+    }
+    return _lookup_views(geom, off, n, prompt, local, mlt, mnn, views)

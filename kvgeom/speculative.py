@@ -1,0 +1,630 @@
+"""Speculative decoding (EAGLE, EAGLE3, MTP) in the geometry: flags, margins, checkpoints, hazards.
+
+A drafter changes vLLM 0.33's KV-cache geometry in a few precise ways; this module decides each of
+them once, from the ``speculative`` config section (:class:`kvgeom.SpeculativeConfig`) and the
+per-group ``drafter`` flag. :func:`kvgeom.resolve` calls the helpers below; every consumer reads the
+results from the resolved :class:`kvgeom.Geometry` (``Geometry.speculative``,
+``GroupGeometry.eagle_group`` / ``proof_margin``, ``OffloadGroupGeometry.eagle_group`` /
+``proof_margin``). ``docs/speculative.md`` walks through a worked example.
+
+Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
+
+* without a ``speculative`` section (or with ``eagle_block_drop: false``) no group is an eagle group,
+  no group has a proof margin and every hit, load and store is exactly the no-drafter answer;
+* ``block_drop`` = method in {eagle, eagle3, mtp} and not disabled
+  (vLLM ``config/speculative.py::SpeculativeConfig.use_eagle_block_drop``);
+* ``lookahead_hashes`` = ``block_drop``, not disabled, prefix caching on and no KV connector
+  (vLLM ``config/vllm.py::VllmConfig.num_hash_lookahead_tokens``; an offload section is a connector);
+* ``gpu_drop`` = ``block_drop`` and not ``lookahead_hashes`` and prefix caching on
+  (vLLM ``v1/core/sched/scheduler.py::Scheduler.__init__``);
+* a group's ``proof_margin`` is non-null iff its GPU lookup drops and it is not Mamba; its value is
+  H when partial hash hits are on, the manager supports fine-grained lookups and ``S > H``, else S
+  (vLLM ``v1/core/kv_cache_utils.py::eagle_proof_margin``);
+* the Mamba prefill checkpoint is ``rdown(n, U) - U`` with the GPU drop, else
+  ``rdown(n - max(1, lookahead), U)`` (vLLM ``v1/kv_cache_interface.py::get_mamba_prefill_checkpoint_position``);
+  it is a multiple of U, at most ``n - 1``, and never negative.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvgeom._check import nonneg
+from kvgeom._math import rdown
+from kvgeom.errors import Problem, QueryError
+from kvgeom.specs import (
+    AnySpec,
+    MambaSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformSpec,
+    iter_leaves,
+    sliding_window_of,
+)
+
+if TYPE_CHECKING:
+    from kvgeom.config import KVGeomConfig
+    from kvgeom.geometry import (
+        Geometry,
+        GeometryWarning,
+        GroupGeometry,
+        OffloadGeometry,
+        OffloadGroupGeometry,
+        SpeculativeGeometry,
+    )
+    from kvgeom.probes import Probe
+
+__all__ = [
+    "BLOCK_DROP_METHODS",
+    "HIDDEN_STATE_METHODS",
+    "MambaCheckpoint",
+    "eagle_proof_margin",
+    "is_drafter_group",
+    "mamba_checkpoint",
+    "mamba_checkpoint_position",
+]
+
+#: Methods whose draft KV at a position depends on the next token, so vLLM drops a proven unit
+#: (``SpeculativeConfig.needs_eagle_block_drop``).
+BLOCK_DROP_METHODS = frozenset({"eagle", "eagle3", "mtp"})
+#: Methods that draft from the target's hidden states (``SpeculativeConfig.use_eagle``): they look
+#: ahead one prefill token (K with multi-module MTP).
+HIDDEN_STATE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash"})
+
+#: Manager families whose vLLM manager supports fine-grained (sub-block) hash lookups
+#: (``FullAttentionManager.supports_fine_grained_hash_lookup``; circular buffers opt out).
+_FINE_GRAINED_FAMILIES = frozenset({"full"})
+
+
+def eagle_proof_margin(span: int, hash_block_size: int, fine_grained: bool) -> int:
+    """Tokens an eagle group must match past a candidate hit before dropping them.
+
+    H when ``fine_grained`` and ``span > H``, else the span (vLLM 0.33
+    ``v1/core/kv_cache_utils.py::eagle_proof_margin``). Postcondition: the result divides ``span``
+    whenever H does.
+
+    >>> eagle_proof_margin(32, 16, True), eagle_proof_margin(32, 16, False), eagle_proof_margin(16, 16, True)
+    (16, 32, 16)
+    """
+    return hash_block_size if fine_grained and span > hash_block_size else span
+
+
+def is_drafter_group(spec: AnySpec) -> bool:
+    """Whether a group holds drafter layers: its own ``drafter`` flag or any layer's (a ``uniform`` group).
+
+    vLLM flags a group when any of its layers ``is_draft``
+    (``v1/core/kv_cache_planning.py::get_global_kv_cache_groups``).
+
+    >>> from kvgeom.specs import FullAttentionSpec
+    >>> is_drafter_group(FullAttentionSpec(block_size=16, drafter=True))
+    True
+    """
+    return spec.drafter or any(leaf.drafter for leaf in iter_leaves(spec))
+
+
+# ------------------------------------------------------------------ config defaults
+
+
+def _leaf_defaults(leaf: Any, k: int, extra: int) -> Any:
+    match leaf:
+        case MambaSpec() if "num_speculative_blocks" not in leaf.model_fields_set:
+            return leaf.model_copy(update={"num_speculative_blocks": k})
+        case SlidingWindowSpec() | SlidingWindowMLASpec() if "extra_retained_tokens" not in leaf.model_fields_set:
+            return leaf.model_copy(update={"extra_retained_tokens": extra})
+        case _:
+            return leaf
+
+
+def _spec_defaults(spec: AnySpec, k: int, extra: int) -> AnySpec:
+    if isinstance(spec, UniformSpec):
+        layers = tuple(_leaf_defaults(layer, k, extra) for layer in spec.layers)
+        return spec if layers == spec.layers else spec.model_copy(update={"layers": layers})
+    out: AnySpec = _leaf_defaults(spec, k, extra)
+    return out
+
+
+def prefill_lookahead_tokens(cfg: KVGeomConfig) -> int:
+    """P: KV positions a prefill writes past its chunk (vLLM ``VllmConfig.num_prefill_lookahead_tokens``).
+
+    0 without a drafter or for a method that does not draft from hidden states; K for multi-module
+    MTP (``min(mtp_modules, K) > 1``); else 1.
+    """
+    s = cfg.speculative
+    if s is None or s.method not in HIDDEN_STATE_METHODS:
+        return 0
+    if s.method == "mtp" and min(s.mtp_modules, s.num_speculative_tokens) > 1:
+        return s.num_speculative_tokens
+    return 1
+
+
+def apply_defaults(cfg: KVGeomConfig) -> KVGeomConfig:
+    """The config vLLM 0.33 actually runs: with a ``speculative`` section, every Mamba layer that does not
+    set ``num_speculative_blocks`` gets K (``MambaBase.get_kv_cache_spec``) and every sliding-window layer
+    that does not set ``extra_retained_tokens`` gets ``max(0, P - 1)`` (``get_global_kv_cache_groups``).
+    Explicit values win. Without the section the config is returned unchanged.
+    """
+    s = cfg.speculative
+    if s is None:
+        return cfg
+    extra = max(0, prefill_lookahead_tokens(cfg) - 1)
+    groups = tuple(_spec_defaults(g, s.num_speculative_tokens, extra) for g in cfg.groups)
+    return cfg if groups == cfg.groups else cfg.model_copy(update={"groups": groups})
+
+
+def check_drafters(cfg: KVGeomConfig) -> list[Problem]:
+    """``drafter`` flags that cannot be right: one without a ``speculative`` section, one on a Mamba group
+    (vLLM's drafters add attention layers only)."""
+    problems = []
+    for i, spec in enumerate(cfg.groups):
+        if not is_drafter_group(spec):
+            continue
+        if cfg.speculative is None:
+            problems.append(
+                Problem(
+                    "drafter_without_speculative",
+                    f"group {i} ({spec.kind}) sets drafter=true but the config has no speculative section; add "
+                    '"speculative": {"method": ..., "num_speculative_tokens": K} or remove the flag',
+                    f"groups[{i}].drafter",
+                    {},
+                )
+            )
+        if any(isinstance(leaf, MambaSpec) for leaf in iter_leaves(spec)):
+            problems.append(
+                Problem(
+                    "drafter_mamba_group",
+                    f"group {i} ({spec.kind}) is a Mamba group marked drafter=true; vLLM's drafters (EAGLE heads, "
+                    "MTP modules) add attention layers only, so put drafter=true on the attention group that holds "
+                    "them",
+                    f"groups[{i}].drafter",
+                    {},
+                )
+            )
+    return problems
+
+
+# ------------------------------------------------------------------ resolve
+
+
+def speculative_geometry(cfg: KVGeomConfig) -> SpeculativeGeometry | None:
+    """The effective settings (see the module invariants); None without a ``speculative`` section."""
+    from kvgeom.geometry import SpeculativeGeometry
+
+    s = cfg.speculative
+    if s is None:
+        return None
+    block_drop = s.method in BLOCK_DROP_METHODS and s.eagle_block_drop
+    lookahead = block_drop and s.lookahead_hashes and cfg.cache.prefix_caching and cfg.offload is None
+    return SpeculativeGeometry(
+        method=s.method,
+        num_speculative_tokens=s.num_speculative_tokens,
+        block_drop=block_drop,
+        lookahead_hashes=lookahead,
+        gpu_drop=block_drop and not lookahead and cfg.cache.prefix_caching,
+        prefill_lookahead_tokens=prefill_lookahead_tokens(cfg),
+    )
+
+
+def _drop_key(spec: AnySpec) -> Any:
+    """A spec with its drafter flags cleared: vLLM's ``is_draft`` is ``compare=False``, so drafter and
+    target layers with otherwise equal specs form one lookup group."""
+    if isinstance(spec, UniformSpec):
+        layers = tuple(layer.model_copy(update={"drafter": False}) for layer in spec.layers)
+        return spec.model_copy(update={"drafter": False, "layers": layers})
+    return spec.model_copy(update={"drafter": False})
+
+
+def gpu_dropping_groups(groups: list[GroupGeometry], sg: SpeculativeGeometry | None) -> frozenset[int]:
+    """Groups whose GPU prefix-cache lookup drops a proven unit.
+
+    The flagged groups, or every group when none is flagged (vLLM 0.33
+    ``v1/core/kv_cache_coordinator.py::KVCacheCoordinator.__init__``), and then every group whose spec
+    equals a dropping group's (one lookup group, ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``);
+    empty unless ``gpu_drop``.
+    """
+    if sg is None or not sg.gpu_drop:
+        return frozenset()
+    flagged = {g.index for g in groups if g.eagle_group}
+    drop = flagged or {g.index for g in groups}
+    keys = {(groups[i].family, _drop_key(groups[i].spec)) for i in drop}
+    return frozenset(g.index for g in groups if g.index in drop or (g.family, _drop_key(g.spec)) in keys)
+
+
+def resolve_groups(
+    cfg: KVGeomConfig,
+    groups: list[GroupGeometry],
+    sg: SpeculativeGeometry | None,
+    L: int,
+    H: int,
+    partial: bool,
+) -> tuple[list[GroupGeometry], list[Problem]]:
+    """Each group's ``eagle_group`` and GPU ``proof_margin``, and the configurations vLLM 0.33 rejects.
+
+    ``eagle_group``: ``block_drop`` and the group holds drafter layers (flags stay under lookahead
+    hashes). ``proof_margin``: for the prefix-cacheable non-Mamba groups of :func:`gpu_dropping_groups`,
+    :func:`eagle_proof_margin` of the span, H and ``partial and family supports fine-grained lookups``.
+    """
+    if sg is None:
+        return groups, []
+    flagged = [dataclasses.replace(g, eagle_group=sg.block_drop and is_drafter_group(g.spec)) for g in groups]
+    dropping = gpu_dropping_groups(flagged, sg)
+    out = []
+    problems = []
+    for g in flagged:
+        margin = None
+        if g.index in dropping and g.family != "mamba" and g.prefix_cacheable:
+            margin = eagle_proof_margin(g.span, H, partial and g.family in _FINE_GRAINED_FAMILIES)
+        if g.index in dropping and g.family == "chunked" and g.prefix_cacheable:
+            problems.append(
+                Problem(
+                    "eagle_chunked_local",
+                    f"group {g.index} (chunked_local) would drop its last proven unit on every prefix-cache lookup; "
+                    "vLLM 0.33's chunked-local manager refuses this (an AssertionError at the first lookup: hybrid "
+                    "KV cache is not supported for eagle + chunked local attention). Mark the drafter group with "
+                    "drafter=true so only it drops, set speculative.eagle_block_drop=false, or disable prefix caching",
+                    f"groups[{g.index}]",
+                    {"group": g.index},
+                )
+            )
+        out.append(dataclasses.replace(g, proof_margin=margin))
+    P = sg.prefill_lookahead_tokens
+    coordinator_eagle = any(g.eagle_group for g in out) or (sg.block_drop and not sg.lookahead_hashes)
+    if cfg.cache.prefix_caching and coordinator_eagle and L < P:
+        problems.append(
+            Problem(
+                "multi_module_mtp_scheduler_block",
+                f"multi-module MTP with prefix caching requires the scheduler block L={L} to be at least "
+                f"num_speculative_tokens={P} (vLLM 0.33 KVCacheCoordinator.__init__ raises ValueError): use block "
+                f"sizes whose lcm is >= {P}, lower num_speculative_tokens or mtp_modules, or disable prefix caching",
+                "speculative.num_speculative_tokens",
+                {"scheduler_block_size": L, "num_speculative_tokens": P},
+            )
+        )
+    return out, problems
+
+
+def resolve_offload(
+    off: OffloadGeometry, groups: list[GroupGeometry], H: int, A: int, partial: bool
+) -> OffloadGeometry:
+    """The connector's own eagle notion: ``OffloadGroupGeometry.eagle_group`` is exactly the flagged groups
+    (no fallback, vLLM 0.33 ``offloading/scheduler.py::SchedulerOffloadConfig.from_spec``, issue #52735);
+    with partial tails an eagle non-recurrent group keys its partial tail at ``b + proof_margin``
+    (``OffloadingConnectorScheduler.__init__``: ``_eagle_proof_margins``; partial tails need DCP 1)."""
+    if not any(g.eagle_group for g in groups):
+        return off
+    tail_span = off.groups[0].tokens_per_block if off.groups else 0
+    fine = partial and tail_span > A
+    new = []
+    for og in off.groups:
+        g = groups[og.index]
+        margin = None
+        if off.supports_partial_tail and g.eagle_group and not g.is_align_mamba:
+            margin = eagle_proof_margin(tail_span, H, fine and g.family in _FINE_GRAINED_FAMILIES)
+        new.append(dataclasses.replace(og, eagle_group=g.eagle_group, proof_margin=margin))
+    return dataclasses.replace(off, groups=tuple(new))
+
+
+# ------------------------------------------------------------------ Mamba checkpoint
+
+
+def mamba_checkpoint_position(num_tokens: int, unit: int, drop: bool, lookahead_tokens: int = 0) -> int:
+    """The Mamba state a prefill of ``num_tokens`` checkpoints for reuse, on a grid of ``unit`` tokens.
+
+    With the drop: ``rdown(n, unit) - unit``; else ``rdown(n - max(1, lookahead), unit)``; never
+    below 0 (vLLM 0.33 ``v1/kv_cache_interface.py::get_mamba_prefill_checkpoint_position``).
+    Postcondition: a multiple of ``unit`` and ``<= max(n - 1, 0)``.
+
+    >>> mamba_checkpoint_position(100, 16, False), mamba_checkpoint_position(100, 16, True)
+    (96, 80)
+    """
+    if drop:
+        return max(rdown(num_tokens, unit) - unit, 0)
+    return max(rdown(num_tokens - max(1, lookahead_tokens), unit), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MambaCheckpoint:
+    """Where a prompt's reusable Mamba state is checkpointed, and how the prefill is split to reach it."""
+
+    position: int
+    """The prompt checkpoint: the state after exactly this many tokens is cached (0: none)."""
+    unit: int
+    """Its grid: the hash unit H with partial hash hits, else the scheduler block L (= A)."""
+    shift: int
+    """Tokens the checkpoint moved down because of speculation (0 without a GPU drop or lookahead)."""
+    last_cacheable: int
+    """The last Mamba block boundary a prefill chunk may run to mid-prefill (Mamba block grid)."""
+    prefill_chunks: tuple[int, ...]
+    """Chunk lengths of a prefill from 0 with an unbounded token budget (no junction, no prior hit)."""
+    state_block: int | None
+    """The align Mamba block holding the checkpoint state, ``position // B_m - 1`` in the Mamba group's own
+    block units; None when ``position`` is 0 or off the Mamba block grid (a copy-on-write partial tail)."""
+
+
+def _checkpoint_state_block(geom: Geometry, group: int, position: int) -> int | None:
+    """The block of an align Mamba group that holds the state after ``position`` tokens, counted in the
+    group's own ``block_size`` -- never the scheduler block, H or a DCP-scaled span (vLLM #55600 seeded the
+    state index in the wrong block units). Module level so a teeth test can break it on purpose."""
+    B = geom.groups[group].block_size
+    return position // B - 1 if position > 0 and position % B == 0 else None
+
+
+def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int | None = None) -> MambaCheckpoint:
+    """The Mamba prefill checkpoint of a request under the geometry's speculative settings.
+
+    ``unit`` is A (H with partial hash hits, else L); the checkpoint is
+    :func:`mamba_checkpoint_position` of the prefill end ``max(prompt, n - 1)`` with the GPU drop
+    (``Geometry.speculative.gpu_drop``) and P lookahead tokens under lookahead hashes (vLLM 0.33
+    ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split``). ``last_cacheable`` is
+    the same rule on the align Mamba group's own block. ``prefill_chunks`` splits ``[0, prompt)``
+    at ``last_cacheable`` when it lies strictly inside. Needs an align-mode Mamba group, else
+    :class:`kvgeom.QueryError` ``no_align_mamba``. ``state_block`` is the first align Mamba group's block
+    holding the checkpoint state.
+
+    Postconditions: ``position`` is a multiple of ``unit`` and ``< max(prompt, 1)``; ``shift`` is 0
+    without a ``speculative`` section; ``sum(prefill_chunks) == prompt``.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+    ...                   {"kind": "mamba", "block_size": 16}],
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}, "offload": {}}
+    >>> c = mamba_checkpoint(kvgeom.resolve(cfg), 100)
+    >>> c.position, c.shift, c.prefill_chunks
+    (80, 16, (80, 20))
+    """
+    n = nonneg("num_tokens", num_tokens)
+    prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
+    if prompt > n:
+        raise QueryError.single(
+            "prompt_longer_than_request",
+            f"num_prompt_tokens={prompt} exceeds num_tokens={n}; a request holds its whole prompt",
+            "num_prompt_tokens",
+            num_prompt_tokens=prompt,
+            num_tokens=n,
+        )
+    mamba = [g for g in geom.groups if g.is_align_mamba]
+    if not mamba:
+        raise QueryError.single(
+            "no_align_mamba",
+            "this geometry has no align-mode Mamba group, so there is no Mamba checkpoint; add a mamba group "
+            "with mamba_cache_mode='align' (the default with prefix caching)",
+            "group",
+        )
+    sg = geom.speculative
+    drop = bool(sg and sg.gpu_drop)
+    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
+    unit = geom.hit_alignment_tokens
+    end = max(prompt, n - 1)
+    position = mamba_checkpoint_position(end, unit, drop, lookahead) if end else 0
+    plain = mamba_checkpoint_position(end, unit, False) if end else 0
+    block = mamba[0].block_size
+    last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
+    chunks = (last, prompt - last) if 0 < last < prompt else ((prompt,) if prompt else ())
+    return MambaCheckpoint(
+        position, unit, plain - position, last, chunks, _checkpoint_state_block(geom, mamba[0].index, position)
+    )
+
+
+def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:
+    """The reachable boundary an align Mamba group's store mask keeps for a prompt, when speculation moved
+    it: the shifted checkpoint (its state is the one the GPU manager cached); None when nothing moved, so
+    the caller keeps its default (the replay boundary ``num_prompt - 1``)."""
+    sg = geom.speculative
+    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or num_prompt_tokens <= 0:
+        return None
+    if not any(g.is_align_mamba for g in geom.groups):
+        return None
+    return mamba_checkpoint(geom, num_prompt_tokens).position
+
+
+# ------------------------------------------------------------------ warnings
+
+
+def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int, off: OffloadGeometry | None,
+                         sg: SpeculativeGeometry | None) -> list[GeometryWarning]:
+    """The three hazards vLLM 0.33 ships with a drafter, each with numbers from the geometry.
+
+    * ``speculative_pop_vs_mamba_shift``: with the GPU drop the Mamba checkpoint moves down one A
+      while the connector pops one whole chunk C of each eagle group; when C != A or the Mamba chunk
+      C_m does not divide A the popped boundary holds no stored state and offloaded hits fall to 0;
+    * ``speculative_sliding_drafter_offload``: an offloaded sliding-window eagle group needs one
+      chunk more than its window past the hit, which prompt-only stores never hold;
+    * ``speculative_mtp_prefill_stall``: multi-module MTP (P = K > 1) with the drop disabled and an
+      align Mamba group: a prompt whose Mamba checkpoint lies fewer than P tokens before its end is
+      never scheduled again (vLLM ``Scheduler._reserve_prefill_lookahead``).
+    """
+    from kvgeom.geometry import GeometryWarning
+
+    if sg is None:
+        return []
+    out = []
+    mamba_chunks = sorted({og.tokens_per_chunk for og in off.groups if groups[og.index].is_align_mamba}) if off else []
+    if off is not None and sg.gpu_drop and mamba_chunks:
+        for og in off.groups:
+            if not og.eagle_group:
+                continue
+            Cm = mamba_chunks[0]
+            if og.tokens_per_chunk != A or A % Cm:
+                why = []
+                if cfg.parallel.dcp > 1 and groups[og.index].dealt:
+                    why.append(f"dcp={cfg.parallel.dcp} scales the drafter's span to {og.tokens_per_block}")
+                if off.blocks_per_chunk > 1:
+                    why.append(f"blocks_per_chunk={off.blocks_per_chunk}")
+                if A % Cm:
+                    why.append(f"the Mamba chunk {Cm} does not divide A")
+                out.append(
+                    GeometryWarning(
+                        "speculative_pop_vs_mamba_shift",
+                        f"with the eagle block drop the Mamba prefill checkpoint moves down one A={A} tokens, but "
+                        f"the offloading connector pops one whole chunk C={og.tokens_per_chunk} of eagle group "
+                        f"{og.index} ({'; '.join(why) or 'C != A'}): the popped boundary has no stored Mamba state "
+                        f"(Mamba keys every {Cm} tokens), so an offloaded hit is 0 unless the popped boundary "
+                        "happens to be the checkpoint. Make the "
+                        f"drafter's chunk equal A and the Mamba chunk a divisor of A (dcp=1, blocks_per_chunk=1, "
+                        f"Mamba block dividing A) or set speculative.eagle_block_drop=false",
+                    )
+                )
+    if off is not None:
+        for og in off.groups:
+            g = groups[og.index]
+            window = sliding_window_of(g.spec)
+            if og.eagle_group and window is not None and og.window_chunks is not None:
+                need = og.window_chunks + 1
+                out.append(
+                    GeometryWarning(
+                        "speculative_sliding_drafter_offload",
+                        f"group {og.index} is a sliding-window eagle group (window {window[0]}, extra {window[1]}): "
+                        f"an offload lookup needs {need} consecutive chunks of {og.tokens_per_chunk} tokens (its "
+                        f"window of {og.window_chunks} plus the chunk it pops), the last one past the proven "
+                        "boundary; stores of the prompt only (vLLM's default offload_prompt_only) never hold it, "
+                        "so this group never hits and zeroes the request's offload hit. Store decoded tokens "
+                        "too, or do not mark the group drafter",
+                    )
+                )
+    P = sg.prefill_lookahead_tokens
+    if P > 1 and not sg.block_drop and sg.method == "mtp" and any(g.is_align_mamba for g in groups):
+        U = next(g.block_size for g in groups if g.is_align_mamba)
+        out.append(
+            GeometryWarning(
+                "speculative_mtp_prefill_stall",
+                f"multi-module MTP reserves P={P} prefill tokens, and with eagle_block_drop=false the Mamba split "
+                f"ends the first prefill chunk at rdown(n - 1, {U}); a prompt of n tokens with 1 <= n - "
+                f"rdown(n - 1, {U}) < {P} (e.g. n = {U + 1}; {P - 1} of every {U} prompt lengths past {U}) is "
+                "trimmed to nothing and never scheduled again (vLLM 0.33 stalls silently). Keep the block drop "
+                "on, or use lookahead hashes",
+            )
+        )
+    return out
+
+
+def store_holdback_chunks(
+    geom: Geometry, group: int, storable: int, offloadable_tokens: int, num_prompt_tokens: int, finished: bool
+) -> int:
+    """Storable chunks of a group after the eagle hold-back: an eagle group's last offloadable chunk is
+    volatile while the request decodes and is not stored until it finishes (vLLM 0.33
+    ``offloading/scheduler.py::RequestOffloadState.storable_chunks``, issue #52735). Other groups, prefill
+    steps and finished requests keep ``storable``.
+
+    Postcondition: ``storable - 1 <= result <= storable`` and ``result >= 0``.
+    """
+    off = geom.offload
+    if off is None or not off.group(group).eagle_group:
+        return storable
+    C = off.group(group).tokens_per_chunk
+    decoding = offloadable_tokens > num_prompt_tokens
+    if decoding and not finished:
+        return min(storable, max(0, offloadable_tokens // C - 1))
+    return storable
+
+
+# ------------------------------------------------------------------ offload lookup helpers
+# vLLM 0.33 offloading/scheduler.py::OffloadingConnectorScheduler._lookup_complete_chunks and _lookup.
+
+
+def eagle_pops(og: OffloadGroupGeometry, verified: set[int]) -> int:
+    """1 when an offload lookup of ``og`` must query one extra chunk and then pop it (an eagle group not yet
+    verified at the current candidate), else 0; marks the group verified. A non-eagle group that lowers the
+    candidate clears ``verified`` (the caller does that), so the eagle group pops again."""
+    if og.eagle_group and og.index not in verified:
+        verified.add(og.index)
+        return 1
+    return 0
+
+
+def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) -> int:
+    """How far a lookup of ``og`` queries for candidate ``m``: one chunk further when it pops, capped at the
+    group's keyed end; ``m`` otherwise."""
+    return min(m + og.tokens_per_chunk, keyed_end) if pop else m
+
+
+def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
+    """A probe in which chunk end ``e`` is held iff the chunk ending at ``e`` and the next one are both held,
+    the next one ending at or before ``stop``. A windowed eagle group needs its window plus one more chunk
+    and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
+    at ``e``, so the ordinary window scan over this probe gives the popped answer directly."""
+    from kvgeom.probes import Probe
+
+    inner = probe.contains
+
+    def contains(group: int, end: int) -> bool:
+        return end % chunk == 0 and end + chunk <= stop and inner(group, end) and inner(group, end + chunk)
+
+    return Probe(contains, probe.bound)
+
+
+def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:
+    """End token of the key holding a group's partial tail at ``boundary``: ``boundary + proof_margin`` for an
+    eagle group (``_partial_tail_key_tokens``), ``boundary`` otherwise."""
+    return boundary + (og.proof_margin or 0)
+
+
+def partial_tail_max_boundary(geom: Geometry, num_tokens: int, prompt: int, done: int, limit: int) -> int:
+    """The highest partial-tail boundary an offload lookup tries (``_lookup``).
+
+    ``rdown(min(prompt - 1, done + blocks * S - 1, limit, hashes * H - margin), H)`` where ``blocks`` is 2 when
+    some group has an eagle proof margin (a tail may lie in the block after the popped chunk), else 1, and the
+    last term (the proof key needs a hash past the boundary) applies only with a margin. 0 for an empty prompt.
+    """
+    off = geom.offload
+    assert off is not None
+    if not prompt:
+        return 0
+    H = geom.hash_block_size
+    span = off.groups[0].tokens_per_block
+    margin = max((og.proof_margin or 0 for og in off.groups), default=0)
+    top = min(prompt - 1, done + (2 if margin else 1) * span - 1, limit)
+    if margin:
+        top = min(top, (num_tokens // H) * H - margin)
+    return rdown(max(top, 0), H)
+
+
+# ------------------------------------------------------------------ explain
+
+
+def explain_lines(geom: Geometry) -> list[str]:
+    """The ``kvgeom explain`` section of a drafter: effective settings, each group's lane (target or drafter,
+    eagle or not), the GPU proof margins, the connector's pop and tail margins, and the Mamba checkpoint shift.
+    Empty without a ``speculative`` section.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True}], "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> explain_lines(kvgeom.resolve(cfg))[0]
+    'speculative: method=eagle K=2 block_drop=on lookahead_hashes=off gpu_drop=on P=1'
+    """
+    sg = geom.speculative
+    if sg is None:
+        return []
+
+    def onoff(flag: bool) -> str:
+        return "on" if flag else "off"
+
+    lines = [
+        f"speculative: method={sg.method} K={sg.num_speculative_tokens} block_drop={onoff(sg.block_drop)} "
+        f"lookahead_hashes={onoff(sg.lookahead_hashes)} gpu_drop={onoff(sg.gpu_drop)} P={sg.prefill_lookahead_tokens}"
+    ]
+    off = geom.offload
+    for g in geom.groups:
+        lane = "drafter" if is_drafter_group(g.spec) else "target"
+        notes = [f"{lane} lane"]
+        if g.eagle_group:
+            notes.append("eagle group")
+        if g.proof_margin is not None:
+            notes.append(f"GPU lookup matches {g.proof_margin} tokens past a hit and drops them")
+        elif g.is_align_mamba and sg.gpu_drop:
+            notes.append(f"no drop; its prefill checkpoint moves down one A={geom.hit_alignment_tokens}")
+        if off is not None and g.index in {og.index for og in off.groups}:
+            og = off.group(g.index)
+            if og.eagle_group:
+                notes.append(f"offload: queries one extra chunk of {og.tokens_per_chunk} and pops it")
+            if og.proof_margin is not None:
+                notes.append(f"offload tail key at boundary + {og.proof_margin}")
+        lines.append(f"  group {g.index} ({g.kind}): " + "; ".join(notes))
+    if sg.block_drop and not any(g.eagle_group for g in geom.groups):
+        lines.append(
+            "  no group is marked drafter: the GPU prefix cache drops for every group, the offload connector for none"
+            if sg.gpu_drop
+            else "  no group is marked drafter"
+        )
+    return lines

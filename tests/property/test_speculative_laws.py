@@ -1,0 +1,306 @@
+"""Laws of speculative decoding in the geometry (kvgeom.speculative), named after the rule they check.
+
+* the batch lookup and store paths agree with the scalar ones under speculation;
+* no block drop (no section, ``eagle_block_drop: false``, or a method without the drop) answers exactly as
+  the same effective geometry without a drafter;
+* with the drop, an offload hit never includes an eagle group's volatile unit;
+* a restored Mamba state is never a lookahead state: it is at or below the shifted checkpoint of the
+  prompt that stored it;
+* under any DCP the checkpoint shift and the connector's pop are reported consistently: without the
+  ``speculative_pop_vs_mamba_shift`` warning a resend hits exactly the checkpoint, with it some resend
+  falls to 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from _spec_strategies import speculative_geometries, tail_speculative_geometries
+from hypothesis import assume, event, example, given
+from hypothesis import strategies as st
+
+import kvgeom
+from kvgeom import batch, hits
+from kvgeom.speculative import mamba_checkpoint
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def store_prompt(geom: kvgeom.Geometry, prompt: int) -> dict[int, list[int]]:
+    """The keys a finished prefill of ``prompt`` tokens leaves in the tier (one store after the prefill)."""
+    plan = hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt)
+    return {g.index: list(g.end_tokens) for g in plan.groups}
+
+
+def without_drafter(geom: kvgeom.Geometry) -> kvgeom.Geometry:
+    """The same effective geometry (slot defaults kept) with no speculative section and no drafter flags."""
+    cfg = geom.config.to_dict()
+    cfg.pop("speculative")
+    for g in cfg["groups"]:
+        g["drafter"] = False
+        for layer in g.get("layers", ()):
+            layer["drafter"] = False
+    return kvgeom.resolve(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch == scalar
+# ---------------------------------------------------------------------------------------------
+
+
+@given(st.one_of(speculative_geometries(offload=True), tail_speculative_geometries()), st.data())
+def test_batch_lookup_agrees_with_scalar_under_speculation(geom, data):
+    H = geom.hash_block_size
+    size = data.draw(st.integers(0, 8), label="requests")
+    top = max(og.tokens_per_chunk for og in geom.offload.groups) * 6 + 3 * H
+    width = top // H + 2
+    n = [data.draw(st.integers(0, top)) for _ in range(size)]
+    local = [data.draw(st.integers(0, x)) if data.draw(st.integers(0, 3)) == 0 else 0 for x in n]
+    prompt = [data.draw(st.integers(0, x)) if data.draw(st.booleans()) else x for x in n]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    stored = {}
+    for og in geom.offload.groups:
+        density = rng.choice([0.3, 0.85, 1.0], size=(size, 1))
+        prefix = rng.integers(0, width + 1, size=(size, 1))
+        stored[og.index] = (np.arange(width)[None, :] < prefix) | (rng.random((size, width)) < density)
+    mnn = data.draw(st.none() | st.integers(0, top), label="mnn")
+    h = batch.lookup_hits(geom, n, stored=stored, num_prompt_tokens=prompt, local_computed_tokens=local,
+                          max_num_new_tokens=mnn)
+    lp = batch.plan_loads(geom, h)
+    event(f"hit > 0: {bool((h.hit_tokens > 0).any())}; partial tail: {bool(h.partial_tail.any())}")
+    for i in range(size):
+        held = {g: [(c + 1) * H for c in np.flatnonzero(m[i])] for g, m in stored.items()}
+        hit = hits.lookup_hit(geom, n[i], stored=held, num_prompt_tokens=prompt[i], local_computed_tokens=local[i],
+                              max_num_new_tokens=mnn)
+        assert h.hit(i) == hit
+        assert lp.plan(i) == hits.plan_load(geom, hit)
+
+
+@given(speculative_geometries(offload=True), st.data())
+def test_batch_stores_agree_with_scalar_under_speculation(geom, data):
+    size = data.draw(st.integers(0, 6), label="requests")
+    hi = 6 * max(og.tokens_per_chunk for og in geom.offload.groups) + 40
+    n = [data.draw(st.integers(0, hi)) for _ in range(size)]
+    computed = [x if data.draw(st.booleans()) else data.draw(st.integers(0, hi)) for x in n]
+    prompt = [data.draw(st.integers(0, x)) if data.draw(st.booleans()) else x for x in n]
+    opo = data.draw(st.booleans(), label="offload_prompt_only")
+    fin = [data.draw(st.booleans()) for _ in n]
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt,
+                           offload_prompt_only=opo, finished=np.array(fin, dtype=bool))
+    for i in range(size):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=computed[i],
+                                             num_prompt_tokens=prompt[i], offload_prompt_only=opo,
+                                             finished=fin[i])
+
+
+# ---------------------------------------------------------------------------------------------
+# no drop == no drafter
+# ---------------------------------------------------------------------------------------------
+
+
+def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prompt: int, stored_frac: int) -> None:
+    """Without the block drop every group, margin, hit, load and store is the no-drafter answer."""
+    plain = without_drafter(geom)
+    assert geom.speculative is not None and not geom.speculative.block_drop
+    assert not any(g.eagle_group or g.proof_margin for g in geom.groups)
+    r, q = geom.to_report(), plain.to_report()
+    for key in ("groups", "offload", "scheduler_block_size", "hash_block_size", "hit_alignment_tokens"):
+        assert r[key] == q[key], key
+    if any(g.is_align_mamba for g in geom.groups) and n:
+        a, b = mamba_checkpoint(geom, n, num_prompt_tokens=prompt), mamba_checkpoint(plain, n, num_prompt_tokens=prompt)
+        assert a == b and a.shift == 0
+    if geom.offload is None:
+        return
+    stored = {og.index: [e for e in store_prompt(geom, prompt)[og.index] if e % stored_frac == 0 or e <= prompt // 2]
+              for og in geom.offload.groups}
+    assert stored == {og.index: [e for e in store_prompt(plain, prompt)[og.index]
+                                 if e % stored_frac == 0 or e <= prompt // 2] for og in plain.offload.groups}
+    assert hits.lookup_hit(geom, n, stored=stored, num_prompt_tokens=prompt) == hits.lookup_hit(
+        plain, n, stored=stored, num_prompt_tokens=prompt
+    )
+    for fin in (False, True):
+        kw = dict(num_tokens=n, num_computed_tokens=n, num_prompt_tokens=prompt, offload_prompt_only=False,
+                  finished=fin)
+        assert hits.plan_store(geom, **kw) == hits.plan_store(plain, **kw)
+
+
+@example(
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                               {"kind": "mamba", "block_size": 16}], "offload": {},
+                    "speculative": {"method": "eagle", "num_speculative_tokens": 2, "eagle_block_drop": False}}),
+    100, 100, 1,
+)
+@given(speculative_geometries(block_drop=False), st.integers(0, 300), st.integers(0, 300), st.sampled_from([1, 32]))
+def test_no_block_drop_answers_exactly_as_without_drafter(geom, n, prompt, frac):
+    check_no_drop_answers_as_without_drafter(geom, max(n, prompt), prompt, frac)
+
+
+# ---------------------------------------------------------------------------------------------
+# the volatile unit
+# ---------------------------------------------------------------------------------------------
+
+
+def check_hit_never_includes_volatile_unit(geom: kvgeom.Geometry, n: int, prompt: int,
+                                           stored: dict[int, list[int]]) -> None:
+    """With the drop, a full-attention eagle group's offload hit stops one chunk short of its stored run: the
+    chunk past the hit (which proves the hit's last unit) is stored; a partial tail's eagle key sits at
+    ``N + proof_margin``."""
+    hit = hits.lookup_hit(geom, n, stored=stored, num_prompt_tokens=prompt)
+    if hit.hit_tokens == 0:
+        return
+    N = hit.end_token
+    for og in geom.offload.groups:
+        if not og.eagle_group or og.window_chunks is not None:
+            continue
+        C = og.tokens_per_chunk
+        if hit.partial_tail:
+            assert og.proof_margin and N + og.proof_margin in stored[og.index]
+        else:
+            proof = (-(-N // C) + 1) * C
+            assert proof in stored[og.index], (N, proof, stored[og.index])
+
+
+@given(st.one_of(speculative_geometries(offload=True, block_drop=True), tail_speculative_geometries()), st.data())
+def test_offload_hit_never_includes_the_volatile_unit(geom, data):
+    H = geom.hash_block_size
+    n = data.draw(st.integers(1, 400), label="num_tokens")
+    prompt = data.draw(st.integers(1, n), label="prompt")
+    stored = {}
+    for og in geom.offload.groups:
+        top = n // H
+        stored[og.index] = sorted(data.draw(st.sets(st.integers(1, max(top, 1)), max_size=top), label=f"g{og.index}"))
+        stored[og.index] = [i * H for i in stored[og.index] if i <= top]
+    event(f"eagle groups: {sum(og.eagle_group for og in geom.offload.groups)}")
+    check_hit_never_includes_volatile_unit(geom, n, prompt, stored)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba: never a lookahead state; checkpoint in Mamba block units
+# ---------------------------------------------------------------------------------------------
+
+
+def check_restored_mamba_state_is_never_a_lookahead_state(geom: kvgeom.Geometry, prompt: int, n: int) -> None:
+    """A request sharing a stored prompt restores a Mamba state the prefill checkpointed: the key is in the
+    tier and at most the (shifted) checkpoint of that prompt."""
+    stored = store_prompt(geom, prompt)
+    hit = hits.lookup_hit(geom, n, stored=stored, num_prompt_tokens=n)
+    if hit.hit_tokens == 0:
+        return
+    cp = mamba_checkpoint(geom, prompt)
+    for og in geom.offload.groups:
+        if geom.groups[og.index].is_align_mamba:
+            assert hit.end_token in stored[og.index]
+            assert hit.end_token <= cp.position, (hit, cp)
+
+
+def check_checkpoint_state_block_in_mamba_units(geom: kvgeom.Geometry, prompt: int) -> None:
+    """The checkpoint's state block is counted in the Mamba group's own blocks: it agrees with the boundary
+    rule, the restore rule, and the block the store plan hands to the tier for that key."""
+    from kvgeom import boundaries
+
+    cp = mamba_checkpoint(geom, prompt)
+    g = next(x for x in geom.groups if x.is_align_mamba)
+    if cp.state_block is None:
+        assert cp.position == 0 or cp.position % g.block_size
+        return
+    assert cp.state_block == boundaries.state_block_for_boundary(geom, g.index, cp.position)
+    assert cp.state_block == boundaries.restore_read_block(geom, g.index, cp.position)
+    if geom.offload is not None:
+        plan = hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt)
+        gs = next(x for x in plan.groups if x.index == g.index)
+        for end, entries in zip(gs.end_tokens, gs.block_entries, strict=True):
+            if end == cp.position:
+                assert entries == (cp.state_block,)
+
+
+_DCP2_WORKED = {
+    "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+               {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    "parallel": {"tp": 2, "dcp": 2}, "offload": {}, "cache": {"retention_interval": None},
+    "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+}
+
+
+@example(kvgeom.resolve(_DCP2_WORKED), 100)
+@given(speculative_geometries(), st.integers(0, 400))
+def test_checkpoint_state_block_is_in_mamba_block_units(geom, prompt):
+    assume(any(g.is_align_mamba for g in geom.groups))
+    check_checkpoint_state_block_in_mamba_units(geom, prompt)
+
+
+@given(speculative_geometries(offload=True, sliding=False), st.integers(1, 300), st.integers(0, 64))
+def test_restored_mamba_state_is_never_a_lookahead_state(geom, prompt, extra):
+    assume(any(g.is_align_mamba for g in geom.groups) and geom.config.cache.retention_interval == 0)
+    check_restored_mamba_state_is_never_a_lookahead_state(geom, prompt, prompt + extra)
+
+
+@given(speculative_geometries(), st.integers(0, 500), st.integers(0, 500))
+def test_mamba_checkpoint_postconditions(geom, n, prompt):
+    assume(any(g.is_align_mamba for g in geom.groups))
+    n = max(n, prompt)
+    cp = mamba_checkpoint(geom, n, num_prompt_tokens=prompt)
+    assert cp.position % cp.unit == 0 and 0 <= cp.position < max(prompt, n - 1, 1)
+    assert cp.shift >= 0 and sum(cp.prefill_chunks) == prompt
+    sg = geom.speculative
+    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes):
+        assert cp.shift == 0
+    if sg is not None and sg.gpu_drop:
+        assert cp.shift <= cp.unit
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint vs pop, under any DCP
+# ---------------------------------------------------------------------------------------------
+
+
+def pop_configs():
+    return st.builds(
+        lambda dcp, k, fa, mb, flag, extra: {
+            "groups": [{"kind": "full_attention", "block_size": fa, "drafter": flag and not extra},
+                       {"kind": "mamba", "block_size": mb}]
+            + ([{"kind": "full_attention", "block_size": fa, "num_kv_heads": 4, "drafter": True}] if extra else []),
+            "parallel": {"tp": dcp, "dcp": dcp},
+            "offload": {"blocks_per_chunk": k},
+            "speculative": {"method": "mtp", "num_speculative_tokens": 2},
+        },
+        st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 1, 2]), st.sampled_from([8, 16, 32]),
+        st.sampled_from([8, 16, 32, 64]), st.booleans(), st.booleans(),
+    )
+
+
+def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
+    """With an eagle group in the tier: without ``speculative_pop_vs_mamba_shift`` a resend of any stored
+    prompt hits exactly the shifted checkpoint (or 0 when that is less than the largest chunk); with it,
+    some prompt's resend falls to 0 although its checkpoint is at least a chunk -- the warning is present
+    exactly when the offload tier loses the checkpoint."""
+    try:
+        geom = kvgeom.resolve(cfg)
+    except kvgeom.KVGeomError:
+        return
+    warned = any(w.code == "speculative_pop_vs_mamba_shift" for w in geom.warnings)
+    if not any(og.eagle_group for og in geom.offload.groups):
+        assert not warned  # no eagle group: the connector pops nothing
+        return
+    big = max(og.tokens_per_chunk for og in geom.offload.groups)
+    lost = []
+    for p in range(1, 6 * big + 2 * geom.scheduler_block_size):
+        stored = store_prompt(geom, p)
+        end = hits.lookup_hit(geom, p, stored=stored).end_token
+        cp = mamba_checkpoint(geom, p).position
+        if not warned:
+            assert end in (0, cp), (p, end, cp)
+            assert end == cp or cp < big, (p, end, cp)
+        elif end == 0 and cp >= big:
+            lost.append(p)
+    if warned:
+        assert lost, "the warning fired but no resend lost its checkpoint"
+
+
+@example({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                     {"kind": "mamba", "block_size": 16}],
+          "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+          "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+@given(pop_configs())
+def test_checkpoint_and_pop_reported_consistently_under_any_dcp(cfg):
+    check_pop_and_checkpoint_consistent(cfg)

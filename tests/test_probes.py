@@ -1,0 +1,106 @@
+"""Example table for kvgeom.probes and the lazy lookup: one comment per row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvgeom
+from kvgeom.errors import QueryError
+from kvgeom.hits import lookup_hit
+from kvgeom.probes import as_probe
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # FA 16 + Mamba 16, TP 2 / DCP 2: C = 32 and 16, H = 16
+SWA = kvgeom.resolve({
+    "groups": [{"kind": "full_attention", "block_size": 16},
+               {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+    "cache": {"retention_interval": None},
+    "offload": {},
+})
+
+
+class Untouchable(frozenset):
+    """A set that may be asked about members but never walked as a whole."""
+
+    def __iter__(self):
+        raise AssertionError("the lookup walked the whole stored set")
+
+
+def test_a_set_store_is_read_only_at_the_probed_keys():
+    # 32k-token request, 75% stored: the lookup asks ~770 keys and never iterates either set
+    n = 32768
+    stored = {0: Untouchable(range(32, 24577, 32)), 1: Untouchable(range(16, 24577, 16))}
+    assert lookup_hit(SEED, n, stored=stored).end_token == 24576
+
+
+def test_probes_stop_at_the_first_full_attention_miss():
+    # attention chunk 2 (end 96) missing: chunks 1, 2, 3 asked, then Mamba at the candidate 64 only
+    asked = []
+
+    def contains(g, e):
+        asked.append((g, e))
+        return e != 96
+
+    assert lookup_hit(SEED, 1000, stored=contains).end_token == 64
+    assert asked == [(0, 32), (0, 64), (0, 96), (1, 64)]
+
+
+def test_a_long_request_with_few_keys_still_jumps_over_misses():
+    # a set store is sorted only after a run of misses: an int64-sized request stays cheap
+    assert lookup_hit(SWA, 2**62, stored={0: {16, 32, 48, 64}, 1: {16, 32, 48, 64}}).end_token == 64
+    # a Residency is bounded by the request's chain: the scan starts at the chain's end
+    chain = [b"h%d" % i for i in range(2**20)]
+    r = kvgeom.Residency()
+    for i in range(4):
+        r.add(0, chain[i])
+        r.add(1, chain[i])
+    assert lookup_hit(SWA, 2**20 * 16, stored=r, block_hashes=chain).end_token == 64
+
+
+def test_bool_chunk_masks():
+    # entry j: the key ending at (j + 1) * C of the group; the Mamba key at 64 missing -> the one at 48
+    masks = {0: np.array([True, True, True]), 1: np.array([True, True, True, False])}
+    assert lookup_hit(SEED, 65, stored=masks).end_token == 48
+    # and the same held keys as end tokens
+    assert lookup_hit(SEED, 65, stored={0: [32, 64, 96], 1: [16, 32, 48]}).end_token == 48
+
+
+STORE_ERRORS = [
+    # a Residency without the request's hash chain
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency()), "missing_block_hashes"),
+    # a hash chain given for a store that already names end tokens
+    (lambda: lookup_hit(SEED, 64, stored={0: [32]}, block_hashes=[b"x"]), "unexpected_block_hashes"),
+    # something that is no store at all
+    (lambda: lookup_hit(SEED, 64, stored=42), "bad_stored"),
+    # a two-dimensional bool array (that is the batch form)
+    (lambda: lookup_hit(SEED, 64, stored={0: np.ones((1, 2), dtype=bool)}), "bad_stored"),
+    # a list value is still checked in full: an end token off the hash grid
+    (lambda: lookup_hit(SEED, 64, stored={1: [20]}), "not_on_hash_grid"),
+    # a group that is not offloaded
+    (lambda: lookup_hit(SEED, 64, stored={5: {16}}), "group_not_offloaded"),
+]
+
+
+@pytest.mark.parametrize(("call", "code"), STORE_ERRORS)
+def test_bad_stores(call, code):
+    with pytest.raises(QueryError) as info:
+        call()
+    assert info.value.code == code
+
+
+def test_a_pending_lookup_answer_is_refused_not_guessed():
+    class Pending:
+        name = "HIT_PENDING"
+
+    class Manager:
+        def lookup(self, key, req_context):
+            return Pending()
+
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored=Manager(), block_hashes=[b"a", b"b", b"c", b"d"])
+    assert info.value.code == "lookup_not_ready"
+
+
+def test_as_probe_returns_a_probe_unchanged():
+    p = as_probe(SEED, {1: {16}})
+    assert as_probe(SEED, p) is p
