@@ -20,9 +20,9 @@ reconciles them with per-family rules (``v1/core/single_type_kv_cache_manager.py
   one full-attention group plus one other);
 * the candidate starts at ``num_tokens - 1``: the last token is always recomputed.
 
-Speculative decoding's drop (a group with ``GroupGeometry.proof_margin``) is not vectorised: on such
-a geometry every score comes from the scalar :func:`kvgeom.prefix.prefix_hit`, replica by replica
-(same answers, tens of times slower).
+Speculative decoding's drop (a group with ``GroupGeometry.proof_margin``) is not in these kernels: on
+such a geometry the scores come from :func:`kvgeom.batch.prefix.prefix_hits`, the (rows x hashes)
+batch twin of ``prefix_hit``, with one row per replica.
 
 This module is the batch twin of :func:`kvgeom.prefix.prefix_hit` over replicas: the residency of
 replica r is holder bit r, and for each request the held hashes become a (hashes x replicas)
@@ -52,7 +52,7 @@ Invariants (property-tested in ``tests/property/test_router_laws.py``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from kvgeom.events import KVEventReader
     from kvgeom.geometry import Geometry
 
-__all__ = ["LookupGroup", "RouterScores", "chain_matrix", "lookup_groups", "prefix_hits", "score_replicas"]
+__all__ = ["LookupGroup", "RouterScores", "chain_matrix", "lookup_groups", "replica_hits", "score_replicas"]
 
 BoolMatrix = npt.NDArray[np.bool_]
 IntVector = npt.NDArray[np.int64]
@@ -341,31 +341,17 @@ def _drops(geom: Geometry) -> bool:
     return any(g.proof_margin is not None and g.prefix_cacheable for g in geom.groups)
 
 
-def _mask_reader(masks: Mapping[int, list[int]]) -> Callable[[int, int, int], bool]:
-    def held(group: int, index: int, replica: int) -> bool:
-        row = masks.get(group)
-        return row is not None and index < len(row) and bool(row[index] >> replica & 1)
+def _drop_hits(geom: Geometry, num_tokens: int, held: Mapping[int, BoolMatrix]) -> IntVector:
+    """Geometries with the speculative drop: the (rows x hashes) batch twin of ``prefix_hit``
+    (:func:`kvgeom.batch.prefix.prefix_hits`), one row per replica."""
+    from kvgeom.batch.prefix import prefix_hits as rows_hits
 
-    return held
-
-
-def _scalar_hits(geom: Geometry, num_tokens: int, num_replicas: int,
-                 held: Callable[[int, int, int], bool]) -> IntVector:
-    """The scalar reference per replica, for what the kernels do not model (the speculative drop):
-    ``held(group, hash_index, replica)``."""
-    from kvgeom.prefix import prefix_hit
-
-    H = geom.hash_block_size
-    out = np.zeros(num_replicas, dtype=np.int64)
-    for r in range(num_replicas):
-        def contains(group: int, end: int, r: int = r) -> bool:
-            return end > 0 and end % H == 0 and held(group, end // H - 1, r)
-
-        out[r] = prefix_hit(geom, num_tokens, contains).hit_tokens
+    R = next(iter(held.values())).shape[1] if held else 0
+    out: IntVector = rows_hits(geom, np.full(R, num_tokens, dtype=np.int64), {g: m.T for g, m in held.items()})
     return out
 
 
-def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int) -> IntVector:
+def replica_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int) -> IntVector:
     """The GPU prefix-cache hit of one request on every replica at once.
 
     ``held[g]`` is the ``(hashes, replicas)`` boolean matrix of group g (:func:`chain_matrix`):
@@ -380,7 +366,7 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     >>> fa = np.array([[0], [1], [0], [1]], dtype=bool)     # attention blocks ending at 32 and 64
     >>> mamba = np.array([[1], [0], [1], [0]], dtype=bool)  # Mamba states after 16 and 48 tokens
-    >>> prefix_hits(g, {0: fa, 1: mamba}, 65).tolist()
+    >>> replica_hits(g, {0: fa, 1: mamba}, 65).tolist()
     [48]
     """
     n_tokens = nonneg("num_tokens", num_tokens)
@@ -390,7 +376,7 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
     if missing or len(shapes) > 1:
         raise QueryError.single(
             "bad_held_matrices",
-            f"prefix_hits needs one (hashes, replicas) matrix per prefix-cacheable group, all of one shape; "
+            f"replica_hits needs one (hashes, replicas) matrix per prefix-cacheable group, all of one shape; "
             f"missing groups {missing}, shapes {sorted(shapes)}", "held", missing=missing)
     if not plan:
         return np.zeros(0, dtype=np.int64)
@@ -404,7 +390,7 @@ def prefix_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int)
     if not geom.config.cache.prefix_caching:
         return np.zeros(R, dtype=np.int64)
     if _drops(geom):
-        return _scalar_hits(geom, n_tokens, R, lambda g, i, r: g in held and i < n_h and bool(held[g][i, r]))
+        return _drop_hits(geom, n_tokens, {g: np.asarray(held[g], dtype=bool) for lg in plan for g in lg.group_ids})
     A = geom.hit_alignment_tokens
     lookups = []
     for lg in plan:
@@ -550,7 +536,7 @@ class _BitLookup:
 
 def _bit_hits(plan: Sequence[LookupGroup], masks: Mapping[int, list[int]], num_tokens: int, H: int, A: int,
               everyone: int) -> Partition:
-    """The coordinator loop of :func:`prefix_hits` on holder bit masks (every family in ``_BIT_FAMILIES``)."""
+    """The coordinator loop of :func:`replica_hits` on holder bit masks (every family in ``_BIT_FAMILIES``)."""
     lookups = []
     for lg in plan:
         joint = masks[lg.group_ids[0]]
@@ -727,9 +713,9 @@ def score_replicas(
             if not plan or not geom.config.cache.prefix_caching or R == 0:
                 continue
             if drop:
-                out[q, t] = _scalar_hits(geom, n, R, _mask_reader(masks))
+                out[q, t] = _drop_hits(geom, n, {g: _unpack(m, R) for g, m in masks.items()})
             elif bit_path:
                 out[q, t] = _unpartition(_bit_hits(plan, masks, n, H, A, everyone), R)
             else:
-                out[q, t] = prefix_hits(geom, {g: _unpack(m, R) for g, m in masks.items()}, n)
+                out[q, t] = replica_hits(geom, {g: _unpack(m, R) for g, m in masks.items()}, n)
     return RouterScores(tiers=names, hit_tokens=out)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kvgeom
-from kvgeom.router import chain_matrix, lookup_groups, prefix_hits, score_replicas
+from kvgeom.router import chain_matrix, lookup_groups, replica_hits, score_replicas
 
 FA16 = {"kind": "full_attention", "block_size": 16}
 
@@ -66,7 +66,7 @@ def _held(geom, n, held, replicas=1):
 @pytest.mark.parametrize(("cfg", "n", "held", "expected"), TABLE)
 def test_prefix_hits_match_vllm_coordinator(cfg, n, held, expected):
     geom = kvgeom.resolve(cfg)
-    assert prefix_hits(geom, _held(geom, n, held, replicas=3), n).tolist() == [expected] * 3
+    assert replica_hits(geom, _held(geom, n, held, replicas=3), n).tolist() == [expected] * 3
 
 
 @pytest.mark.parametrize("matrix_path", [None, True])
@@ -150,14 +150,14 @@ def test_prefix_caching_off_scores_zero():
 def test_prefix_hits_refuses_missing_group_matrices():
     geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     with pytest.raises(kvgeom.QueryError) as e:
-        prefix_hits(geom, {0: np.zeros((4, 2), dtype=bool)}, 65)
+        replica_hits(geom, {0: np.zeros((4, 2), dtype=bool)}, 65)
     assert e.value.code == "bad_held_matrices" and e.value.values["missing"] == [1]
 
 
 def test_prefix_hits_with_no_replicas_is_empty():
     geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     held = {0: np.zeros((4, 0), dtype=bool), 1: np.zeros((4, 0), dtype=bool)}
-    assert prefix_hits(geom, held, 65).shape == (0,)
+    assert replica_hits(geom, held, 65).shape == (0,)
 
 
 def test_unknown_tier_is_an_error():

@@ -2,7 +2,8 @@
 
 * ``test_router_score_equals_scalar_prefix_hit``: per replica and tier, the batch score equals the
   scalar ``kvgeom.prefix.prefix_hit`` on that replica's residency (``Residency.probe`` with its
-  holder bit), on both kernel paths (bit-parallel and matrix), empty chains and zero replicas included;
+  holder bit), on both kernel paths (bit-parallel and matrix), empty chains and zero replicas included,
+  and with the speculative drop on some groups (one draw in five);
 * ``test_replayed_events_score_as_the_rebuilt_residency``: a random stream of store / remove / clear
   events read by ``KVEventReader`` gives the same scores as a residency built from scratch from the
   stream's final state (a multiset model of what each replica holds);
@@ -18,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from _prefix_laws import with_drop
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -38,6 +40,8 @@ def router_cases(draw: st.DrawFn) -> tuple[kvgeom.Geometry, int, list[str], int,
     set of the chain's hashes (dense, sparse or a prefix with holes), plus hashes of another request."""
     cfg = draw(configs(kinds=KINDS, max_block_size=8, max_groups=3, max_dcp=4, prefix_caching=True))
     geom = kvgeom.resolve(cfg)
+    if draw(st.integers(0, 4)) == 0:  # a drafter: some groups take the speculative drop
+        geom = with_drop(geom, set(draw(st.lists(st.integers(0, len(geom.groups) - 1), max_size=2))))
     H = geom.hash_block_size
     n_h = draw(st.integers(0, MAX_HASHES))
     n = n_h * H + draw(st.integers(0, H - 1))
@@ -94,7 +98,13 @@ def test_router_score_equals_scalar_prefix_hit(case):
         assert batch_error.value.code == e.code
         return
     for matrix_path in (None, True):
-        scores = score_replicas(geom, tiers, [chain], n, num_replicas=R, matrix_path=matrix_path)
+        try:
+            scores = score_replicas(geom, tiers, [chain], n, num_replicas=R, matrix_path=matrix_path)
+        except kvgeom.QueryError as e:  # refused up front; the scalar refuses the same on its first lookup
+            with pytest.raises(kvgeom.QueryError) as scalar_error:
+                prefix_hit(geom, 8 * geom.hash_block_size + 1, {})
+            assert scalar_error.value.code == e.code
+            return
         assert scores.hit_tokens.shape == (1, len(tiers), R)
         assert scores.hit_tokens[0].tolist() == expected, matrix_path
 
