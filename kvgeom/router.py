@@ -476,27 +476,33 @@ class _BitLookup:
         return self._mamba(cand)
 
     def _full(self, cand: Partition) -> Partition:
-        S, s, A, H, masks, n_h = self.S, self.s, self.A, self.H, self.masks, self.n_h
+        S, s, A, H, masks, n_h, fine = self.S, self.s, self.A, self.H, self.masks, self.n_h, self.fine
         out: Partition = {}
+        get = out.get
         for m, mbits in cand.items():
+            cap, top = m // S, m // A
             for run, rbits in self.run.items():
                 b = mbits & rbits
                 if not b:
                     continue
-                k = min(run, m // S)
-                if self.fine:  # the highest held hash boundary inside block k
+                k = run if run < cap else cap
+                if fine:  # the highest held hash boundary inside block k, below the candidate
                     lo = k * s
-                    hi = min(lo + s - 1, m // A, n_h)
-                    for idx in range(hi - 1, lo - 1, -1):
+                    idx = min(lo + s - 1, top, n_h) - 1
+                    while idx >= lo:
                         found = masks[idx] & b
                         if found:
                             hit = (idx + 1) * H
-                            _put(out, hit - hit % A, found)
-                            b &= ~found
+                            hit -= hit % A
+                            out[hit] = get(hit, 0) | found
+                            b ^= found
                             if not b:
                                 break
-                hit = k * S
-                _put(out, hit - hit % A, b)
+                        idx -= 1
+                if b:
+                    hit = k * S
+                    hit -= hit % A
+                    out[hit] = get(hit, 0) | b
         return out
 
     def _mamba(self, cand: Partition) -> Partition:
