@@ -24,11 +24,15 @@ Speculative decoding's drop (a group with ``GroupGeometry.proof_margin``) is not
 such a geometry the scores come from :func:`kvgeom.batch.prefix.prefix_hits`, the (rows x hashes)
 batch twin of ``prefix_hit``, with one row per replica.
 
-This module is the batch twin of :func:`kvgeom.prefix.prefix_hit` over replicas: the residency of
-replica r is holder bit r, and for each request the held hashes become a (hashes x replicas)
-boolean matrix per group; every rule above is a handful of numpy operations over all replicas at
-once (``argmin`` for the full-attention run, cumulative sums for window runs, a masked
-last-true search for Mamba).
+This module is the batch twin of :func:`kvgeom.prefix.prefix_hit` over replicas; the residency of
+replica r is holder bit r. Two kernel paths give the same answers:
+
+* bit-parallel (full-attention and Mamba groups, the common hybrid): the rules run on the holder
+  bit masks ``Residency`` stores per hash, one Python integer operation for all replicas, with
+  per-replica values kept as a partition ``{value: replicas}``;
+* matrix (every family): the held hashes become a (hashes x replicas) boolean matrix per group and
+  every rule is a few elementwise numpy passes reduced with ``max(axis=0)`` (leading run, last held
+  row below a per-replica limit, windows of held blocks by doubling).
 
 Invariants (property-tested in ``tests/property/test_router_laws.py``):
 
