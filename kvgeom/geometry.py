@@ -91,12 +91,21 @@ class GroupGeometry:
     """Whether DCP actually deals this group's positions over several ranks: DCP-sharded and
     ``kv_shards > 1``. Every consumer (dealing, key maps, fingerprint, simulator) reads this."""
     eagle_group: bool = False
-    """Speculative decoding: the group holds drafter layers and is flagged as vLLM 0.33 flags it
-    (``is_eagle_group``, only when the block drop is in use). False without a ``speculative`` section."""
+    """Speculative decoding: ``Geometry.speculative.block_drop`` and the group holds drafter layers
+    (``drafter: true`` on it or on one of its layers). vLLM 0.33
+    ``v1/core/kv_cache_planning.py::get_global_kv_cache_groups`` sets ``is_eagle_group`` exactly so, only
+    when ``use_eagle_block_drop()``; the flag stays under lookahead hashes (no group drops then). False
+    without a ``speculative`` section. Decided in :func:`kvgeom.speculative.resolve_groups`."""
     proof_margin: int | None = None
-    """Speculative decoding, GPU prefix cache: the tokens a lookup of this group must see past a
-    candidate hit and then drop (H with fine-grained lookups and S > H, else S). Non-null iff the
-    group's GPU prefix-cache lookup drops; always None for Mamba and without a drop."""
+    """Speculative decoding, GPU prefix cache: the tokens a lookup of this group matches past a
+    candidate hit and then drops. Non-null iff ``Geometry.speculative.gpu_drop``, the group is
+    prefix-cacheable, not Mamba, and its lookup drops: it is flagged, or no group is flagged (vLLM 0.33
+    ``v1/core/kv_cache_coordinator.py::KVCacheCoordinator.__init__`` falls back to every group), or its
+    spec equals a dropping group's (one lookup group,
+    ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``). Value
+    ``v1/core/kv_cache_utils.py::eagle_proof_margin``: H when partial hash hits are on, the group is
+    full-attention family (``supports_fine_grained_hash_lookup``) and ``S > H``, else S. The drop itself
+    is ``min(A, S)`` then re-aligned to A (``FullAttentionManager.find_longest_cache_hit``)."""
 
     @property
     def is_align_mamba(self) -> bool:
@@ -115,11 +124,17 @@ class OffloadGroupGeometry:
     window_chunks: int | None
     """Chunks a lookup needs ending at the hit (Mamba 1, full attention None)."""
     eagle_group: bool = False
-    """Speculative decoding: the connector treats this group as an eagle group (vLLM
-    ``GroupOffloadConfig.is_eagle_group``: flagged groups only, no fallback)."""
+    """Speculative decoding: the connector treats this group as an eagle group -- exactly
+    ``GroupGeometry.eagle_group``, with no fallback when none is flagged (vLLM 0.33
+    ``offloading/scheduler.py::SchedulerOffloadConfig.from_spec``, issue #52735). Its lookup queries one
+    chunk more and pops one (``_lookup_complete_chunks``); its last chunk is held back from stores while
+    the request decodes (``RequestOffloadState.storable_chunks``)."""
     proof_margin: int | None = None
     """Speculative decoding, offload partial tails: the group's boundary key sits at ``b + proof_margin``
-    (eagle non-recurrent groups, partial tails on, DCP 1); None otherwise."""
+    (``OffloadingConnectorScheduler._partial_tail_key_tokens``). Non-null iff partial tails are on (they
+    need DCP 1) and the group is an eagle group that is not align Mamba; value
+    ``eagle_proof_margin(S, H, partial hash hits and A < S and full-attention family)``
+    (``OffloadingConnectorScheduler.__init__``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +166,14 @@ class OffloadGeometry:
 class SpeculativeGeometry:
     """Effective speculative-decoding settings of a geometry (what vLLM 0.33 actually does).
 
-    ``block_drop``: the method is eagle, eagle3 or mtp and the drop is not disabled.
-    ``lookahead_hashes``: ``block_drop``, not disabled, prefix caching on and no KV connector
-    (an offload section counts as one). ``gpu_drop``: the GPU prefix cache drops a proven unit,
-    i.e. ``block_drop and not lookahead_hashes`` with prefix caching on.
+    ``block_drop``: the method is eagle, eagle3 or mtp and ``eagle_block_drop`` is not false
+    (``config/speculative.py::SpeculativeConfig.use_eagle_block_drop``).
+    ``lookahead_hashes``: ``block_drop``, ``lookahead_hashes`` not false, prefix caching on and no KV
+    connector -- an offload section counts as one (``config/vllm.py::VllmConfig.num_hash_lookahead_tokens``).
+    ``gpu_drop``: the GPU prefix cache drops a proven unit and Mamba checkpoints move down one A:
+    ``block_drop and not lookahead_hashes`` with prefix caching on (``v1/core/sched/scheduler.py::
+    Scheduler.__init__`` clears the drop when lookahead hashes prove the boundary token).
+    Decided in :func:`kvgeom.speculative.speculative_geometry`; ``docs/speculative.md``.
     """
 
     method: str
@@ -163,7 +182,8 @@ class SpeculativeGeometry:
     lookahead_hashes: bool
     gpu_drop: bool
     prefill_lookahead_tokens: int
-    """P: 0 unless the method drafts from hidden states (eagle family); K for multi-module MTP; else 1."""
+    """P: 0 unless the method drafts from hidden states (eagle, eagle3, mtp, dflash); K for multi-module
+    MTP (``min(mtp_modules, K) > 1``); else 1 (``config/vllm.py::VllmConfig.num_prefill_lookahead_tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -546,6 +546,12 @@ def plan_store(
     its chunk ``C_m = B_m * k``, each from state block ``end / B_m - 1`` --
     never ``end / (B_m * dcp) - 1`` (#49962).
 
+    With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
+    chunk is held back while the request decodes and stored once it finishes
+    (:func:`kvgeom.speculative.store_holdback_chunks`), and an align Mamba group's
+    default reachable boundary is the shifted prefill checkpoint
+    (:func:`kvgeom.speculative.mamba_store_boundary`).
+
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]

@@ -128,10 +128,11 @@ class _Spec(FrozenModel):
         default=None,
         description="Whether the group takes part in prefix caching and offloading (default by kind).",
     )
-    drafter: bool = Field(
-        default=False,
-        description="The group holds drafter layers (vLLM is_draft); needs a speculative section. "
-        "Never changes grouping or layout (vLLM declares is_draft compare=False).",
+    drafter: bool | None = Field(
+        default=None,
+        description="true: the group holds drafter layers (vLLM is_draft); needs a speculative section. "
+        "Absent or false: no drafter layers. Never changes grouping or layout (vLLM declares is_draft "
+        "compare=False).",
     )
 
 

@@ -60,10 +60,26 @@ __all__ = [
     "BLOCK_DROP_METHODS",
     "HIDDEN_STATE_METHODS",
     "MambaCheckpoint",
+    "apply_defaults",
+    "check_drafters",
+    "eagle_pair_held",
+    "eagle_pops",
     "eagle_proof_margin",
+    "eagle_query_end",
+    "explain_lines",
+    "gpu_dropping_groups",
     "is_drafter_group",
     "mamba_checkpoint",
     "mamba_checkpoint_position",
+    "mamba_store_boundary",
+    "partial_tail_key",
+    "partial_tail_max_boundary",
+    "prefill_lookahead_tokens",
+    "resolve_groups",
+    "resolve_offload",
+    "speculative_geometry",
+    "speculative_warnings",
+    "store_holdback_chunks",
 ]
 
 #: Methods whose draft KV at a position depends on the next token, so vLLM drops a proven unit
@@ -101,7 +117,7 @@ def is_drafter_group(spec: AnySpec) -> bool:
     >>> is_drafter_group(FullAttentionSpec(block_size=16, drafter=True))
     True
     """
-    return spec.drafter or any(leaf.drafter for leaf in iter_leaves(spec))
+    return bool(spec.drafter) or any(bool(leaf.drafter) for leaf in iter_leaves(spec))
 
 
 # ------------------------------------------------------------------ config defaults
@@ -130,6 +146,11 @@ def prefill_lookahead_tokens(cfg: KVGeomConfig) -> int:
 
     0 without a drafter or for a method that does not draft from hidden states; K for multi-module
     MTP (``min(mtp_modules, K) > 1``); else 1.
+
+    >>> from kvgeom import load_config
+    >>> prefill_lookahead_tokens(load_config({"groups": [{"kind": "mla", "block_size": 64}],
+    ...     "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}))
+    3
     """
     s = cfg.speculative
     if s is None or s.method not in HIDDEN_STATE_METHODS:
@@ -144,6 +165,12 @@ def apply_defaults(cfg: KVGeomConfig) -> KVGeomConfig:
     set ``num_speculative_blocks`` gets K (``MambaBase.get_kv_cache_spec``) and every sliding-window layer
     that does not set ``extra_retained_tokens`` gets ``max(0, P - 1)`` (``get_global_kv_cache_groups``).
     Explicit values win. Without the section the config is returned unchanged.
+
+    >>> from kvgeom import load_config
+    >>> cfg = apply_defaults(load_config({"groups": [{"kind": "mamba", "block_size": 16}],
+    ...     "speculative": {"method": "eagle", "num_speculative_tokens": 3}}))
+    >>> cfg.groups[0].num_speculative_blocks
+    3
     """
     s = cfg.speculative
     if s is None:
@@ -155,7 +182,12 @@ def apply_defaults(cfg: KVGeomConfig) -> KVGeomConfig:
 
 def check_drafters(cfg: KVGeomConfig) -> list[Problem]:
     """``drafter`` flags that cannot be right: one without a ``speculative`` section, one on a Mamba group
-    (vLLM's drafters add attention layers only)."""
+    (vLLM's drafters add attention layers only).
+
+    >>> from kvgeom import load_config
+    >>> [p.code for p in check_drafters(load_config({"groups": [{"kind": "mla", "block_size": 64, "drafter": True}]}))]
+    ['drafter_without_speculative']
+    """
     problems = []
     for i, spec in enumerate(cfg.groups):
         if not is_drafter_group(spec):
@@ -188,7 +220,14 @@ def check_drafters(cfg: KVGeomConfig) -> list[Problem]:
 
 
 def speculative_geometry(cfg: KVGeomConfig) -> SpeculativeGeometry | None:
-    """The effective settings (see the module invariants); None without a ``speculative`` section."""
+    """The effective settings (see the module invariants); None without a ``speculative`` section.
+
+    >>> from kvgeom import load_config
+    >>> sg = speculative_geometry(load_config({"groups": [{"kind": "mla", "block_size": 64}],
+    ...     "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}))
+    >>> sg.block_drop, sg.lookahead_hashes, sg.gpu_drop
+    (True, True, False)
+    """
     from kvgeom.geometry import SpeculativeGeometry
 
     s = cfg.speculative
@@ -210,9 +249,9 @@ def _drop_key(spec: AnySpec) -> Any:
     """A spec with its drafter flags cleared: vLLM's ``is_draft`` is ``compare=False``, so drafter and
     target layers with otherwise equal specs form one lookup group."""
     if isinstance(spec, UniformSpec):
-        layers = tuple(layer.model_copy(update={"drafter": False}) for layer in spec.layers)
-        return spec.model_copy(update={"drafter": False, "layers": layers})
-    return spec.model_copy(update={"drafter": False})
+        layers = tuple(layer.model_copy(update={"drafter": None}) for layer in spec.layers)
+        return spec.model_copy(update={"drafter": None, "layers": layers})
+    return spec.model_copy(update={"drafter": None})
 
 
 def gpu_dropping_groups(groups: list[GroupGeometry], sg: SpeculativeGeometry | None) -> frozenset[int]:
@@ -222,6 +261,15 @@ def gpu_dropping_groups(groups: list[GroupGeometry], sg: SpeculativeGeometry | N
     ``v1/core/kv_cache_coordinator.py::KVCacheCoordinator.__init__``), and then every group whose spec
     equals a dropping group's (one lookup group, ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``);
     empty unless ``gpu_drop``.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> sorted(gpu_dropping_groups(list(geom.groups), geom.speculative))
+    [2]
     """
     if sg is None or not sg.gpu_drop:
         return frozenset()
@@ -244,6 +292,15 @@ def resolve_groups(
     ``eagle_group``: ``block_drop`` and the group holds drafter layers (flags stay under lookahead
     hashes). ``proof_margin``: for the prefix-cacheable non-Mamba groups of :func:`gpu_dropping_groups`,
     :func:`eagle_proof_margin` of the span, H and ``partial and family supports fine-grained lookups``.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> [(g.eagle_group, g.proof_margin) for g in geom.groups]
+    [(False, None), (False, None), (True, 16)]
     """
     if sg is None:
         return groups, []
@@ -290,7 +347,16 @@ def resolve_offload(
     """The connector's own eagle notion: ``OffloadGroupGeometry.eagle_group`` is exactly the flagged groups
     (no fallback, vLLM 0.33 ``offloading/scheduler.py::SchedulerOffloadConfig.from_spec``, issue #52735);
     with partial tails an eagle non-recurrent group keys its partial tail at ``b + proof_margin``
-    (``OffloadingConnectorScheduler.__init__``: ``_eagle_proof_margins``; partial tails need DCP 1)."""
+    (``OffloadingConnectorScheduler.__init__``: ``_eagle_proof_margins``; partial tails need DCP 1).
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> [(og.eagle_group, og.proof_margin) for og in geom.offload.groups]
+    [(False, None), (False, None), (True, None)]
+    """
     if not any(g.eagle_group for g in groups):
         return off
     tail_span = off.groups[0].tokens_per_block if off.groups else 0
@@ -409,7 +475,16 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
 def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:
     """The reachable boundary an align Mamba group's store mask keeps for a prompt, when speculation moved
     it: the shifted checkpoint (its state is the one the GPU manager cached); None when nothing moved, so
-    the caller keeps its default (the replay boundary ``num_prompt - 1``)."""
+    the caller keeps its default (the replay boundary ``num_prompt - 1``).
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> mamba_store_boundary(geom, 100)
+    80
+    """
     sg = geom.speculative
     if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or num_prompt_tokens <= 0:
         return None
@@ -433,6 +508,15 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
     * ``speculative_mtp_prefill_stall``: multi-module MTP (P = K > 1) with the drop disabled and an
       align Mamba group: a prompt whose Mamba checkpoint lies fewer than P tokens before its end is
       never scheduled again (vLLM ``Scheduler._reserve_prefill_lookahead``).
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> [w.code for w in speculative_warnings(geom.config, list(geom.groups), 16, geom.offload, geom.speculative)]
+    ['speculative_pop_vs_mamba_shift']
     """
     from kvgeom.geometry import GeometryWarning
 
@@ -507,6 +591,15 @@ def store_holdback_chunks(
     steps and finished requests keep ``storable``.
 
     Postcondition: ``storable - 1 <= result <= storable`` and ``result >= 0``.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> store_holdback_chunks(geom, 2, 3, 100, 90, False), store_holdback_chunks(geom, 2, 3, 100, 90, True)
+    (2, 3)
     """
     off = geom.offload
     if off is None or not off.group(group).eagle_group:
@@ -525,7 +618,17 @@ def store_holdback_chunks(
 def eagle_pops(og: OffloadGroupGeometry, verified: set[int]) -> int:
     """1 when an offload lookup of ``og`` must query one extra chunk and then pop it (an eagle group not yet
     verified at the current candidate), else 0; marks the group verified. A non-eagle group that lowers the
-    candidate clears ``verified`` (the caller does that), so the eagle group pops again."""
+    candidate clears ``verified`` (the caller does that), so the eagle group pops again.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> verified = set()
+    >>> eagle_pops(geom.offload.group(2), verified), eagle_pops(geom.offload.group(2), verified)
+    (1, 0)
+    """
     if og.eagle_group and og.index not in verified:
         verified.add(og.index)
         return 1
@@ -534,7 +637,16 @@ def eagle_pops(og: OffloadGroupGeometry, verified: set[int]) -> int:
 
 def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) -> int:
     """How far a lookup of ``og`` queries for candidate ``m``: one chunk further when it pops, capped at the
-    group's keyed end; ``m`` otherwise."""
+    group's keyed end; ``m`` otherwise.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> eagle_query_end(geom.offload.group(2), 64, 96, 1), eagle_query_end(geom.offload.group(2), 64, 96, 0)
+    (96, 64)
+    """
     return min(m + og.tokens_per_chunk, keyed_end) if pop else m
 
 
@@ -542,7 +654,14 @@ def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
     """A probe in which chunk end ``e`` is held iff the chunk ending at ``e`` and the next one are both held,
     the next one ending at or before ``stop``. A windowed eagle group needs its window plus one more chunk
     and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
-    at ``e``, so the ordinary window scan over this probe gives the popped answer directly."""
+    at ``e``, so the ordinary window scan over this probe gives the popped answer directly.
+
+    >>> from kvgeom.probes import Probe
+    >>> held = {16, 32, 64}
+    >>> pairs = eagle_pair_held(Probe(lambda g, e: e in held), 16, 64)
+    >>> [e for e in (16, 32, 48, 64) if pairs.contains(0, e)]
+    [16]
+    """
     from kvgeom.probes import Probe
 
     inner = probe.contains
@@ -555,7 +674,16 @@ def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:
     """End token of the key holding a group's partial tail at ``boundary``: ``boundary + proof_margin`` for an
-    eagle group (``_partial_tail_key_tokens``), ``boundary`` otherwise."""
+    eagle group (``_partial_tail_key_tokens``), ``boundary`` otherwise.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> partial_tail_key(geom.offload.group(2), 80)
+    80
+    """
     return boundary + (og.proof_margin or 0)
 
 
@@ -565,6 +693,13 @@ def partial_tail_max_boundary(geom: Geometry, num_tokens: int, prompt: int, done
     ``rdown(min(prompt - 1, done + blocks * S - 1, limit, hashes * H - margin), H)`` where ``blocks`` is 2 when
     some group has an eagle proof margin (a tail may lie in the block after the popped chunk), else 1, and the
     last term (the proof key needs a hash past the boundary) applies only with a margin. 0 for an empty prompt.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+    ...     {"kind": "mamba", "block_size": 32}], "cache": {"prefix_match_unit": 8}, "offload": {},
+    ...     "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+    >>> partial_tail_max_boundary(geom, 100, 100, 32, 100)
+    88
     """
     off = geom.offload
     assert off is not None

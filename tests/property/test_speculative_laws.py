@@ -38,9 +38,9 @@ def without_drafter(geom: kvgeom.Geometry) -> kvgeom.Geometry:
     cfg = geom.config.to_dict()
     cfg.pop("speculative")
     for g in cfg["groups"]:
-        g["drafter"] = False
+        g["drafter"] = None
         for layer in g.get("layers", ()):
-            layer["drafter"] = False
+            layer["drafter"] = None
     return kvgeom.resolve(cfg)
 
 
