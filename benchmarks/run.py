@@ -33,6 +33,7 @@ from kvgeom import batch, boundaries, hits, keys, ranks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_vllm  # noqa: E402  (side-by-side with vLLM; skipped when vllm does not import)
+import router as router_bench  # noqa: E402  (benchmarks/router.py)
 
 RESULTS: list[dict[str, Any]] = []
 
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (under a minute)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--only", metavar="NAME", action="append",
-                    help="run only these cases: slots, keys, hits, queries, resolve, import, scaling, vllm")
+                    help="run only these cases: slots, keys, hits, queries, resolve, import, scaling, vllm, router")
     args = ap.parse_args(argv)
     q = args.quick
     print(f"kvgeom benchmarks ({'quick' if q else 'full'}), numpy {np.__version__}, load {os.getloadavg()}")
@@ -362,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         "import": lambda: import_case(runs=3 if q else 9),
         "scaling": lambda: scaling_case(18 if q else 24, repeat=repeat),
         "vllm": lambda: vs_vllm.run(record, quick=q),
+        "router": lambda: (
+            router_bench.router_cases(record, median_time, replicas=1000, requests=8 if q else 64, tokens=8192,
+                                      repeat=3 if q else 7, sample_replicas=4 if q else 16,
+                                      sample_requests=2 if q else 4),
+            router_bench.ingest_case(record, median_time, events=2000 if q else 20000, repeat=3 if q else 5),
+        ),
     }
     unknown = set(args.only or ()) - set(cases)
     if unknown:

@@ -68,9 +68,15 @@ _LAZY = {
     "ModelLayers": "kvgeom.resolution",
     "PagePadding": "kvgeom.resolution",
     "resolve_block_sizes": "kvgeom.resolution",
+    # issue 12: KV events and router scoring (loaded on first use)
+    "KVEventError": "kvgeom.events",
+    "KVEventReader": "kvgeom.events",
+    "RouterScores": "kvgeom.router",
+    "score_replicas": "kvgeom.router",
 }
 
 if TYPE_CHECKING:
+    from kvgeom.events import KVEventError, KVEventReader
     from kvgeom.resolution import (
         BlockSizeResolution,
         LayeredConfig,
@@ -79,6 +85,7 @@ if TYPE_CHECKING:
         PagePadding,
         resolve_block_sizes,
     )
+    from kvgeom.router import RouterScores, score_replicas
 
 
 def __getattr__(name: str) -> Any:
@@ -155,4 +162,9 @@ __all__ = [
     # 0.2: GPU prefix-cache hits
     "PrefixHit",
     "prefix_hit",
+    # issue 12: KV events (kvgeom.events) and router scoring (kvgeom.router)
+    "KVEventError",
+    "KVEventReader",
+    "RouterScores",
+    "score_replicas",
 ]

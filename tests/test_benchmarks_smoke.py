@@ -22,6 +22,7 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     # every case family of issue 7 is present, each with its ratios against same-run baselines
     assert {"slot_mapping", "key_maps", "plan_stores", "lookup_hits", "scalar", "resolve()", "import",
             "scaling"} <= cases
+    assert {"router", "kv"} <= cases  # issue 12: router scoring and KV-event ingest
     slot = [r for r in results if r["case"].startswith("slot_mapping")]
     assert len(slot) == 8 and all(r["speedup_vs_scalar"] > 0 and r["x_floor"] > 0 for r in slot)
     scaling = next(r for r in results if r["case"].startswith("scaling"))

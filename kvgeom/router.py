@@ -1,0 +1,731 @@
+"""Router scoring: the effective prefix-cache hit of one request on every replica, per tier, in one
+vectorised call.
+
+A KV-aware router (llm-d's precise prefix-cache scorer, NVIDIA Dynamo's KV router) knows, per
+replica, which block hashes each cache group holds (:class:`kvgeom.events.KVEventReader` keeps that
+from vLLM's KV events) and must turn it into *one* hit length per replica. For a hybrid model that
+is not "the longest run of held hashes": the groups' holes fall in different places, and vLLM
+0.33's ``HybridKVCacheCoordinator.find_longest_cache_hit`` (``v1/core/kv_cache_coordinator.py``)
+reconciles them with per-family rules (``v1/core/single_type_kv_cache_manager.py``):
+
+* full attention: the run of held full blocks from token 0, then (partial hash hits, A = H) the
+  highest held hash boundary inside the next block;
+* sliding window: right to left, the last A-aligned block end with ``cdiv(sw - 1, S)`` held blocks
+  before it (or a shorter run that reaches token 0);
+* chunked local: the blocks of the current attention chunk, left to right;
+* Mamba (align): the last held state at or below the candidate (an exact state, never a nearby
+  one), on the H grid with partial hash hits, else on block ends that are multiples of A;
+* groups with equal specs are looked up together (a hash counts only when all of them hold it);
+  full attention first, then the others, repeated until no group lowers the candidate (once for
+  one full-attention group plus one other);
+* the candidate starts at ``num_tokens - 1``: the last token is always recomputed.
+
+Speculative decoding's drop (a group with ``GroupGeometry.proof_margin``) is not in these kernels: on
+such a geometry the scores come from :func:`kvgeom.batch.prefix.prefix_hits`, the (rows x hashes)
+batch twin of ``prefix_hit``, with one row per replica.
+
+This module is the batch twin of :func:`kvgeom.prefix.prefix_hit` over replicas; the residency of
+replica r is holder bit r. Two kernel paths give the same answers:
+
+* bit-parallel (full-attention and Mamba groups, the common hybrid): the rules run on the holder
+  bit masks ``Residency`` stores per hash, one Python integer operation for all replicas, with
+  per-replica values kept as a partition ``{value: replicas}``;
+* matrix (every family): the held hashes become a (hashes x replicas) boolean matrix per group and
+  every rule is a few elementwise numpy passes reduced with ``max(axis=0)`` (leading run, last held
+  row below a per-replica limit, windows of held blocks by doubling).
+
+Invariants (property-tested in ``tests/property/test_router_laws.py``):
+
+* per replica and tier, the score equals the scalar ``prefix_hit`` of that replica's residency
+  (``residency.probe(geom, chain, holder=r)``);
+* ``0 <= score <= num_tokens - 1``, and a score is a multiple of A;
+* scores read from a replayed event stream equal scores read from a residency built from the
+  stream's final state;
+* with ``cumulative=True`` a tier's score is computed on the union of that tier and the tiers
+  before it, so it never falls below the previous tier's.
+
+>>> import kvgeom
+>>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)     # full attention span 32 + Mamba 16, H = A = 16
+>>> gpu = kvgeom.Residency()
+>>> for h in ["h1", "h3"]: gpu.add(0, h, holder=0); gpu.add(0, h, holder=1)
+>>> for h in ["h0", "h1", "h2"]: gpu.add(1, h, holder=0)
+>>> gpu.add(1, "h0", holder=1)
+>>> score_replicas(g, gpu, [["h0", "h1", "h2", "h3"]], 65, num_replicas=2).hit_tokens[0, 0].tolist()
+[48, 16]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvgeom._check import nonneg
+from kvgeom._math import cdiv
+from kvgeom.errors import QueryError
+from kvgeom.residency import Residency
+from kvgeom.specs import (
+    FullAttentionSpec,
+    MLASpec,
+    SinkFullAttentionSpec,
+    UniformSpec,
+    attention_chunk_size_of,
+    scheduler_view,
+    sliding_window_of,
+)
+
+if TYPE_CHECKING:
+    from kvgeom.events import KVEventReader
+    from kvgeom.geometry import Geometry
+
+__all__ = ["LookupGroup", "RouterScores", "chain_matrix", "lookup_groups", "replica_hits", "score_replicas"]
+
+BoolMatrix = npt.NDArray[np.bool_]
+IntVector = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class LookupGroup:
+    """Groups that vLLM 0.33 looks up together (equal specs, one manager): a ``SpecGroup``.
+
+    ``full_attention`` is vLLM's ``isinstance(spec, FullAttentionSpec)`` (full attention, MLA, sink
+    attention): such a group is looked up first and only once. ``window`` is the sliding window,
+    ``chunk`` the attention chunk of a chunked-local group.
+    """
+
+    family: str
+    group_ids: tuple[int, ...]
+    span: int
+    full_attention: bool
+    window: int | None
+    chunk: int | None
+
+
+def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
+    """The prefix-cacheable groups of ``geom`` as vLLM 0.33's coordinator looks them up: equal specs
+    merged, full attention first (stable order otherwise).
+
+    >>> import kvgeom
+    >>> [(lg.family, lg.group_ids) for lg in lookup_groups(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))]
+    [('full', (0,)), ('mamba', (1,))]
+    """
+    merged: list[tuple[Any, list[int]]] = []
+    for g in geom.groups:
+        if not g.prefix_cacheable:
+            continue
+        for spec, ids in merged:
+            if spec == g.spec:
+                ids.append(g.index)
+                break
+        else:
+            merged.append((g.spec, [g.index]))
+    out = []
+    for spec, ids in merged:
+        g = geom.groups[ids[0]]
+        if g.family in ("cross", "circular"):  # the same refusal as the scalar kvgeom.prefix.prefix_hit
+            raise QueryError.single(
+                "cross_attention_prefix_cache",
+                f"group {g.index} ({g.kind}) is prefix-cacheable, but vLLM 0.33 has no prefix-cache lookup for it "
+                "(CrossAttentionManager.find_longest_cache_hit raises): set prefix_cacheable=false on the group",
+                f"groups[{g.index}].prefix_cacheable", group=g.index)
+        if g.family == "chunked" and g.span != geom.hit_alignment_tokens and len(geom.groups) > 1:
+            raise QueryError.single(
+                "chunked_local_span_not_alignment",
+                f"group {g.index} (chunked_local) has span {g.span} but hits align to A={geom.hit_alignment_tokens}; "
+                "vLLM 0.33's chunked-local lookup needs them equal: give every group the same span",
+                f"groups[{g.index}].block_size", span=g.span, hit_alignment_tokens=geom.hit_alignment_tokens)
+        window = sliding_window_of(spec)
+        view = scheduler_view(spec)
+        out.append(LookupGroup(
+            family=g.family,
+            group_ids=tuple(ids),
+            span=g.span,
+            full_attention=isinstance(view if isinstance(spec, UniformSpec) else spec,
+                                      FullAttentionSpec | MLASpec | SinkFullAttentionSpec),
+            window=window[0] if window else None,
+            chunk=attention_chunk_size_of(spec),
+        ))
+    return tuple(sorted(out, key=lambda lg: not lg.full_attention))
+
+
+# -- the held matrix ---------------------------------------------------------------------------------
+def _chain_masks(residency: Residency, group: int, chain: Sequence[Hashable], num_replicas: int) -> list[int]:
+    """Holder bit masks of ``chain`` in ``group``, checked against ``num_replicas``."""
+    try:
+        masks = residency.chain_masks(group, chain)
+    except TypeError as e:  # an unhashable hash (a list from a careless decoder)
+        raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
+    highest = max(masks, default=0)  # holder masks are non-negative: the largest has the highest bit
+    if highest >> num_replicas:
+        union = 0
+        for m in masks:
+            union |= m
+        top = union.bit_length() - 1
+        raise QueryError.single(
+            "replica_out_of_range",
+            f"replica {top} holds entries of group {group} but num_replicas={num_replicas}; pass num_replicas > {top}",
+            "num_replicas", num_replicas=num_replicas, replica=top)
+    return masks
+
+
+def _unpack(masks: list[int], num_replicas: int) -> BoolMatrix:
+    n = len(masks)
+    if num_replicas == 0 or not any(masks):
+        return np.zeros((n, num_replicas), dtype=bool)
+    nb = (num_replicas + 7) // 8
+    packed = np.frombuffer(b"".join([m.to_bytes(nb, "little") for m in masks]), dtype=np.uint8).reshape(n, nb)
+    return np.unpackbits(packed, axis=1, count=num_replicas, bitorder="little").view(bool)
+
+
+def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], num_replicas: int) -> BoolMatrix:
+    """``M[i, r]``: replica ``r`` (holder bit r) holds ``group``'s entry keyed by ``chain[i]``, i.e.
+    the entry ending at token ``(i+1)*H``. Shape ``(len(chain), num_replicas)``.
+
+    >>> r = Residency(); r.add(0, "a", holder=1); r.add(0, "b", holder=0)
+    >>> chain_matrix(r, 0, ["a", "b", "c"], 2).astype(int).tolist()
+    [[0, 1], [1, 0], [0, 0]]
+    """
+    R = nonneg("num_replicas", num_replicas)
+    return _unpack(_chain_masks(residency, group, chain, R), R)
+
+
+# -- vectorised kernels ------------------------------------------------------------------------------
+def _row_index(n: int) -> npt.NDArray[np.signedinteger[Any]]:
+    """Row numbers 0..n-1 as a column, in the narrowest dtype that holds -1..n+1 (less memory traffic)."""
+    rows: npt.NDArray[np.signedinteger[Any]] = np.arange(n, dtype=np.int16 if n < 2**15 - 2 else np.int32)
+    return rows[:, None]
+
+
+# The kernels below reduce (rows, replicas) C-ordered matrices along axis 0 only with elementwise
+# arithmetic followed by ``max(axis=0)``: numpy runs those row by row over whole rows, while
+# argmin/argmax/cumsum/accumulate along axis 0 go column by column and are ~20x slower here.
+def _leading_run(F: BoolMatrix) -> IntVector:
+    """Per column, the number of leading True rows."""
+    n, R = F.shape
+    if n == 0:
+        return np.zeros(R, dtype=np.int64)
+    rows = _row_index(n)
+    out: IntVector = n - ((~F) * (n - rows)).max(axis=0).astype(np.int64)
+    return out
+
+
+def _last_true_below(Y: BoolMatrix, limit: IntVector) -> IntVector:
+    """Per column r, the largest row index j < limit[r] with Y[j, r], else -1."""
+    n, R = Y.shape
+    if n == 0:
+        return np.full(R, -1, dtype=np.int64)
+    rows = _row_index(n)
+    below = rows < np.clip(limit, 0, n).astype(rows.dtype)[None, :]
+    out: IntVector = ((Y & below) * (rows + 1)).max(axis=0).astype(np.int64) - 1
+    return out
+
+
+def _first_false_from(F: BoolMatrix, start: IntVector) -> IntVector:
+    """Per column r, the first row j >= start[r] with F[j, r] False (the row count when there is none)."""
+    n, R = F.shape
+    if n == 0:
+        return np.zeros(R, dtype=np.int64)
+    rows = _row_index(n)
+    from_start = rows >= np.clip(start, 0, n).astype(rows.dtype)[None, :]
+    out: IntVector = n - (((~F) & from_start) * (n - rows)).max(axis=0).astype(np.int64)
+    return out
+
+
+def _window_all(F: BoolMatrix, c: int) -> BoolMatrix:
+    """``W[j, r]``: rows ``j-c+1 .. j`` of column r are all True (False for j < c - 1). O(log c) passes."""
+    n, R = F.shape
+    out = np.zeros((n, R), dtype=bool)
+    if c > n or c <= 0:
+        return out
+    # Windows are kept aligned by their end row: an array for length w has n-w+1 rows, row i ending at i+w-1.
+    acc: BoolMatrix | None = None
+    acc_len = 0
+    power, p_len, k = F, 1, c
+    while True:
+        if k & 1:
+            if acc is None:
+                acc, acc_len = power, p_len
+            else:  # window of acc_len + p_len ending at t: acc's ending at t, power's ending at t - acc_len
+                rows_out = n - acc_len - p_len + 1
+                acc = acc[p_len:] & power[:rows_out]
+                acc_len += p_len
+        k >>= 1
+        if not k:
+            break
+        rows_out = n - 2 * p_len + 1
+        power = power[p_len:] & power[:rows_out]
+        p_len *= 2
+    assert acc is not None and acc_len == c
+    out[c - 1 :] = acc
+    return out
+
+
+class _Lookup:
+    """One lookup group's finder over all replicas, with everything independent of the candidate
+    length precomputed once per request."""
+
+    def __init__(self, lg: LookupGroup, X: BoolMatrix, H: int, A: int) -> None:
+        self.lg = lg
+        self.H, self.A, self.S = H, A, lg.span
+        self.X = X
+        n_h, R = X.shape
+        self.n_h, self.R = n_h, R
+        S = lg.span
+        s = S // H
+        self.s = s
+        nblk = n_h // s
+        self.nblk = nblk
+        self.F = X[s - 1 : nblk * s : s]  # held full blocks: the hash at each block's end
+        self.fine = A < S and S % A == 0
+        self.cols = np.arange(R)
+        match lg.family:
+            case "full":
+                self.run0 = _leading_run(self.F)
+            case "sliding":
+                assert lg.window is not None
+                need = max(cdiv(lg.window - 1, S), 1)
+                aligned = (np.arange(1, nblk + 1) * S) % A == 0
+                # a run of `need` held blocks ending at the hit, or a shorter run that starts at block 0
+                short = _row_index(nblk) < np.minimum(_leading_run(self.F), need - 1)[None, :]
+                self.V = aligned[:, None] & (_window_all(self.F, need) | short)
+            case "chunked":
+                pass
+            case "mamba":
+                if not self.fine:
+                    e = np.arange(1, nblk + 1)
+                    self.V = self.F & ((e * S) % A == 0)[:, None]
+            case _:  # pragma: no cover - lookup_groups refuses the others
+                raise AssertionError(lg.family)
+
+    def __call__(self, m: IntVector) -> IntVector:
+        S, A = self.S, self.A
+        match self.lg.family:
+            case "full":
+                k = np.minimum(self.run0, m // S)
+                hit = k * S
+                if self.fine:
+                    s, n_h = self.s, self.n_h
+                    lo = k * s
+                    hi = np.minimum(np.minimum(lo + s - 1, m // A), n_h)
+                    found = np.full(self.R, -1, dtype=np.int64)
+                    for d in range(s - 2, -1, -1):  # the highest interior boundary first
+                        idx = lo + d
+                        ok = (found < 0) & (idx < hi)
+                        if not ok.any():
+                            continue
+                        held = self.X[np.minimum(idx, n_h - 1), self.cols] & ok
+                        found = np.where(held, idx, found)
+                    hit = np.where(found >= 0, (found + 1) * A, hit)
+                out: IntVector = hit - hit % A
+                return out
+            case "sliding":
+                idx = _last_true_below(self.V, np.minimum(m // S, self.nblk))
+                return (idx + 1) * S
+            case "chunked":
+                assert self.lg.chunk is not None
+                chunk = self.lg.chunk
+                sb = (m // chunk * chunk) // S
+                mb = m // S
+                run = np.maximum(_first_false_from(self.F, sb) - sb, 0)
+                local: IntVector = ((sb + np.minimum(run, mb - sb)) * S).astype(np.int64)
+                return local
+            case _:  # mamba
+                if self.fine:
+                    idx = _last_true_below(self.X, np.minimum(m // A, self.n_h))
+                    return (idx + 1) * A
+                idx = _last_true_below(self.V, np.minimum(m // S, self.nblk))
+                return (idx + 1) * S
+
+
+def _drops(geom: Geometry) -> bool:
+    """Whether a group takes the speculative-decoding drop (``GroupGeometry.proof_margin`` set)."""
+    return any(g.proof_margin is not None and g.prefix_cacheable for g in geom.groups)
+
+
+def _drop_hits(geom: Geometry, num_tokens: int, held: Mapping[int, BoolMatrix]) -> IntVector:
+    """Geometries with the speculative drop: the (rows x hashes) batch twin of ``prefix_hit``
+    (:func:`kvgeom.batch.prefix.prefix_hits`), one row per replica."""
+    from kvgeom.batch.prefix import prefix_hits as rows_hits
+
+    R = next(iter(held.values())).shape[1] if held else 0
+    out: IntVector = rows_hits(geom, np.full(R, num_tokens, dtype=np.int64), {g: m.T for g, m in held.items()})
+    return out
+
+
+def replica_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int) -> IntVector:
+    """The GPU prefix-cache hit of one request on every replica at once.
+
+    ``held[g]`` is the ``(hashes, replicas)`` boolean matrix of group g (:func:`chain_matrix`):
+    ``held[g][i, r]`` iff replica r holds group g's entry ending at token ``(i+1)*H``. Every
+    prefix-cacheable group needs a matrix, all of one shape. Returns an int64 vector, one hit per
+    replica, as vLLM 0.33's coordinator computes it (see the module docstring).
+
+    Postconditions: ``0 <= hit <= max(num_tokens - 1, 0)``, ``hit % A == 0``, and column r equals
+    the scalar ``kvgeom.prefix.prefix_hit`` on replica r's residency.
+
+    >>> import kvgeom, numpy as np
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> fa = np.array([[0], [1], [0], [1]], dtype=bool)     # attention blocks ending at 32 and 64
+    >>> mamba = np.array([[1], [0], [1], [0]], dtype=bool)  # Mamba states after 16 and 48 tokens
+    >>> replica_hits(g, {0: fa, 1: mamba}, 65).tolist()
+    [48]
+    """
+    n_tokens = nonneg("num_tokens", num_tokens)
+    plan = lookup_groups(geom)
+    shapes = {np.shape(held[g]) for lg in plan for g in lg.group_ids if g in held}
+    missing = [g for lg in plan for g in lg.group_ids if g not in held]
+    if missing or len(shapes) > 1:
+        raise QueryError.single(
+            "bad_held_matrices",
+            f"replica_hits needs one (hashes, replicas) matrix per prefix-cacheable group, all of one shape; "
+            f"missing groups {missing}, shapes {sorted(shapes)}", "held", missing=missing)
+    if not plan:
+        return np.zeros(0, dtype=np.int64)
+    n_h, R = shapes.pop()
+    H = geom.hash_block_size
+    if n_h > n_tokens // H:
+        raise QueryError.single(
+            "chain_too_long",
+            f"{n_h} hashes of H={H} tokens cover more than num_tokens={n_tokens}; the chain holds one hash per "
+            f"complete H-token block ({n_tokens // H} here)", "held", num_hashes=n_h, num_tokens=n_tokens)
+    if not geom.config.cache.prefix_caching:
+        return np.zeros(R, dtype=np.int64)
+    if _drops(geom):
+        return _drop_hits(geom, n_tokens, {g: np.asarray(held[g], dtype=bool) for lg in plan for g in lg.group_ids})
+    A = geom.hit_alignment_tokens
+    lookups = []
+    for lg in plan:
+        X = np.asarray(held[lg.group_ids[0]], dtype=bool)
+        for g in lg.group_ids[1:]:
+            X = X & np.asarray(held[g], dtype=bool)
+        lookups.append(_Lookup(lg, X, H, A))
+    simple = len(plan) == 2 and plan[0].full_attention
+    hit = np.full(R, max(n_tokens - 1, 0), dtype=np.int64)
+    fa_hit: dict[int, IntVector] = {}
+    while True:
+        curr = hit
+        for i, lk in enumerate(lookups):
+            if lk.lg.full_attention and i in fa_hit:
+                curr = np.minimum(curr, fa_hit[i])  # full attention is downward-closed: looked up once
+                continue
+            curr = lk(curr)
+            if lk.lg.full_attention:
+                fa_hit[i] = curr
+        converged = bool((curr >= hit).all())
+        hit = curr
+        if converged or simple:
+            return hit
+
+
+# -- the bit-parallel path ----------------------------------------------------------------------------
+# Residency stores, per hash, the set of holders as one Python int (bit r = replica r). For groups of
+# the full-attention and Mamba families the coordinator's rules only need "which replicas hold this
+# hash" per row, so they can run on those ints directly, 1,000 replicas per integer operation, with
+# no (hashes x replicas) matrix at all. Per-replica values are kept as a partition: {value: set of
+# replicas with that value}, disjoint sets covering every replica. Same answers as the matrix kernels
+# (``tests/property/test_router_laws.py`` checks both against the scalar reference).
+Partition = dict[int, int]
+
+_BIT_FAMILIES = frozenset({"full", "mamba"})
+
+
+def _first(item: tuple[int, int]) -> int:
+    return item[0]
+
+
+def _put(out: Partition, value: int, bits: int) -> None:
+    if bits:
+        out[value] = out.get(value, 0) | bits
+
+
+def _pmin(p: Partition, q: Partition) -> Partition:
+    out: Partition = {}
+    for v1, b1 in p.items():
+        for v2, b2 in q.items():
+            _put(out, min(v1, v2), b1 & b2)
+    return out
+
+
+class _BitLookup:
+    """One lookup group's finder on holder bit masks (families "full" and "mamba" only)."""
+
+    def __init__(self, lg: LookupGroup, masks: list[int], H: int, A: int, everyone: int) -> None:
+        self.lg, self.masks, self.H, self.A = lg, masks, H, A
+        S = lg.span
+        self.S, self.s = S, S // H
+        self.n_h = len(masks)
+        self.nblk = self.n_h // self.s
+        self.fine = A < S and S % A == 0
+        self._states: tuple[list[int], int, int] | None = None
+        if lg.family == "full":
+            # the run of held full blocks from block 0, as {run length: replicas}
+            run: Partition = {}
+            alive = everyone
+            for j, mask in enumerate(masks[self.s - 1 : self.nblk * self.s : self.s]):
+                nxt = alive & mask
+                if nxt != alive:
+                    run[j] = alive ^ nxt
+                    alive = nxt
+                    if not alive:
+                        break
+            _put(run, self.nblk, alive)
+            self.run = run
+
+    def __call__(self, cand: Partition) -> Partition:
+        if self.lg.family == "full":
+            return self._full(cand)
+        return self._mamba(cand)
+
+    def _full(self, cand: Partition) -> Partition:
+        S, s, A, H, masks, n_h, fine = self.S, self.s, self.A, self.H, self.masks, self.n_h, self.fine
+        out: Partition = {}
+        get = out.get
+        for m, mbits in cand.items():
+            cap, top = m // S, m // A
+            for run, rbits in self.run.items():
+                b = mbits & rbits
+                if not b:
+                    continue
+                k = run if run < cap else cap
+                if fine:  # the highest held hash boundary inside block k, below the candidate
+                    lo = k * s
+                    idx = min(lo + s - 1, top, n_h) - 1
+                    while idx >= lo:
+                        found = masks[idx] & b
+                        if found:
+                            hit = (idx + 1) * H
+                            hit -= hit % A
+                            out[hit] = get(hit, 0) | found
+                            b ^= found
+                            if not b:
+                                break
+                        idx -= 1
+                if b:
+                    hit = k * S
+                    hit -= hit % A
+                    out[hit] = get(hit, 0) | b
+        return out
+
+    def _mamba(self, cand: Partition) -> Partition:
+        # rows[i]: holders of the state that a hit of rank i would restore (0 where no state may land)
+        rows, unit, n_ranks = self.state_rows()
+        limits = sorted([(min(m // unit, n_ranks), b) for m, b in cand.items()], key=_first, reverse=True)
+        out: Partition = {}
+        pending = 0
+        for k, (lim, b) in enumerate(limits):
+            pending |= b
+            lower = limits[k + 1][0] if k + 1 < len(limits) else 0
+            for i in range(lim - 1, lower - 1, -1):  # the last held state below each replica's limit
+                if not pending:
+                    break
+                found = rows[i] & pending
+                if found:
+                    out[(i + 1) * unit] = found  # one rank per value: no merge needed
+                    pending ^= found
+        _put(out, 0, pending)
+        return out
+
+    def state_rows(self) -> tuple[list[int], int, int]:
+        """Mamba candidates as (holder masks by rank, tokens per rank, number of ranks): every hash boundary
+        with fine-grained hits (A = H < S), else the block ends that are multiples of A."""
+        if self._states is None:
+            S, s, A, masks = self.S, self.s, self.A, self.masks
+            if self.fine:
+                self._states = (masks, A, self.n_h)
+            else:
+                if S % A == 0:  # every block end is on the alignment
+                    rows = masks[s - 1 : self.nblk * s : s]
+                else:
+                    rows = [masks[(i + 1) * s - 1] if ((i + 1) * S) % A == 0 else 0 for i in range(self.nblk)]
+                self._states = (rows, S, self.nblk)
+        return self._states
+
+
+def _bit_hits(plan: Sequence[LookupGroup], masks: Mapping[int, list[int]], num_tokens: int, H: int, A: int,
+              everyone: int) -> Partition:
+    """The coordinator loop of :func:`replica_hits` on holder bit masks (every family in ``_BIT_FAMILIES``)."""
+    lookups = []
+    for lg in plan:
+        joint = masks[lg.group_ids[0]]
+        for g in lg.group_ids[1:]:
+            joint = [a & b for a, b in zip(joint, masks[g], strict=True)]
+        lookups.append(_BitLookup(lg, joint, H, A, everyone))
+    simple = len(plan) == 2 and plan[0].full_attention
+    hit: Partition = {max(num_tokens - 1, 0): everyone}
+    fa_hit: dict[int, Partition] = {}
+    while True:
+        curr = hit
+        for i, lk in enumerate(lookups):
+            if lk.lg.full_attention and i in fa_hit:
+                curr = _pmin(curr, fa_hit[i])
+                continue
+            curr = lk(curr)
+            if lk.lg.full_attention:
+                fa_hit[i] = curr
+        converged = curr == hit
+        hit = curr
+        if converged or simple:
+            return hit
+
+
+def _unpartition(p: Partition, num_replicas: int) -> IntVector:
+    """Per-replica values of a partition. Bit-sliced: group j's replicas get index j+1 written in binary
+    across a dozen ints (an OR-reduction over the packed groups per bit), so the cost stays at one pass over
+    the packed masks, not a (groups x replicas) matrix."""
+    items = [(v, b) for v, b in p.items() if v and b]
+    if not items or num_replicas == 0:
+        return np.zeros(num_replicas, dtype=np.int64)
+    nb = (num_replicas + 7) // 8
+    k = len(items)
+    packed = np.frombuffer(b"".join([b.to_bytes(nb, "little") for _, b in items]), dtype=np.uint8).reshape(k, nb)
+    codes = np.arange(1, k + 1)
+    nbits = int(k).bit_length()
+    planes = np.empty((nbits, nb), dtype=np.uint8)
+    for t in range(nbits):
+        planes[t] = np.bitwise_or.reduce(packed[(codes >> t) & 1 == 1], axis=0)
+    bits = np.unpackbits(planes, axis=1, count=num_replicas, bitorder="little").astype(np.int64)
+    index = (np.int64(1) << np.arange(nbits, dtype=np.int64)) @ bits  # 0: no group, else j + 1
+    values = np.concatenate([np.zeros(1, dtype=np.int64), np.asarray([v for v, _ in items], dtype=np.int64)])
+    out: IntVector = values[index]
+    return out
+
+
+# -- scoring ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RouterScores:
+    """Hit tokens per request, tier and replica: ``hit_tokens[q, t, r]`` (int64)."""
+
+    tiers: tuple[str, ...]
+    hit_tokens: npt.NDArray[np.int64]
+
+    def tier(self, name: str) -> npt.NDArray[np.int64]:
+        """``(requests, replicas)`` scores of tier ``name``."""
+        key = name.upper()
+        if key not in self.tiers:
+            raise QueryError.single("unknown_tier", f"tier {name!r} is not one of {list(self.tiers)}", "tier")
+        return self.hit_tokens[:, self.tiers.index(key), :]
+
+    def best(self, tier: str = "GPU") -> npt.NDArray[np.int64]:
+        """Per request, the replica with the highest score on ``tier`` (the lowest index on ties)."""
+        scores = self.tier(tier)
+        if scores.shape[1] == 0:
+            raise QueryError.single("no_replicas", "there are no replicas to choose from", "num_replicas")
+        out: npt.NDArray[np.int64] = scores.argmax(axis=1).astype(np.int64)
+        return out
+
+
+def score_replicas(
+    geom: Geometry,
+    residency: Residency | Mapping[str, Residency] | KVEventReader,
+    chains: Sequence[Sequence[Hashable]],
+    num_tokens: int | Sequence[int],
+    *,
+    num_replicas: int,
+    tiers: Sequence[str] | None = None,
+    cumulative: bool = False,
+    matrix_path: bool | None = None,
+) -> RouterScores:
+    """Score every request on every replica and tier: the GPU prefix-cache hit vLLM 0.33's coordinator
+    would compute if the request ran on that replica and that tier's entries were its cache.
+
+    ``residency``: one :class:`~kvgeom.Residency` (a single tier, named ``"GPU"``), a mapping tier name
+    -> Residency, or a :class:`~kvgeom.events.KVEventReader` (its media). Holder bit r is replica r.
+    ``chains[q]`` is request q's hash chain at H (hash i ends at token ``(i+1)*H``: exactly
+    ``num_tokens[q] // H`` hashes), in the encoding the residency's keys use. ``num_tokens`` is one
+    count for every request or one per request. ``tiers`` picks and orders the tiers (default: all).
+    With ``cumulative`` a tier is scored on the union of itself and the tiers before it (GPU, then
+    GPU + CPU, ...): what a replica could serve by loading from its lower tiers, under the prefix
+    rules (an upper bound: the offload connector's chunk rules are in :mod:`kvgeom.hits`).
+    ``matrix_path`` forces the (hashes x replicas) matrix kernels (True) or the bit-parallel ones
+    (False, full-attention and Mamba groups only); by default the bit-parallel path runs whenever
+    every group allows it. Both give the same scores.
+
+    Returns :class:`RouterScores` with ``hit_tokens`` of shape ``(len(chains), len(tiers),
+    num_replicas)``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]})
+    >>> gpu, cpu = kvgeom.Residency(), kvgeom.Residency()
+    >>> gpu.add(0, "a", holder=0); cpu.add(0, "a", holder=1); cpu.add(0, "b", holder=1)
+    >>> s = score_replicas(g, {"GPU": gpu, "CPU": cpu}, [["a", "b"]], 40, num_replicas=2)
+    >>> s.tier("GPU").tolist(), s.tier("CPU").tolist()
+    ([[16, 0]], [[0, 32]])
+    """
+    from kvgeom.events import KVEventReader
+
+    R = nonneg("num_replicas", num_replicas)
+    seen_types: frozenset[type] = frozenset()
+    if isinstance(residency, KVEventReader):
+        by_tier = residency.residencies()
+        seen_types = residency.hash_types
+    elif isinstance(residency, Residency):
+        by_tier = {"GPU": residency}
+    elif isinstance(residency, Mapping):
+        by_tier = {str(k).upper(): v for k, v in residency.items()}
+    else:
+        raise QueryError.single(
+            "bad_residency", f"residency must be a Residency, a mapping of tier -> Residency or a KVEventReader, got "
+            f"{type(residency).__name__}", "residency")
+    names = tuple(t.upper() for t in tiers) if tiers is not None else tuple(by_tier)
+    unknown = [t for t in names if t not in by_tier]
+    if unknown:
+        raise QueryError.single("unknown_tier", f"tiers {unknown} are not among {list(by_tier)}", "tiers")
+    n_q = len(chains)
+    if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
+        counts = [num_tokens] * n_q
+    else:
+        counts = list(num_tokens)  # type: ignore[arg-type]
+        if len(counts) != n_q:
+            raise QueryError.single(
+                "length_mismatch", f"{len(counts)} num_tokens for {n_q} chains; give one per chain or a single int",
+                "num_tokens")
+    H = geom.hash_block_size
+    plan = lookup_groups(geom)
+    groups = [g for lg in plan for g in lg.group_ids]
+    A = geom.hit_alignment_tokens
+    everyone = (1 << R) - 1
+    drop = _drops(geom)
+    bit_ok = all(lg.family in _BIT_FAMILIES for lg in plan)
+    bit_path = bit_ok if matrix_path is None else not matrix_path
+    if bit_path and not bit_ok:
+        raise QueryError.single(
+            "bit_path_unsupported",
+            f"the bit-parallel kernels handle full-attention and Mamba groups only; this geometry has "
+            f"{sorted({lg.family for lg in plan} - _BIT_FAMILIES)} groups: leave matrix_path unset", "matrix_path")
+    out = np.zeros((n_q, len(names), R), dtype=np.int64)
+    for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
+        n = nonneg(f"num_tokens[{q}]", n)
+        if len(chain) != n // H:
+            raise QueryError.single(
+                "chain_length_mismatch",
+                f"chain {q} has {len(chain)} hashes but a {n}-token request has {n // H} complete blocks of the hash "
+                f"unit H={H}; hash the request every H tokens (a chain at another block size would be read at the "
+                "wrong end tokens)", f"chains[{q}]", num_hashes=len(chain), num_tokens=n, hash_block_size=H)
+        if seen_types and chain and type(chain[0]) not in seen_types:
+            raise QueryError.single(
+                "chain_encoding_mismatch",
+                f"chain {q} holds {type(chain[0]).__name__} hashes but the events carried "
+                f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
+                "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
+                f"chains[{q}]", chain_type=type(chain[0]).__name__)
+        union: dict[int, list[int]] = {}
+        for t, name in enumerate(names):
+            res = by_tier[name]
+            masks = {g: _chain_masks(res, g, chain, R) for g in groups}
+            if cumulative:
+                for g in groups:
+                    if g in union:
+                        masks[g] = [a | b for a, b in zip(masks[g], union[g], strict=True)]
+                union = masks
+            if not plan or not geom.config.cache.prefix_caching or R == 0:
+                continue
+            if drop:
+                out[q, t] = _drop_hits(geom, n, {g: _unpack(m, R) for g, m in masks.items()})
+            elif bit_path:
+                out[q, t] = _unpartition(_bit_hits(plan, masks, n, H, A, everyone), R)
+            else:
+                out[q, t] = replica_hits(geom, {g: _unpack(m, R) for g, m in masks.items()}, n)
+    return RouterScores(tiers=names, hit_tokens=out)

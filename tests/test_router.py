@@ -1,0 +1,213 @@
+"""Router scoring (kvgeom.router): example tables.
+
+The expected hits of TABLE are vLLM 0.33's answers: each row's held sets were fed to
+``HybridKVCacheCoordinator.find_longest_cache_hit`` (``v1/core/kv_cache_coordinator.py``, the real
+managers' ``find_longest_cache_hit`` over a block pool holding exactly those hashes) in the vLLM
+0.33 CPU install, and the number it returned is written here. Held sets are hash indices of the
+request's chain at H (index i = the entry ending at token ``(i+1)*H``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvgeom
+from kvgeom.router import chain_matrix, lookup_groups, replica_hits, score_replicas
+
+FA16 = {"kind": "full_attention", "block_size": 16}
+
+TABLE = [
+    # vLLM #46453's shape: Mamba m0 -- -- m3, attention f0 f1 -- --: the common hit is the Mamba state at 16.
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 16}]}, 65, {0: [0, 1], 1: [0, 3]}, 16),
+    # The default geometry (DCP 2, attention span 32, partial hits on): attention to 64, Mamba state at 48.
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "parallel": {"tp": 2, "dcp": 2}}, 65,
+     {0: [1, 3], 1: [0, 1, 2]}, 48),
+    # Partial hash hits (Mamba block 64 > H = 16): the last held Mamba state on the H grid, 128.
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 64}]}, 200, {0: list(range(12)), 1: [4, 7]}, 128),
+    # Attention span 64 with a hole after block 1: phase 2 finds the partial entry at 160 inside block 2.
+    ({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 128}],
+      "cache": {"prefix_match_unit": 16}}, 300, {0: [3, 7, 9], 1: [2, 9, 12]}, 160),
+    # Sliding window 33 over blocks of 16 needs 2 held blocks before the hit: blocks 5, 6 give 112.
+    ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}]}, 161,
+     {0: list(range(10)), 1: [0, 1, 2, 5, 6, 8]}, 112),
+    # Sliding window alone (window 48 needs 3 blocks): the run 0..3 ends at 64.
+    ({"groups": [{"kind": "sliding_window", "block_size": 16, "sliding_window": 48}]}, 100, {0: [0, 1, 2, 3]}, 64),
+    # Window 100 needs 7 blocks; no run is that long, so the run reaching token 0 counts: 48.
+    ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 100}]}, 161,
+     {0: list(range(10)), 1: [0, 1, 2, 4, 5, 6, 8, 9]}, 48),
+    # Chunked local (chunk 64): blocks before the current chunk count as computed, block 8 is held: 144.
+    ({"groups": [FA16, {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}]}, 161,
+     {0: list(range(10)), 1: [8]}, 144),
+    # A Mamba hole below the attention hit: the only Mamba state is at 32.
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 16}]}, 65, {0: [0, 1, 2, 3], 1: [1]}, 32),
+    # Everything held, 64 tokens: never the last token, so the Mamba state at 48.
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 16}]}, 64, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}, 48),
+    # Two equal attention specs are looked up together: the joint run stops at block 3, Mamba state at 32.
+    ({"groups": [FA16, FA16, {"kind": "mamba", "block_size": 32}]}, 200,
+     {0: list(range(6)), 1: [0, 1, 2, 5], 2: [1, 3, 5]}, 32),
+    # Three groups (attention, window 20, Mamba 32): the convergence loop settles at 160.
+    ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20},
+                 {"kind": "mamba", "block_size": 32}]}, 200,
+     {0: list(range(12)), 1: [2, 3, 5, 6, 8, 9, 10], 2: [3, 5, 7, 9]}, 160),
+]
+
+
+def _held(geom, n, held, replicas=1):
+    n_h = n // geom.hash_block_size
+    out = {}
+    for g in geom.groups:
+        m = np.zeros((n_h, replicas), dtype=bool)
+        m[held.get(g.index, []), :] = True
+        out[g.index] = m
+    return out
+
+
+@pytest.mark.parametrize(("cfg", "n", "held", "expected"), TABLE)
+def test_prefix_hits_match_vllm_coordinator(cfg, n, held, expected):
+    geom = kvgeom.resolve(cfg)
+    assert replica_hits(geom, _held(geom, n, held, replicas=3), n).tolist() == [expected] * 3
+
+
+@pytest.mark.parametrize("matrix_path", [None, True])
+@pytest.mark.parametrize(("cfg", "n", "held", "expected"), TABLE)
+def test_score_replicas_reads_the_same_hits_from_a_residency(cfg, n, held, expected, matrix_path):
+    # matrix_path None: the bit-parallel kernels wherever the geometry allows them (FA + Mamba rows)
+    geom = kvgeom.resolve(cfg)
+    chain = [f"h{i}" for i in range(n // geom.hash_block_size)]
+    res = kvgeom.Residency()
+    for g, idx in held.items():
+        for i in idx:
+            res.add(g, chain[i], holder=1)  # replica 1 holds the row's sets, replica 0 nothing
+    scores = score_replicas(geom, res, [chain], n, num_replicas=2, matrix_path=matrix_path)
+    assert scores.tier("GPU").tolist() == [[0, expected]]
+    assert scores.best("GPU").tolist() == [1]
+
+
+def test_lookup_groups_merge_equal_specs_and_put_full_attention_first():
+    geom = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 32}, FA16, FA16]})
+    # vLLM sorts the full-attention spec group first and looks groups 1 and 2 up together
+    assert [(lg.family, lg.group_ids) for lg in lookup_groups(geom)] == [("full", (1, 2)), ("mamba", (0,))]
+
+
+def test_chain_matrix_unpacks_holder_bits_per_hash():
+    res = kvgeom.Residency()
+    res.add(0, b"a", holder=9)
+    res.add(0, b"b", holder=0)
+    m = chain_matrix(res, 0, [b"a", b"b", b"zz"], 10)
+    assert m.shape == (3, 10) and m.dtype == bool
+    assert np.argwhere(m).tolist() == [[0, 9], [1, 0]]  # replica 9 holds a; replica 0 holds b; nobody holds zz
+
+
+def test_chain_matrix_refuses_a_replica_past_num_replicas():
+    res = kvgeom.Residency()
+    res.add(0, "a", holder=12)
+    with pytest.raises(kvgeom.QueryError) as e:
+        chain_matrix(res, 0, ["a"], 4)
+    assert e.value.code == "replica_out_of_range" and e.value.values["replica"] == 12
+
+
+def test_score_replicas_refuses_a_chain_at_the_wrong_unit():
+    # A chain hashed every 32 tokens read at H = 16 would key every entry at half its end token.
+    geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, kvgeom.Residency(), [["a", "b"]], 64, num_replicas=1)
+    assert e.value.code == "chain_length_mismatch" and e.value.field == "chains[0]"
+    assert "H=16" in str(e.value)
+
+
+def test_score_replicas_tiers_alone_and_cumulative():
+    geom = kvgeom.resolve({"groups": [FA16]})
+    gpu, cpu = kvgeom.Residency(), kvgeom.Residency()
+    chain = ["a", "b", "c"]
+    gpu.add(0, "a", holder=0)
+    cpu.add(0, "b", holder=0)  # alone, CPU's "b" is unusable (no "a" before it)
+    cpu.add(0, "a", holder=1)
+    alone = score_replicas(geom, {"GPU": gpu, "CPU": cpu}, [chain], 49, num_replicas=2)
+    both = score_replicas(geom, {"GPU": gpu, "CPU": cpu}, [chain], 49, num_replicas=2, cumulative=True)
+    assert alone.tier("GPU").tolist() == [[16, 0]] and alone.tier("CPU").tolist() == [[0, 16]]
+    assert both.tier("GPU").tolist() == [[16, 0]] and both.tier("CPU").tolist() == [[32, 16]]
+
+
+def test_score_replicas_several_requests_and_counts():
+    geom = kvgeom.resolve({"groups": [FA16]})
+    res = kvgeom.Residency()
+    for h in ["a", "b"]:
+        res.add(0, h, holder=0)
+    s = score_replicas(geom, res, [["a", "b"], ["x"], []], [40, 20, 5], num_replicas=1)
+    assert s.hit_tokens.shape == (3, 1, 1)
+    # request 0: both blocks held (32 <= 39); request 1: nothing held; request 2: shorter than one block
+    assert s.hit_tokens[:, 0, 0].tolist() == [32, 0, 0]
+
+
+def test_prefix_caching_off_scores_zero():
+    geom = kvgeom.resolve({"groups": [FA16], "cache": {"prefix_caching": False}})
+    res = kvgeom.Residency()
+    res.add(0, "a")
+    assert score_replicas(geom, res, [["a", "b"]], 40, num_replicas=1).hit_tokens.tolist() == [[[0]]]
+
+
+def test_prefix_hits_refuses_missing_group_matrices():
+    geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    with pytest.raises(kvgeom.QueryError) as e:
+        replica_hits(geom, {0: np.zeros((4, 2), dtype=bool)}, 65)
+    assert e.value.code == "bad_held_matrices" and e.value.values["missing"] == [1]
+
+
+def test_prefix_hits_with_no_replicas_is_empty():
+    geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    held = {0: np.zeros((4, 0), dtype=bool), 1: np.zeros((4, 0), dtype=bool)}
+    assert replica_hits(geom, held, 65).shape == (0,)
+
+
+def test_unknown_tier_is_an_error():
+    geom = kvgeom.resolve({"groups": [FA16]})
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, {"GPU": kvgeom.Residency()}, [["a"]], 20, num_replicas=1, tiers=["CPU"])
+    assert e.value.code == "unknown_tier"
+
+
+def test_speculative_drop_scores_come_from_the_scalar_reference():
+    # Attention 16 (drafter, drops one block) + Mamba 16: the kernels do not model the drop, so every
+    # replica's score is the scalar prefix_hit's (which vLLM's coordinator agrees with, tests/test_prefix.py).
+    import dataclasses
+
+    from kvgeom.geometry import SpeculativeGeometry
+    from kvgeom.prefix import prefix_hit
+
+    base = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}]})
+    groups = (dataclasses.replace(base.groups[0], eagle_group=True, proof_margin=16), base.groups[1])
+    geom = dataclasses.replace(base, groups=groups, speculative=SpeculativeGeometry("eagle", 1, True, False, True, 1))
+    chain = [f"h{i}" for i in range(5)]
+    res = kvgeom.Residency()
+    for i in range(5):
+        res.add(0, chain[i], holder=0)
+        res.add(1, chain[i], holder=0)
+    for i in (0, 1, 2):
+        res.add(0, chain[i], holder=1)
+    res.add(1, chain[1], holder=1)
+    got = score_replicas(geom, res, [chain], 81, num_replicas=2).tier("GPU")[0].tolist()
+    want = [prefix_hit(geom, 81, res.probe(geom, chain, holder=r)).hit_tokens for r in range(2)]
+    assert got == want
+    plain = score_replicas(base, res, [chain], 81, num_replicas=2).tier("GPU")[0].tolist()
+    assert got[0] < plain[0]  # the drop costs replica 0 its last proven block
+
+
+def test_forcing_the_bit_path_on_a_sliding_window_geometry_is_refused():
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]})
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, kvgeom.Residency(), [["a"]], 20, num_replicas=1, matrix_path=False)
+    assert e.value.code == "bit_path_unsupported"
+
+
+def test_a_chain_in_another_encoding_than_the_events_is_refused():
+    from kvgeom.events import KVEventReader
+
+    geom = kvgeom.resolve({"groups": [FA16]})
+    reader = KVEventReader(geom)
+    reader.apply({"type": "BlockStored", "block_hashes": ["YWI="], "parent_block_hash": None, "token_ids": [],
+                  "block_size": 16, "lora_id": None, "medium": "GPU"})  # JSON: base64 strings
+    with pytest.raises(kvgeom.QueryError) as e:  # the router hashed to raw bytes: nothing would ever match
+        score_replicas(geom, reader, [[b"ab"]], 20, num_replicas=1)
+    assert e.value.code == "chain_encoding_mismatch" and e.value.field == "chains[0]"
+    assert score_replicas(geom, reader, [["YWI="]], 20, num_replicas=1).tier("GPU").tolist() == [[16]]
