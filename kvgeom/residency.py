@@ -166,6 +166,11 @@ class Residency:
         key = (group, holder)
         a = self._arrays.get(key)
         if a is None:
+            # Hashes get ids only once a batch reader asks for arrays: a reader that never does (a router
+            # scoring on the holder masks) keeps no id table that outlives the entries it held.
+            for held_group in self._held.values():
+                for h in held_group:
+                    self._id(h)
             a = np.zeros(max(len(self._ids) + 1, 64), dtype=np.bool_)
             held = self._held.get(group, {})
             ids = self._ids
@@ -189,7 +194,7 @@ class Residency:
             held = self._held[group] = {}
         old = held.get(block_hash, 0)
         if not old & bit:
-            if not old:
+            if not old and self._arrays:
                 self._id(block_hash)
             held[block_hash] = old | bit
             self.version += 1

@@ -540,20 +540,13 @@ NEVER_SILENT = [
         ),
         "connector_hashes_unmodelled",
     ),
-    # EAGLE in the speculative config: refused until kvgeom models speculative decoding
-    (
-        lambda: geometry_from_vllm(
-            seed_kv(), VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig())
-        ),
-        "speculative_not_modelled",
-    ),
-    # a group vLLM marks is_eagle_group, with no speculative_config in sight
+    # a group vLLM marks is_eagle_group, with no speculative_config in sight: the drafter flag has no method
     (
         lambda: geometry_from_vllm(_with_group_flag(seed_kv(), 0, is_eagle_group=True), seed_vc()),
-        "speculative_not_modelled",
+        "drafter_without_speculative",
     ),
-    # a drafter's layer spec (is_draft)
-    (lambda: geometry_from_vllm(_draft_spec_kv(), seed_vc()), "speculative_not_modelled"),
+    # a drafter's layer spec (is_draft), no speculative_config either
+    (lambda: geometry_from_vllm(_draft_spec_kv(), seed_vc()), "drafter_without_speculative"),
     # a speculative method kvgeom has no model for
     (
         lambda: geometry_from_vllm(
@@ -790,12 +783,22 @@ def test_speculative_section_uses_the_spec_schema_keys(sc, expected):
     assert speculative_from_vllm(VllmConfigSpec()) is None
 
 
-def test_speculative_refusal_names_what_would_be_emitted():
+def test_speculative_config_resolves_with_the_drafter_group_flagged():
+    # EAGLE3 with vLLM's is_eagle_group on group 1: kvgeom's geometry flags exactly that group (vLLM 0.33
+    # get_global_kv_cache_groups flags groups holding a draft layer when the block drop is in use)
     vc = VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig("eagle3", 2))
-    with pytest.raises(ConfigError) as info:
-        geometry_from_vllm(_with_group_flag(seed_kv(), 1, is_eagle_group=True), vc)
-    values = info.value.problems[0].values
-    assert values["speculative"]["method"] == "eagle3" and values["drafter_groups"] == [1]
+    g = geometry_from_vllm(_with_group_flag(seed_kv(), 0, is_eagle_group=True), vc)
+    assert g.speculative is not None and g.speculative.method == "eagle3"
+    assert g.speculative.num_speculative_tokens == 2 and g.speculative.block_drop
+    assert [x.eagle_group for x in g.groups] == [True, False]
+
+
+def test_speculative_config_without_flagged_groups_resolves():
+    # EAGLE with no group flagged: resolves, no group is an eagle group (the GPU side's all-groups fallback is
+    # reported through proof margins, not flags)
+    g = geometry_from_vllm(seed_kv(), VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig()))
+    assert g.speculative is not None and g.speculative.method == "eagle"
+    assert [x.eagle_group for x in g.groups] == [False, False]
 
 
 def test_offload_keys_round_trip_and_feed_residency():
@@ -858,11 +861,7 @@ def test_offload_key_errors(call, code):
     assert info.value.code == code
 
 
-def test_speculative_section_and_drafter_flags_are_emitted_once_the_schema_has_them(monkeypatch):
-    # the spec branch adds `speculative` and per-group `drafter` to the schema; the adapter then emits them
-    import kvgeom.adapters.vllm as adapter
-
-    monkeypatch.setattr(adapter, "_schema_has", lambda name, group_field=False: True)
+def test_speculative_section_and_drafter_flags_are_emitted():
     vc = VllmConfigSpec(parallel_config=SEED_PAR, speculative_config=SpeculativeConfig("eagle", 2))
     cfg = config_from_vllm(_with_group_flag(seed_kv(), 0, is_eagle_group=True), vc)
     assert cfg["speculative"] == {
@@ -872,14 +871,3 @@ def test_speculative_section_and_drafter_flags_are_emitted_once_the_schema_has_t
         "lookahead_hashes": True,
     }
     assert [g.get("drafter", False) for g in cfg["groups"]] == [True, False]
-
-
-def test_schema_probe_reads_the_real_schema():
-    # today's schema has neither field (until the spec branch lands), and the probe must say so
-    import kvgeom.adapters.vllm as adapter
-    from kvgeom.config import KVGeomConfig
-    from kvgeom.specs import FullAttentionSpec as KvFull
-
-    assert adapter._schema_has("speculative") == ("speculative" in KVGeomConfig.model_fields)
-    assert adapter._schema_has("drafter", group_field=True) == ("drafter" in KvFull.model_fields)
-    assert adapter._schema_has("groups") is True

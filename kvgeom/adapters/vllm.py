@@ -554,30 +554,11 @@ def _drafter_groups(groups_in: Any) -> list[int]:
     return out
 
 
-def _schema_has(name: str, group_field: bool = False) -> bool:
-    from kvgeom.config import KVGeomConfig
-    from kvgeom.specs import FullAttentionSpec
-
-    model: Any = FullAttentionSpec if group_field else KVGeomConfig
-    return name in model.model_fields
-
-
 def _speculative_into(out: dict[str, Any], vllm_config: Any, groups_in: Any) -> None:
     section = speculative_from_vllm(vllm_config)
     drafters = _drafter_groups(groups_in)
     if section is None and not drafters:
         return
-    if not _schema_has("speculative") or not _schema_has("drafter", group_field=True):
-        raise ConfigError.single(
-            "speculative_not_modelled",
-            f"vLLM runs speculative decoding ({section or 'no speculative_config'}; drafter groups {drafters}), "
-            "which changes which offload chunks are stored and hit (EAGLE block drop, lookahead hashes), and this "
-            "kvgeom cannot express it yet: the geometry would be silently wrong, so it is refused. Use a kvgeom "
-            "with the 'speculative' config section, or run the connector without a drafter",
-            "vllm_config.speculative_config",
-            speculative=section,
-            drafter_groups=drafters,
-        )
     if section is not None:
         out["speculative"] = section
     for i in drafters:
@@ -666,9 +647,9 @@ def config_from_vllm(
       ``cache_config_unknown``;
     * a connector other than ``OffloadingConnector`` not named in ``connector_chunking``:
       ``connector_chunking_unknown`` (:func:`offload_from_transfer`);
-    * a drafter (``speculative_config``, ``is_eagle_group``, ``is_draft``):
-      ``speculative_not_modelled`` until kvgeom's config has a ``speculative`` section, then
-      emitted as ``speculative`` and per-group ``drafter``.
+    * a drafter (``speculative_config``, ``is_eagle_group``, ``is_draft``) is emitted as the
+      ``speculative`` section and per-group ``drafter`` flags; what the config schema refuses
+      (a drafter group without a ``speculative_config``, a Mamba drafter) is a ``ConfigError``.
 
     A ``SchedulerOffloadConfig`` gives the groups (when they are 0..n-1; otherwise pass the
     ``KVCacheConfig`` to :func:`geometry_from_vllm` as well) and ``blocks_per_chunk``. Worker- and
