@@ -1276,7 +1276,8 @@ def _scan_windows(
         if w is None:
             return np.ones_like(at)
         q = (w + np.mod(-at, C) + C - 1) // C
-        return np.maximum(q, window)  # at least the window in chunks, as in the scalar rule
+        out: I64 = np.maximum(q, window)  # at least the window in chunks, as in the scalar rule
+        return out
 
     qm = int(need(np.zeros(1, dtype=np.int64))[0])
     size = rows.shape[0]
