@@ -26,6 +26,7 @@ from kvgeom.conformance import (
     tier_contents,
     version_warning,
 )
+from kvgeom.conformance.answers import check_scenario
 from kvgeom.conformance.run import run
 from kvgeom.deviations import DEVIATIONS
 
@@ -231,3 +232,19 @@ def test_cli_exit_2_without_vllm():
     out = subprocess.run([sys.executable, "-m", "kvgeom", "conform"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "engine_not_installed" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,  # not a mapping
+        {},  # no num_tokens
+        {"num_tokens": -1},  # negative
+        {"num_tokens": 4, "local_computed_tokens": 5},  # local prefix past the request
+        {"num_tokens": 4, "evict": "yes"},  # evict is not a list of booleans
+        {"num_tokens": 4, "stored": {}},  # unknown key
+    ],
+)
+def test_bad_scenarios_are_query_errors(bad):
+    with pytest.raises(kvgeom.QueryError):
+        check_scenario(bad)

@@ -33,11 +33,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvgeom._check import nonneg
+from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.hits import lookup_hit, plan_load
 from kvgeom.keys import key_map, num_keys
 
-__all__ = ["QUESTIONS", "kvgeom_answers", "tier_contents"]
+__all__ = ["QUESTIONS", "SCENARIO_KEYS", "check_scenario", "kvgeom_answers", "tier_contents"]
+
+SCENARIO_KEYS: tuple[str, ...] = ("num_tokens", "local_computed_tokens", "stored_tokens", "evict")
+"""The keys of a conformance scenario (only ``num_tokens`` is required)."""
 
 QUESTIONS: tuple[str, ...] = (
     "valid",
@@ -61,6 +66,39 @@ QUESTIONS: tuple[str, ...] = (
 """Every entry of an answer sheet, in the order differences are reported."""
 
 
+def check_scenario(scenario: Any) -> dict[str, Any]:
+    """The scenario with defaults filled in (``local_computed_tokens`` 0, ``stored_tokens`` =
+    ``num_tokens``, ``evict`` empty); :class:`kvgeom.QueryError` for anything else than a mapping of
+    :data:`SCENARIO_KEYS` with token counts >= 0, a local prefix within the request, and a list of
+    booleans for ``evict``.
+
+    >>> check_scenario({"num_tokens": 80})
+    {'num_tokens': 80, 'local_computed_tokens': 0, 'stored_tokens': 80, 'evict': []}
+    """
+    if not isinstance(scenario, Mapping):
+        raise QueryError.single("bad_scenario", f"a scenario is a mapping, got {type(scenario).__name__}", "")
+    unknown = sorted(set(scenario) - set(SCENARIO_KEYS))
+    if unknown:
+        raise QueryError.single(
+            "unknown_key", f"unknown scenario key(s) {unknown}; allowed: {list(SCENARIO_KEYS)}", str(unknown[0])
+        )
+    if "num_tokens" not in scenario:
+        raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    n = nonneg("num_tokens", scenario["num_tokens"])
+    local = nonneg("local_computed_tokens", scenario.get("local_computed_tokens", 0))
+    if local > n:
+        raise QueryError.single(
+            "local_past_request", f"local_computed_tokens={local} exceeds num_tokens={n}", "local_computed_tokens"
+        )
+    stored = nonneg("stored_tokens", scenario.get("stored_tokens", n))
+    evict = scenario.get("evict", [])
+    if isinstance(evict, str | bytes) or not isinstance(evict, list | tuple) or not all(
+        isinstance(x, bool) for x in evict
+    ):
+        raise QueryError.single("bad_evict", "evict must be a list of booleans (true: that key was lost)", "evict")
+    return {"num_tokens": n, "local_computed_tokens": local, "stored_tokens": stored, "evict": list(evict)}
+
+
 def tier_contents(geom: Geometry, scenario: Mapping[str, Any]) -> dict[int, list[int]]:
     """The keys the offload tier holds for the scenario, per offloaded group, as end tokens.
 
@@ -74,11 +112,12 @@ def tier_contents(geom: Geometry, scenario: Mapping[str, Any]) -> dict[int, list
     >>> tier_contents(g, {"num_tokens": 80, "stored_tokens": 64, "evict": [False, True]})
     {0: [32], 1: [16, 32, 48, 64]}
     """
+    sc = check_scenario(scenario)
     if geom.offload is None:
         return {}
-    n = scenario["num_tokens"]
-    stored = min(scenario.get("stored_tokens", n), n)
-    evict = list(scenario.get("evict", ()))
+    n = sc["num_tokens"]
+    stored = min(sc["stored_tokens"], n)
+    evict = sc["evict"]
     out: dict[int, list[int]] = {}
     i = 0
     for og in geom.offload.groups:
@@ -121,6 +160,7 @@ def _geometry_answers(geom: Geometry) -> dict[str, Any]:
 
 def kvgeom_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any]:
     """kvgeom's answer sheet for ``geom`` and ``scenario`` (see the module docstring)."""
+    scenario = check_scenario(scenario)
     sheet = _geometry_answers(geom)
     if geom.offload is None:
         return sheet
@@ -133,7 +173,7 @@ def kvgeom_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any
         geom,
         n,
         stored=tier_contents(geom, scenario),
-        local_computed_tokens=scenario.get("local_computed_tokens", 0),
+        local_computed_tokens=scenario["local_computed_tokens"],
     )
     sheet["hit_tokens"] = hit.hit_tokens
     sheet["end_token"] = hit.end_token

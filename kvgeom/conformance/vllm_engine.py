@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgeom.conformance import vllm_objects as vo
-from kvgeom.conformance.answers import tier_contents
+from kvgeom.conformance.answers import check_scenario, tier_contents
 from kvgeom.geometry import Geometry
 from kvgeom.residency import split_offload_key
 
@@ -69,7 +69,7 @@ def _geometry_answers(geom: Geometry, sheet: dict[str, Any]) -> vo.VllmObjects |
         VllmConfig.validate_block_size(vc)
         step = "the KV cache coordinator"
         objs = vo.build(geom, scheduler_block_size=L, hash_block_size=H)
-    except (Exception, AssertionError) as e:
+    except Exception as e:
         sheet.update(valid=False, error=_error(step, e))
         return None
     sched = objs.scheduler
@@ -101,7 +101,17 @@ def _geometry_answers(geom: Geometry, sheet: dict[str, Any]) -> vo.VllmObjects |
 def vllm_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's answer sheet for ``geom`` and ``scenario`` (same entries as
     :func:`kvgeom.conformance.answers.kvgeom_answers`; ``valid`` False plus ``error`` when vLLM rejects
-    the geometry, ``lookup_error`` when its connector raises during the scenario)."""
+    the geometry, ``lookup_error`` when its connector raises during the scenario).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "mamba", "block_size": 24, "mamba_cache_mode": "align"}],
+    ...                     "offload": {}})
+    >>> s = vllm_answers(g, {"num_tokens": 80, "stored_tokens": 73})
+    >>> s["hit_tokens"], s["mamba_state_after"]
+    (64, {'1': 72})
+    """
+    scenario = check_scenario(scenario)
     sheet: dict[str, Any] = {"valid": True}
     try:
         objs = _geometry_answers(geom, sheet)
@@ -112,7 +122,7 @@ def vllm_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any]:
         return sheet
     try:
         _scenario_answers(geom, objs, scenario, sheet)
-    except (Exception, AssertionError) as e:
+    except Exception as e:
         sheet["lookup_error"] = _error("OffloadingConnectorScheduler", e)
     return sheet
 
@@ -128,7 +138,7 @@ def _scenario_answers(geom: Geometry, objs: vo.VllmObjects, scenario: Mapping[st
     objs.tier.keys = {vo.offload_key(request, g, e, H) for g, ends in held.items() for e in ends}
 
     sched.on_new_request(request)
-    local = scenario.get("local_computed_tokens", 0)
+    local = scenario["local_computed_tokens"]
     local -= local % L  # the scheduler hands the connector an L-aligned local prefix
     hit, _ = sched.get_num_new_matched_tokens(request, local)
     state = sched._req_status[request.request_id]

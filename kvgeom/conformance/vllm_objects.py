@@ -314,7 +314,6 @@ def build_scheduler(geom: Geometry, tier: ChosenTier, *, vllm_config: Any = None
     ``build_offloading_config`` and ``SchedulerOffloadConfig.from_spec``)."""
     vc = vllm_config if vllm_config is not None else build_vllm_config(geom)
     kcc = kv_cache_config if kv_cache_config is not None else build_kv_cache_config(geom)
-    vc.kv_transfer_config.engine_id = vc.kv_transfer_config.engine_id or "kvgeom-conformance"
     config = build_offloading_config(vc, kcc)
     return OffloadingConnectorScheduler(_Spec(config, tier), vc, kcc)
 
@@ -386,6 +385,11 @@ def build(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) ->
     ``scheduler_block_size`` and ``hash_block_size`` are vLLM's own (``resolve_kv_cache_block_sizes``);
     the coordinator is built with them. vLLM's exceptions propagate (the caller records them as
     vLLM rejecting the geometry).
+
+    >>> import kvgeom
+    >>> objs = build(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), scheduler_block_size=32, hash_block_size=16)
+    >>> [(c.tokens_per_block, c.tokens_per_chunk) for c in objs.scheduler.config.kv_group_configs]
+    [(32, 32), (16, 16)]
     """
     vc = build_vllm_config(geom)
     kcc = build_kv_cache_config(geom)
