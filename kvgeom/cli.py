@@ -1,7 +1,8 @@
 """The ``kvgeom`` command: a thin argparse layer over the library.
 
 Subcommands: ``check``, ``explain``, ``hit``, ``diagram``, ``compat``,
-``schema``, ``presets`` (``docs/cli.md`` is the reference); no subcommand
+``schema``, ``presets``, ``conform`` (``docs/cli.md`` is the reference;
+``conform`` is :mod:`kvgeom.conformance.command`); no subcommand
 means ``explain``. Every number printed comes from :func:`kvgeom.resolve` and
 the query modules; nothing here derives a span, a chunk or a boundary.
 
@@ -645,7 +646,22 @@ def _parser() -> _Parser:
 
     ps = sub.add_parser("presets", help="list the bundled presets")
     ps.set_defaults(func=_cmd_presets)
+
+    cf = sub.add_parser("conform", help="check an installed engine against kvgeom; exit 1 on a new finding")
+    cf.add_argument("--engine", default="vllm", help="engine to check (default: vllm; supported: vLLM 0.33.x)")
+    cf.add_argument("--examples", type=int, metavar="N", help="generated cases per round (default 300)")
+    cf.add_argument("--seed", type=int, default=0, metavar="S", help="Hypothesis seed (default 0)")
+    cf.add_argument("--strict", action="store_true", help="report documented deviations as findings too")
+    cf.add_argument("--json", action="store_true", help="print the report as JSON")
+    cf.set_defaults(func=_cmd_conform)
     return p
+
+
+def _cmd_conform(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from kvgeom.conformance.command import conform  # imports the engine only when asked to
+
+    return conform(engine=args.engine, examples=args.examples, seed=args.seed, strict=args.strict,
+                   as_json=args.json, out=out, err=err)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -147,8 +147,9 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     def need(at: int) -> int:
         if w is None:  # Mamba: the single key ending at the candidate
             return 1
-        n = cdiv(w + (-at) % C, C)
-        return max(n, window) if g.family == "chunked" else n
+        # vLLM asks for at least the group's window in chunks (``load_window_size_in_chunks``), even when
+        # the positions before the hit fit in fewer (a window of 1 needs no stored position at all).
+        return max(cdiv(w + (-at) % C, C), window)
 
     run_end = end
     cur = need(run_end)

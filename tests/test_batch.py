@@ -411,9 +411,10 @@ def test_slot_mapping_blocked_kernel_spans_several_blocks(block, dcp, interleave
 
 
 def test_sliding_scan_falls_back_to_the_run_below_a_miss():
-    # windowed scan (vLLM 0.33 _sliding_window_lookup): sliding window 33 tokens -> a run needs cdiv(32, 16) = 2 chunks.
-    # M = 161 - 1 = 160; chunk 9 (tokens 144..160) is missing, so the first candidate fails; the run below
-    # the miss (chunks 8, 7) is long enough: the hit ends at 144 (chunk 6 missing does not matter)
+    # windowed scan: sliding window 33 tokens -> a run needs the window in chunks,
+    # max(cdiv(33, 16), cdiv(32, 16)) = 3 (vLLM 0.33 load_window_size_in_chunks; kvgeom conform found the
+    # old answer 144, from 2 chunks, disagreeing with vLLM). M = 161 - 1 = 160; chunk 9 (tokens 144..160) is
+    # missing; the run below it (chunks 8, 7) is too short because chunk 6 is missing; chunks 0..5 serve: 96
     g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
                                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}],
                         "offload": {}})
@@ -421,7 +422,7 @@ def test_sliding_scan_falls_back_to_the_run_below_a_miss():
     sliding = np.zeros((1, 12), dtype=bool)
     sliding[0, [0, 1, 2, 3, 4, 5, 7, 8]] = True
     h = batch.lookup_hits(g, [161], stored={0: full, 1: sliding})
-    assert h.end_token.tolist() == [144]
+    assert h.end_token.tolist() == [96]
     scalar = hits.lookup_hit(g, 161, stored={0: [16 * (j + 1) for j in range(12)],
                                              1: [16 * (j + 1) for j in (0, 1, 2, 3, 4, 5, 7, 8)]})
     assert h.hit(0) == scalar

@@ -17,6 +17,18 @@ def test_import_pulls_in_no_heavy_dependency():
     assert out.stdout.strip() == ""
 
 
+def test_conformance_is_never_imported_and_imports_no_engine():
+    # `import kvgeom` leaves kvgeom.conformance alone; importing it pulls in neither vLLM, torch nor Hypothesis
+    code = (
+        "import sys, kvgeom; assert 'kvgeom.conformance' not in sys.modules; "
+        "import kvgeom.conformance; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'hypothesis', 'vllm', 'torch'}); "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_python_m_kvgeom_explain_json_prints_default_report():
     out = subprocess.run(
         [sys.executable, "-m", "kvgeom", "explain", "--json"], capture_output=True, text=True, check=True

@@ -1389,13 +1389,13 @@ def _scan_windows(
     C = og.tokens_per_chunk
     w = _need_tokens(g)
     window = og.window_chunks or 1
-    chunked = g.family == "chunked"
 
     def need(at: I64) -> I64:
         if w is None:
             return np.ones_like(at)
         q = (w + np.mod(-at, C) + C - 1) // C
-        return np.maximum(q, window) if chunked else q
+        out: I64 = np.maximum(q, window)  # at least the window in chunks, as in the scalar rule
+        return out
 
     qm = int(need(np.zeros(1, dtype=np.int64))[0])
     size = rows.shape[0]

@@ -1,0 +1,10 @@
+"""Collection rules for the whole tree (the tests and the doctests under ``kvgeom/``).
+
+The modules that import vLLM (``kvgeom/conformance/vllm_*.py``) are collected for doctests only where
+vLLM is installed; elsewhere their import would fail. Their behaviour is tested by
+``tests/test_conformance.py`` (marked ``vllm``), which skips with the reason when vLLM is missing.
+"""
+
+import importlib.util
+
+collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["kvgeom/conformance/vllm_*.py"]

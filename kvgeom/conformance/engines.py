@@ -1,0 +1,83 @@
+"""Which engines ``kvgeom conform`` can check, and loading one.
+
+:func:`load_engine` finds the installed engine, checks its version against the supported series
+(:data:`SUPPORTED`: vLLM 0.33.x) and imports the code that asks it questions. An engine that is not
+installed, or whose modules do not import, is an :class:`EngineError` (``kvgeom conform`` exits 2);
+another version runs, with a warning naming it.
+
+>>> SUPPORTED["vllm"]
+'0.33'
+>>> version_warning("vllm", "0.34.1")
+'vllm 0.34.1 is not a supported version: kvgeom conform checks vllm 0.33.x; differences may come from the version'
+>>> version_warning("vllm", "0.33.0") is None
+True
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgeom.errors import KVGeomError
+from kvgeom.geometry import Geometry
+
+__all__ = ["SUPPORTED", "Engine", "EngineError", "load_engine", "version_warning"]
+
+SUPPORTED: dict[str, str] = {"vllm": "0.33"}
+"""Engine name -> the release series the checker is pinned to."""
+
+
+class EngineError(KVGeomError):
+    """The engine to check is unknown, not installed, or its modules do not import."""
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """A loaded engine: its name, installed version, a version warning (or None), and the function that
+    fills its answer sheet for a geometry and a scenario."""
+
+    name: str
+    version: str
+    warning: str | None
+    answer: Callable[[Geometry, Mapping[str, Any]], dict[str, Any]]
+
+
+def version_warning(name: str, version: str) -> str | None:
+    """None when ``version`` is in the supported series of ``name``, else the warning text."""
+    series = SUPPORTED[name]
+    if version == series or version.startswith(series + "."):
+        return None
+    return (
+        f"{name} {version} is not a supported version: kvgeom conform checks {name} {series}.x; "
+        "differences may come from the version"
+    )
+
+
+def load_engine(name: str = "vllm") -> Engine:
+    """The engine ``name``, installed and importable; :class:`EngineError` otherwise."""
+    if name not in SUPPORTED:
+        raise EngineError.single(
+            "unknown_engine", f"unknown engine {name!r}; kvgeom conform checks {sorted(SUPPORTED)}", "engine"
+        )
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise EngineError.single(
+            "engine_not_installed",
+            f"{name} is not installed in this Python environment; install {name} {SUPPORTED[name]}.x "
+            "(see docs/checking-your-engine.md) and run kvgeom conform with that environment's Python",
+            "engine",
+        ) from None
+    try:
+        from kvgeom.conformance.vllm_engine import vllm_answers
+    except Exception as e:
+        raise EngineError.single(
+            "engine_import_failed",
+            f"{name} {version} is installed but its geometry modules do not import ({type(e).__name__}: {e}); "
+            f"kvgeom conform supports {name} {SUPPORTED[name]}.x",
+            "engine",
+            version=version,
+        ) from None
+    return Engine(name, version, version_warning(name, version), vllm_answers)

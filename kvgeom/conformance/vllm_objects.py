@@ -1,0 +1,412 @@
+"""Build vLLM 0.33's own objects from a resolved kvgeom geometry (needs an installed vLLM).
+
+This module is the one place where kvgeom turns a :class:`kvgeom.Geometry` into the objects vLLM's
+geometry code reads, so a conformance check, a benchmark or a test can then call vLLM's code on
+them. It imports vLLM (and torch) at import time; ``import kvgeom`` and ``import
+kvgeom.conformance`` never import it.
+
+What is built, and what is bypassed (nothing else is):
+
+* **Spec classes** (``vllm/v1/kv_cache_interface.py``): one real spec per group, with the group's
+  per-rank ``block_size``, ``dcp_sharded``, window / chunk / sink / Mamba-mode fields. Byte-shape
+  fields that no geometry rule reads are fixed small values (1 KV head, head size 8, float16; a Mamba
+  state of one ``(8,)`` float16 tensor) unless the kvgeom spec gives them.
+* **KVCacheConfig / KVCacheGroupSpec**: one group per kvgeom group, layer names ``layer.<g>.<i>``,
+  ``num_blocks`` = :data:`NUM_GPU_BLOCKS`, no ``KVCacheTensor`` (nothing is allocated). The
+  scheduler view replaces a uniform group by its first layer, as vLLM's
+  ``generate_scheduler_kv_cache_config`` does (it is called).
+* **VllmConfig**: a stand-in object carrying the *real* ``CacheConfig``, ``ParallelConfig`` and
+  ``KVTransferConfig`` (``OffloadingConnector``) built from the kvgeom config; ``model_config`` is
+  a small stand-in (model name ``"kvgeom-conformance"``, dtype float16, ``use_mla`` when an MLA group
+  exists, ``max_model_len``), because a real ``ModelConfig`` loads a model from a hub;
+  ``speculative_config`` and ``kv_events_config`` are None. ``cache_config.block_size`` is set as
+  vLLM's engine core sets it: the smallest per-rank block of the prefix-cacheable groups (all groups
+  when none is).
+* **The offload tier**: :class:`ChosenTier`, an ``OffloadingManager`` whose ``lookup`` answers HIT
+  for exactly the offload keys the caller chose, MISS otherwise, and which records the keys
+  ``prepare_load`` is asked for. The real tiers (CPU, file system) would hold the same keys after the
+  stores; the connector code under test (``OffloadingConnectorScheduler``) is vLLM's own.
+* **Requests**: a real ``vllm.v1.request.Request`` with prompt token ids ``0..n-1`` and vLLM's own
+  block hasher at the hash unit H (``get_request_block_hasher``, sha256).
+* **The GPU block table handed to** ``update_state_after_alloc``: built here, block *j* of group g
+  null when it is wholly before the tokens the group skips (``get_num_skipped_tokens(N)`` asked of
+  vLLM's own single-type manager, from vLLM's own coordinator), hashed when inside the local prefix,
+  fresh otherwise, the way vLLM's allocator leaves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import torch
+import vllm
+from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+    build_offloading_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import (
+    KVCacheBlock,
+    generate_scheduler_kv_cache_config,
+    get_request_block_hasher,
+    init_none_hash,
+    make_block_hash_with_group_id,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    SparseCacheRole,
+    UniformTypeKVCacheSpecs,
+)
+from vllm.v1.kv_offload.base import (
+    LoadStoreSpec,
+    LookupResult,
+    OffloadingManager,
+    OffloadingSpec,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    make_offload_key,
+)
+from vllm.v1.request import Request
+
+from kvgeom.geometry import Geometry
+from kvgeom.specs import AnySpec, UniformSpec, is_prefix_cacheable
+
+__all__ = [
+    "NUM_GPU_BLOCKS",
+    "VLLM_VERSION",
+    "ChosenTier",
+    "VllmObjects",
+    "build",
+    "build_kv_cache_config",
+    "build_kv_cache_spec",
+    "build_request",
+    "build_scheduler",
+    "build_vllm_config",
+    "gpu_blocks_for_load",
+    "offload_key",
+]
+
+for _name in ("vllm", "vllm.v1", "vllm.distributed"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+VLLM_VERSION: str = str(vllm.__version__)
+"""The installed vLLM's version string."""
+
+NUM_GPU_BLOCKS = 4096
+"""GPU blocks in the KVCacheConfig built here (enough for every request the checker makes)."""
+
+_DTYPE = torch.float16
+_HEADS = 1
+_HEAD_SIZE = 8
+_HASH_SEEDED = False
+
+
+def _attention_args(spec: Any, dcp_sharded: bool) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads or _HEADS,
+        "head_size": spec.head_size or _HEAD_SIZE,
+        "dtype": _DTYPE,
+        "dcp_sharded": dcp_sharded,
+    }
+    if getattr(spec, "tokens_per_state", None):
+        args["tokens_per_state"] = spec.tokens_per_state
+    return args
+
+
+def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None) -> KVCacheSpec:
+    spec = spec.model_copy(update={"block_size": block_size})
+    a = _attention_args(spec, dcp_sharded) if spec.kind != "mamba" else {}
+    match spec.kind:
+        case "full_attention":
+            return FullAttentionSpec(**a)
+        case "mla":
+            role = SparseCacheRole.INDEXER if spec.cache_role == "indexer" else SparseCacheRole.SPARSE
+            return MLAAttentionSpec(**a, cache_role=role)
+        case "sink_full_attention":
+            return SinkFullAttentionSpec(**a, sink_len=spec.sink_len)
+        case "sliding_window":
+            return SlidingWindowSpec(
+                **a, sliding_window=spec.sliding_window, extra_retained_tokens=spec.extra_retained_tokens
+            )
+        case "sliding_window_mla":
+            return SlidingWindowMLASpec(
+                **a,
+                sliding_window=spec.sliding_window,
+                extra_retained_tokens=spec.extra_retained_tokens,
+                bounded_replay=spec.bounded_replay,
+            )
+        case "chunked_local":
+            return ChunkedLocalAttentionSpec(**a, attention_chunk_size=spec.attention_chunk_size)
+        case "cross_attention":
+            return CrossAttentionSpec(**a)
+        case "circular_buffer":
+            return CircularBufferSpec(**a)
+        case "mamba":
+            shapes = tuple(tuple(s) for s in spec.shapes) if spec.shapes else ((8,),)
+            return MambaSpec(
+                block_size=block_size,
+                shapes=shapes,
+                dtypes=(_DTYPE,) * len(shapes),
+                mamba_cache_mode=mamba_mode or "none",
+                num_speculative_blocks=spec.num_speculative_blocks,
+            )
+    raise ValueError(f"kvgeom kind {spec.kind!r} has no vLLM spec class in this checker")
+
+
+def build_kv_cache_spec(geom: Geometry, index: int) -> KVCacheSpec:
+    """vLLM's spec object for group ``index`` of ``geom`` (a ``UniformTypeKVCacheSpecs`` for a uniform group)."""
+    g = geom.group(index)
+    spec: AnySpec = g.spec
+    if isinstance(spec, UniformSpec):
+        leaves = {
+            f"layer.{index}.{i}": _leaf(layer, g.block_size, g.dcp_sharded, g.mamba_mode)
+            for i, layer in enumerate(spec.layers)
+        }
+        return UniformTypeKVCacheSpecs(block_size=g.block_size, kv_cache_specs=leaves)
+    return _leaf(spec, g.block_size, g.dcp_sharded, g.mamba_mode)
+
+
+def build_kv_cache_config(geom: Geometry, *, scheduler_view: bool = True) -> KVCacheConfig:
+    """vLLM's ``KVCacheConfig`` for ``geom``: one ``KVCacheGroupSpec`` per group.
+
+    With ``scheduler_view`` (default) uniform groups are replaced by their first layer through vLLM's
+    ``generate_scheduler_kv_cache_config``, which is what the scheduler, the coordinator and the
+    offloading connector's scheduler side see.
+    """
+    groups = []
+    for g in geom.groups:
+        spec = build_kv_cache_spec(geom, g.index)
+        names = list(spec.kv_cache_specs) if isinstance(spec, UniformTypeKVCacheSpecs) else [f"layer.{g.index}.0"]
+        groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec))
+    cfg = KVCacheConfig(
+        num_blocks=NUM_GPU_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+        prefix_cache_retention_interval=geom.config.cache.retention_interval,
+    )
+    return generate_scheduler_kv_cache_config([cfg]) if scheduler_view else cfg
+
+
+def _engine_block_size(geom: Geometry) -> int:
+    cacheable = [g.block_size for g in geom.groups if is_prefix_cacheable(g.spec)]
+    return min(cacheable or [g.block_size for g in geom.groups])
+
+
+def build_vllm_config(geom: Geometry) -> Any:
+    """A stand-in ``VllmConfig`` for ``geom``: real ``CacheConfig``, ``ParallelConfig`` and
+    ``KVTransferConfig`` (OffloadingConnector, when ``geom`` offloads), a small ``model_config``
+    stand-in, no speculative or KV-events config (see the module docstring)."""
+    cfg = geom.config
+    p = cfg.parallel
+    mamba_modes = {g.mamba_mode for g in geom.groups if g.mamba_mode is not None}
+    cache = CacheConfig(
+        block_size=_engine_block_size(geom),
+        enable_prefix_caching=cfg.cache.prefix_caching,
+        prefix_match_unit=cfg.cache.prefix_match_unit,
+        prefix_cache_retention_interval=cfg.cache.retention_interval,
+        mamba_cache_mode=mamba_modes.pop() if len(mamba_modes) == 1 else "none",
+    )
+    parallel = ParallelConfig(
+        tensor_parallel_size=p.tp,
+        pipeline_parallel_size=p.pp,
+        decode_context_parallel_size=p.dcp,
+        prefill_context_parallel_size=p.pcp,
+        cp_kv_cache_interleave_size=p.cp_interleave,
+    )
+    transfer = None
+    if cfg.offload is not None:
+        extra: dict[str, Any] = {}
+        if cfg.offload.blocks_per_chunk is not None:
+            extra["blocks_per_chunk"] = cfg.offload.blocks_per_chunk
+        if cfg.offload.block_size is not None:
+            extra["block_size"] = cfg.offload.block_size
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra
+        )
+    max_model_len = cfg.cache.max_model_len or 1 << 20
+    model = SimpleNamespace(
+        model="kvgeom-conformance",
+        dtype=_DTYPE,
+        max_model_len=max_model_len,
+        use_mla=any(g.kind == "mla" for g in geom.groups),
+        get_total_num_kv_heads=lambda: _HEADS * p.tp,
+    )
+    return SimpleNamespace(
+        cache_config=cache,
+        parallel_config=parallel,
+        kv_transfer_config=transfer,
+        model_config=model,
+        scheduler_config=SimpleNamespace(disable_chunked_mm_input=False),
+        speculative_config=None,
+        kv_events_config=None,
+        use_v2_model_runner=False,
+    )
+
+
+class ChosenTier(OffloadingManager):  # type: ignore[misc]
+    """An offload tier holding exactly the keys the caller chose (``keys``); records every key
+    ``prepare_load`` is asked to load, in order, in ``loaded``."""
+
+    def __init__(self, keys: set[bytes] | None = None) -> None:
+        self.keys: set[bytes] = set(keys or ())
+        self.loaded: list[bytes] = []
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return LookupResult.HIT if bytes(key) in self.keys else LookupResult.MISS
+
+    def prepare_load(self, keys: Any, req_context: ReqContext) -> LoadStoreSpec:
+        self.loaded.extend(bytes(k) for k in keys)
+        return LoadStoreSpec()
+
+    def touch(self, keys: Any, req_context: ReqContext) -> None:
+        return None
+
+    def complete_load(self, keys: Any, req_context: ReqContext) -> None:
+        return None
+
+    def prepare_store(self, keys: Any, req_context: ReqContext) -> Any:
+        return None
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+
+class _Spec(OffloadingSpec):  # type: ignore[misc]
+    def __init__(self, config: Any, tier: ChosenTier) -> None:
+        super().__init__(config)
+        self._tier = tier
+
+    def get_manager(self) -> OffloadingManager:
+        return self._tier
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        raise NotImplementedError("the conformance checker runs the scheduler side only")
+
+
+def build_scheduler(geom: Geometry, tier: ChosenTier, *, vllm_config: Any = None,
+                    kv_cache_config: KVCacheConfig | None = None) -> OffloadingConnectorScheduler:
+    """vLLM's ``OffloadingConnectorScheduler`` for ``geom`` over ``tier`` (its config comes from vLLM's
+    ``build_offloading_config`` and ``SchedulerOffloadConfig.from_spec``)."""
+    vc = vllm_config if vllm_config is not None else build_vllm_config(geom)
+    kcc = kv_cache_config if kv_cache_config is not None else build_kv_cache_config(geom)
+    config = build_offloading_config(vc, kcc)
+    return OffloadingConnectorScheduler(_Spec(config, tier), vc, kcc)
+
+
+def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r0") -> Request:
+    """A real vLLM ``Request`` of ``num_tokens`` prompt tokens (ids ``0..n-1``), block hashes by vLLM's
+    own hasher every ``hash_block_size`` tokens."""
+    global _HASH_SEEDED
+    if not _HASH_SEEDED:
+        init_none_hash(sha256)
+        _HASH_SEEDED = True
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(range(num_tokens)),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+    )
+
+
+def offload_key(request: Request, group: int, end_token: int, hash_block_size: int) -> bytes:
+    """vLLM's offload key (``make_offload_key``) of ``group``'s entry ending at ``end_token``."""
+    return bytes(make_offload_key(request.block_hashes[end_token // hash_block_size - 1], group))
+
+
+def gpu_blocks_for_load(
+    coordinator: Any, kv_cache_config: KVCacheConfig, dcp: int, local_tokens: int, end_token: int
+) -> KVCacheBlocks:
+    """The GPU block table ``update_state_after_alloc`` sees for a load ending at ``end_token``: per group,
+    ``cdiv(end_token, S)`` blocks, null when wholly skipped (vLLM's manager ``get_num_skipped_tokens``),
+    hashed inside the local prefix, fresh otherwise."""
+    out = []
+    next_id = 1
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        span = spec.block_size * (dcp if spec.dcp_sharded else 1)
+        skipped = coordinator.single_type_managers[i].get_num_skipped_tokens(end_token)
+        blocks = []
+        for j in range(-(-end_token // span)):
+            if (j + 1) * span <= skipped:
+                blocks.append(KVCacheBlock(0, is_null=True))
+                continue
+            b = KVCacheBlock(next_id)
+            next_id += 1
+            if (j + 1) * span <= local_tokens:
+                b.set_block_hash(make_block_hash_with_group_id(b"local%d" % j, i))
+            blocks.append(b)
+        out.append(blocks)
+    return KVCacheBlocks(tuple(out))
+
+
+@dataclass
+class VllmObjects:
+    """Everything :func:`build` makes for one geometry."""
+
+    geometry: Geometry
+    vllm_config: Any
+    kv_cache_config: KVCacheConfig
+    tier: ChosenTier = field(default_factory=ChosenTier)
+    coordinator: Any = None
+    scheduler: OffloadingConnectorScheduler | None = None
+
+
+def build(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) -> VllmObjects:
+    """The vLLM objects of ``geom``: stand-in VllmConfig, scheduler-view KVCacheConfig, vLLM's KV cache
+    coordinator (prefix caching as configured) and, when ``geom`` offloads, the
+    OffloadingConnectorScheduler over an empty :class:`ChosenTier`.
+
+    ``scheduler_block_size`` and ``hash_block_size`` are vLLM's own (``resolve_kv_cache_block_sizes``);
+    the coordinator is built with them. vLLM's exceptions propagate (the caller records them as
+    vLLM rejecting the geometry).
+
+    >>> import kvgeom
+    >>> objs = build(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), scheduler_block_size=32, hash_block_size=16)
+    >>> [(c.tokens_per_block, c.tokens_per_chunk) for c in objs.scheduler.config.kv_group_configs]
+    [(32, 32), (16, 16)]
+    """
+    vc = build_vllm_config(geom)
+    kcc = build_kv_cache_config(geom)
+    p = geom.config.parallel
+    coordinator = get_kv_cache_coordinator(
+        kcc,
+        max_model_len=vc.model_config.max_model_len,
+        max_in_flight_tokens=8192,
+        use_eagle=False,
+        enable_caching=geom.config.cache.prefix_caching,
+        enable_kv_cache_events=False,
+        dcp_world_size=p.dcp,
+        pcp_world_size=p.pcp,
+        scheduler_block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
+    )
+    objs = VllmObjects(geom, vc, kcc, coordinator=coordinator)
+    if geom.offload is not None:
+        objs.scheduler = build_scheduler(geom, objs.tier, vllm_config=vc, kv_cache_config=kcc)
+    return objs

