@@ -112,17 +112,6 @@ _ALL = (
         "The geometry is well defined; the assert is a missing feature of vLLM's lookup, not a rule of the "
         "layout.",
     ),
-    Deviation(
-        "swa-lookup-window",
-        "An offload lookup needs only the sliding-window chunks the window reaches",
-        "_sliding_window_lookup requires sliding_window_size_in_chunks = max(cdiv(sliding_window, C), "
-        "cdiv(sliding_window - 1 + extra_retained_tokens, C)) consecutive chunks, one more than the window "
-        "reaches when sliding_window - 1 is a multiple of C and extra is 0, while its store mask keeps only "
-        "cdiv(sliding_window - 1 + extra_retained_tokens, S) blocks: it stores tails its own lookup cannot use.",
-        "Needs cdiv(sliding_window - 1 + extra_retained_tokens + ((-end) mod C), C) chunks ending at the "
-        "hit, the positions a query at the hit's end attends to.",
-        "A hit needs the keys the window reaches and no more; kvgeom's stores and lookups then agree.",
-    ),
 )
 
 DEVIATIONS: dict[str, Deviation] = {d.id: d for d in _ALL}

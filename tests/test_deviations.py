@@ -109,11 +109,15 @@ def test_chunked_local_mixed_blocks():
     assert g.offload is not None and g.offload.group(1).window_chunks == 64 // 16
 
 
-def test_swa_lookup_window():
-    # window 17 over 16-token chunks: a hit at 96 needs the chunk [80, 96) only (vLLM requires 2 chunks -> 0)
+def test_swa_lookup_window_agrees_with_vllm():
+    # Not a deviation: kvgeom's lookup asks, as vLLM 0.33's _sliding_window_lookup does, for at least the window
+    # in chunks, max(cdiv(17, 16), cdiv(16, 16)) = 2, although the store keeps only the one chunk the window
+    # reaches. Window 17 over 16-token chunks: the planned tier holds [80, 96) only, and vLLM hits 0 (run).
     g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
                                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 17}],
                         "offload": {}})
     tier = {s.index: list(s.end_tokens) for s in plan_store(g, num_tokens=100, num_computed_tokens=100).groups}
     assert tier == {0: [16, 32, 48, 64, 80, 96], 1: [96]}
-    assert lookup_hit(g, 120, stored=tier).hit_tokens == 96
+    assert lookup_hit(g, 120, stored=tier).hit_tokens == 0
+    # with the chunk before it stored too, the run of 2 is there: hit 96
+    assert lookup_hit(g, 120, stored={0: tier[0], 1: [80, 96]}).hit_tokens == 96

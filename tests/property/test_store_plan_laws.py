@@ -3,7 +3,7 @@
 * ``test_store_plan_keeps_every_promised_window``: for every boundary a sliding-window store
   mask promises (each segment end, the request's final segment end with ``retention = None``,
   the aligned replay boundary with a retention interval, every chunk end when the tails cover a
-  segment), the plan stores the run of chunks kvgeom's own lookup needs there
+  segment), the plan stores the run of chunks the window reaches there
   (``cdiv(sliding_window - 1 + extra_retained_tokens, C)`` chunks, or back to chunk 0).
 * ``test_lookup_on_the_planned_tier_finds_every_stored_boundary``: after a prompt's store plans
   are put in a tier, a lookup of a longer request sharing the prompt finds at least the largest
@@ -78,10 +78,21 @@ EX2 = _ex([_fa(16), _sw(16, 32, 16)], 0)
 EX3 = _ex([_fa(8), _sw(8, 48)], 32)
 
 
-def _lookup_need(g: kvgeom.Geometry, index: int, chunk: int) -> int:
-    """Chunks kvgeom's lookup needs before a chunk-aligned boundary (written from the rule, not the code)."""
+def _store_need(g: kvgeom.Geometry, index: int, chunk: int) -> int:
+    """Chunks a store mask keeps before a chunk-aligned boundary: the positions the window reaches
+    (written from the rule, not the code)."""
     spec = g.groups[index].spec
     return _cdiv(spec.sliding_window - 1 + spec.extra_retained_tokens, chunk)
+
+
+def _lookup_need(g: kvgeom.Geometry, index: int, chunk: int) -> int:
+    """Chunks the lookup needs before a chunk-aligned boundary: at least the window in chunks,
+    ``max(cdiv(sliding_window, C), cdiv(sliding_window - 1 + extra, C))``, as vLLM 0.33's
+    ``_sliding_window_lookup`` asks (one more than the store keeps when ``sliding_window - 1`` is a
+    multiple of C and there is no extra: vLLM stores a tail its own lookup cannot use; see
+    docs/hits.md)."""
+    spec = g.groups[index].spec
+    return max(_cdiv(spec.sliding_window, chunk), _store_need(g, index, chunk))
 
 
 def _holds_window(ends: set[int], b: int, chunk: int, need: int) -> bool:
@@ -130,7 +141,7 @@ def test_store_plan_keeps_every_promised_window(g, prompt, finished):
         C = og.tokens_per_chunk
         ends = set(gs.end_tokens)
         storable = prompt // C  # nothing stored before, everything computed, keys for every chunk
-        need = _lookup_need(g, gs.index, C)
+        need = _store_need(g, gs.index, C)
         for b in _promised(g, gs.index, storable, prompt, finished):
             assert _holds_window(ends, b, C, need), (gs.index, b, need, sorted(ends))
 
