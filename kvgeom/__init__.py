@@ -31,8 +31,8 @@ from kvgeom.geometry import (
     resolve,
 )
 from kvgeom.parallel import ParallelConfig
-from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.presets import load_preset, preset_names
+from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,

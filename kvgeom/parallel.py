@@ -9,16 +9,13 @@ ranks.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import Field
 
-from kvgeom._pydantic import FrozenModel
+from kvgeom._pydantic import FrozenModel, PositiveInt, StrictBool
 from kvgeom.errors import Problem
 
 __all__ = ["ParallelConfig", "check_parallel"]
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 
 
 class ParallelConfig(FrozenModel):
@@ -40,7 +37,7 @@ class ParallelConfig(FrozenModel):
     )
     tp: PositiveInt = Field(default=1, description="tensor_parallel_size")
     pp: PositiveInt = Field(default=1, description="pipeline_parallel_size")
-    pcp_shards_kv: bool = Field(
+    pcp_shards_kv: StrictBool = Field(
         default=False,
         description="True reproduces the design before vLLM #46570, where PCP also sharded KV "
         "(span = block_size*dcp*pcp).",
