@@ -22,7 +22,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgeom._check import nonneg
+import numpy as np
+
+from kvgeom._check import group_key, nonneg
+from kvgeom._format import show
 from kvgeom._math import cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
@@ -101,18 +104,14 @@ def _offload(geom: Geometry) -> OffloadGeometry:
 
 
 def stored_group_index(key: Any, offloaded: Collection[int]) -> int:
-    """The group index a ``stored`` key names (an int or its string, as in JSON), checked to be offloaded."""
-    try:
-        index = int(key)
-    except (TypeError, ValueError):
-        raise QueryError.single(
-            "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
-        ) from None
+    """The group index a ``stored`` key names (an int or its canonical decimal string, as in JSON; see
+    :func:`kvgeom._check.group_key`), checked to be offloaded."""
+    index = group_key("stored", key)
     if index not in offloaded:
         raise QueryError.single(
             "group_not_offloaded",
-            f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(offloaded)}",
-            f"stored.{key}",
+            f"stored names group {index}, which is not offloaded; offloaded groups are {show(sorted(offloaded))}",
+            f"stored.{index}",
             group=index,
         )
     return index
@@ -129,18 +128,22 @@ def _stored_sets(
     H = geom.hash_block_size
     for key, ends in stored.items():
         index = stored_group_index(key, out)
-        if isinstance(ends, str | bytes) or not isinstance(ends, Collection):
+        if (
+            isinstance(ends, str | bytes | Mapping)
+            or not isinstance(ends, Collection)
+            or (isinstance(ends, np.ndarray) and ends.ndim != 1)
+        ):
             raise QueryError.single(
-                "bad_stored", f"stored[{key!r}] must be a list of end tokens", f"stored.{key}"
+                "bad_stored", f"stored[{index}] must be a list of end tokens, got {show(ends)}", f"stored.{index}"
             )
         checked = set()
         for e in ends:
-            e = nonneg(f"stored.{key} end token", e)
+            e = nonneg(f"stored.{index} end token", e)
             if e == 0 or e % H:
                 raise QueryError.single(
                     "not_on_hash_grid",
-                    f"stored[{key!r}] holds end token {e}; keys end on positive multiples of the hash unit H={H}",
-                    f"stored.{key}",
+                    f"stored[{index}] holds end token {e}; keys end on positive multiples of the hash unit H={H}",
+                    f"stored.{index}",
                     end_token=e,
                     hash_block_size=H,
                 )
@@ -401,10 +404,10 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
         raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(scenario).__name__}", "")
     allowed = {"num_tokens", "num_prompt_tokens", "local_computed_tokens", "stored", "max_load_tokens",
                "max_num_new_tokens"}
-    unknown = sorted(set(scenario) - allowed)
+    unknown = [k for k in scenario if not (isinstance(k, str) and k in allowed)]  # keys of any type, in order
     if unknown:
         raise QueryError.single(
-            "unknown_key", f"unknown scenario key(s) {unknown}; allowed: {sorted(allowed)}", unknown[0]
+            "unknown_key", f"unknown scenario key(s) {show(unknown)}; allowed: {sorted(allowed)}", show(unknown[0], 60)
         )
     if "num_tokens" not in scenario:
         raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
