@@ -42,9 +42,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, assert_never
 
+from kvgeom._format import one_line, show
 from kvgeom._math import cdiv
 from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
-from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
+from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, resolve
 from kvgeom.presets import load_preset, preset_description, preset_names
 from kvgeom.ranks import dcp_placement, rank_lengths
@@ -73,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise _Fail(EXIT_USAGE, [f"{self.prog}: {message} (see {self.prog} --help)"])
+        raise _Fail(EXIT_USAGE, [f"{self.prog}: {one_line(message, 300)} (see {self.prog} --help)"])
 
 
 def _exit_code(err: KVGeomError) -> int:
@@ -86,8 +87,21 @@ def _problem_line(p: Problem) -> str:
     return f"{where}{p.message} [{p.code}]"
 
 
+def _problem_lines(label: str, problems: Sequence[Problem]) -> list[str]:
+    """One line per problem, at most :data:`kvgeom.errors.MAX_LISTED` of them and then a count."""
+    lines = [f"{label}: {_problem_line(p)}" for p in problems[:MAX_LISTED]]
+    if len(problems) > MAX_LISTED:
+        lines.append(f"{label}: ... and {len(problems) - MAX_LISTED} more problems (--format json lists all)")
+    return lines
+
+
 def _fail(label: str, err: KVGeomError) -> _Fail:
-    return _Fail(_exit_code(err), [f"{label}: {_problem_line(p)}" for p in err.problems])
+    return _Fail(_exit_code(err), _problem_lines(label, err.problems))
+
+
+def _label(arg: str) -> str:
+    """A command-line argument as it is echoed in a message: one line, bounded."""
+    return one_line(arg, 200)
 
 
 def _load(arg: str) -> KVGeomConfig:
@@ -101,16 +115,16 @@ def _resolve_arg(arg: str) -> Geometry:
     try:
         return resolve(_load(arg))
     except KVGeomError as e:
-        raise _fail(arg, e) from None
+        raise _fail(_label(arg), e) from None
 
 
 def _nonneg_int(text: str) -> int:
     try:
         value = int(text, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a token count (an integer >= 0), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a token count (an integer >= 0), got {show(text, 60)}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a token count >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a token count >= 0, got {show(value, 60)}")
     return value
 
 
@@ -147,15 +161,15 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write("\n")
         case "github":
             for r in results:
-                for p in r["problems"]:
+                for p in r["problems"][:MAX_LISTED]:
                     out.write(_gh("error", r["file"], p["code"], _problem_line(Problem(**p))) + "\n")
                 level = "error" if args.strict else "warning"
                 for w in r["warnings"]:
                     out.write(_gh(level, r["file"], w["code"], w["message"]) + "\n")
         case "text":
             for r in results:
-                for p in r["problems"]:
-                    err.write(f"{r['file']}: {_problem_line(Problem(**p))}\n")
+                for line in _problem_lines(_label(r["file"]), [Problem(**p) for p in r["problems"]]):
+                    err.write(line + "\n")
                 stream = err if args.strict else out
                 for w in r["warnings"]:
                     stream.write(f"{r['file']}: warning: {w['message']} [{w['code']}]\n")
@@ -361,15 +375,16 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
 
 
 _AXIS_WIDTH = 64
+_DIVISOR_SEARCH = 1 << 16
 _MAX_KEYS_SHOWN = 24
 
 
 def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
     """The smallest divisor or multiple of ``unit`` that draws ``total`` tokens in at most ``max_cells`` cells,
     so that cells line up with the hash grid."""
-    small: set[int] = set()
+    small: set[int] = {unit}
     d = 1
-    while d * d <= unit:
+    while d * d <= unit and d <= _DIVISOR_SEARCH:  # bounded: H may be near 2**63; `unit` is always a candidate
         if unit % d == 0:
             small.update((d, unit // d))
         d += 1
@@ -432,7 +447,7 @@ def _pick_source(args: argparse.Namespace) -> KVGeomConfig | dict[str, Any]:
 
 
 def _cmd_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    label = args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL)
+    label = _label(args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL))
     try:
         source = _pick_source(args)
         geom = resolve(source)
@@ -461,8 +476,8 @@ def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         scenario = _read_file(Path(args.scenario))
         plan = geom.plan_hit(scenario)
     except KVGeomError as e:
-        label = args.config if e.code == "no_offload" else args.scenario
-        raise _Fail(EXIT_USAGE, [f"{label}: {_problem_line(p)}" for p in e.problems]) from None
+        label = _label(args.config if e.code == "no_offload" else args.scenario)
+        raise _Fail(EXIT_USAGE, _problem_lines(label, e.problems)) from None
     if args.json:
         json.dump(plan, out, indent=2)
         out.write("\n")
@@ -490,14 +505,15 @@ def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         svg = render_svg(geom, args.prefix, title=args.title or args.config)
     except KVGeomError as e:
-        raise _fail(args.config, e) from None
+        raise _fail(_label(args.config), e) from None
     if args.output == "-":
         out.write(svg)
         return EXIT_OK
     try:
         Path(args.output).write_text(svg, encoding="utf-8")
     except OSError as e:
-        raise _Fail(EXIT_USAGE, [f"{args.output}: cannot write the diagram: {e.__class__.__name__}: {e}"]) from None
+        reason = one_line(f"{e.__class__.__name__}: {e}", 300)
+        raise _Fail(EXIT_USAGE, [f"{_label(args.output)}: cannot write the diagram: {reason}"]) from None
     return EXIT_OK
 
 
@@ -513,7 +529,7 @@ def _cmd_compat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             configs.append(resolve(_load(arg)))
         except KVGeomError as e:
             # A layout that does not resolve cannot be compared: exit 2, since 1 means "not interchangeable".
-            raise _Fail(EXIT_USAGE, [f"{arg}: {_problem_line(p)}" for p in e.problems]) from None
+            raise _Fail(EXIT_USAGE, _problem_lines(_label(arg), e.problems)) from None
     report = compat(configs[0], configs[1])
     if args.json:
         json.dump(report.to_dict(), out, indent=2)
@@ -664,6 +680,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in f.lines:
             err.write(line + "\n")
         return f.code
+    except RecursionError:  # belt and braces: readers and loaders refuse deep nesting before this
+        err.write("kvgeom: the input nests too deeply to read; a kvgeom config needs at most 5 levels "
+                  "[nested_too_deep]\n")
+        return EXIT_USAGE
     except BrokenPipeError:  # e.g. kvgeom schema | head: the reader left; not an error of ours
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

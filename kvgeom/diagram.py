@@ -22,6 +22,7 @@ from html import escape
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv
 from kvgeom.boundaries import is_restorable, state_block_for_boundary
+from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.ranks import dcp_placement, rank_lengths
 
@@ -49,6 +50,29 @@ def default_prefix(geom: Geometry) -> int:
     return 2 * max([geom.scheduler_block_size, *chunks])
 
 
+#: The most shapes (blocks, state dots, key ticks) a diagram draws; past it :func:`render_svg` refuses up
+#: front with ``result_too_large`` instead of writing a picture no one can read.
+MAX_SHAPES = 1 << 15
+
+
+def _fits(geom: Geometry, total: int) -> None:
+    shapes = 0
+    for g in geom.groups:
+        shapes += cdiv(total, g.span) * (2 if g.is_align_mamba else 1)
+        og = geom.offload.get(g.index) if geom.offload is not None else None
+        if og is not None:
+            shapes += (total // geom.hash_block_size) // og.hashes_per_chunk
+        if shapes > MAX_SHAPES:
+            raise QueryError.single(
+                "result_too_large",
+                f"a diagram of the first {total} tokens would draw more than {MAX_SHAPES} blocks, state dots and "
+                "key ticks; pass a shorter --prefix (a few scheduler blocks show the pattern)",
+                "prefix_tokens",
+                prefix_tokens=total,
+                limit=MAX_SHAPES,
+            )
+
+
 def _x(t: int, total: int) -> float:
     return _LEFT + _PLOT * t / total
 
@@ -61,7 +85,8 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     """An SVG document of the first ``prefix_tokens`` tokens (default :func:`default_prefix`).
 
     Postcondition: the document parses as XML and has exactly one
-    ``<g class="lane">`` per cache group, in group order.
+    ``<g class="lane">`` per cache group, in group order. A picture past :data:`MAX_SHAPES` shapes is
+    refused up front (:class:`kvgeom.QueryError` ``result_too_large``).
 
     >>> import kvgeom, xml.etree.ElementTree as ET
     >>> svg = render_svg(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 64)
@@ -71,6 +96,7 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     """
     total = default_prefix(geom) if prefix_tokens is None else nonneg("prefix_tokens", prefix_tokens)
     total = max(total, 1)
+    _fits(geom, total)
     keys: dict[int, list[dict[str, int]]] = {}
     if geom.offload is not None:
         for item in geom.key_map(total)["groups"]:

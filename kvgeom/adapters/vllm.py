@@ -18,10 +18,12 @@ fingerprints from worker-side configs, or pass ``include_pages=False`` on both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
-from kvgeom.errors import ConfigError, Problem
+from kvgeom._format import show
+from kvgeom.errors import ConfigError, KVGeomError, Problem
 from kvgeom.geometry import Geometry, resolve
 from kvgeom.specs import LATENT_KINDS
 
@@ -67,6 +69,33 @@ _TORCH_DTYPES = {
 
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _reads_foreign_objects(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Entry-point guard: the adapter reads duck-typed objects, so an argument without the shape of vLLM's
+    (an int where a ``KVCacheConfig`` belongs, a group list that is not a list, a ``__str__`` that raises) is
+    a :class:`ConfigError` ``not_a_vllm_object`` naming what was read, never a stray ``TypeError``."""
+
+    @functools.wraps(fn)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except KVGeomError:
+            raise
+        except (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError, RecursionError) as e:
+            raise ConfigError.single(
+                "not_a_vllm_object",
+                f"{fn.__name__}: the arguments do not have the shape of vLLM's objects ({type(e).__name__}: "
+                f"{show(str(e), 120)}); pass vLLM's KVCacheConfig and VllmConfig (or objects with their attributes)",
+                "",
+            ) from None
+
+    return guarded
+
+
+@_reads_foreign_objects
 def dtype_name(dtype: Any, field: str = "") -> str | None:
     """kvgeom's dtype name for a ``torch.dtype`` or a dtype string; ``None`` for ``None``/``"auto"``.
 
@@ -89,10 +118,10 @@ def dtype_name(dtype: Any, field: str = "") -> str | None:
     raise ConfigError(
         Problem(
             "unknown_dtype",
-            f"dtype {text!r} has no kvgeom name; kvgeom knows {sorted(set(_TORCH_DTYPES))}: "
+            f"dtype {show(text, 60)} has no kvgeom name; kvgeom knows {sorted(set(_TORCH_DTYPES))}: "
             "pass include_pages=False to build the geometry without page bytes",
             field,
-            {"dtype": text},
+            {"dtype": show(text, 60)},
         )
     )
 
@@ -115,8 +144,8 @@ def _spec_kind(spec: Any, spec_kinds: Mapping[str, str], field: str) -> str:
         raise ConfigError(
             Problem(
                 "unsupported_vllm_spec",
-                f"vLLM spec class {name!r} has no kvgeom kind; known classes are {sorted(kinds)}: pass "
-                f"spec_kinds={{{name!r}: '<kind>'}} if it behaves like one of them",
+                f"vLLM spec class {show(name, 60)} has no kvgeom kind; known classes are {show(sorted(kinds))}: "
+                f"pass spec_kinds={{{show(name, 60)}: '<kind>'}} if it behaves like one of them",
                 field,
                 {"spec_class": name},
             )
@@ -246,6 +275,7 @@ def _offload_from_transfer(kv_transfer_config: Any) -> dict[str, Any] | None:
     return None
 
 
+@_reads_foreign_objects
 def config_from_vllm(
     kv_cache_config: Any,
     vllm_config: Any = None,
