@@ -22,6 +22,7 @@ Every message kvgeom builds about a user's value goes through :func:`show` (a va
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,13 @@ MAX_SHOWN = 200
 #: Nesting levels :func:`show` descends into before writing ``...``.
 MAX_DEPTH = 4
 _MAX_ITEMS = 20
-_MAX_DIGITS = 60
+#: Characters that end a line for str.splitlines() (and so for a reader of stderr).
+_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return {10: "\\n", 13: "\\r"}.get(c) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
 
 
 def _int(v: int) -> str:
@@ -132,14 +139,8 @@ def one_line(text: str, limit: int | None = None) -> str:
     >>> one_line("a\\nb")
     'a\\\\nb'
     """
-    if any(ch in text for ch in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
-        text = (
-            text.replace("\r", "\\r")
-            .replace("\n", "\\n")
-            .translate({c: f"\\x{c:02x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85)})
-            .replace("\u2028", "\\u2028")
-            .replace("\u2029", "\\u2029")
-        )
+    if _BREAKS.search(text):
+        text = _BREAKS.sub(_escape, text)
     if limit is not None and len(text) > limit:
         return f"{text[:limit]}... ({len(text)} chars)"
     return text

@@ -9,7 +9,7 @@ from pydantic._internal._model_construction import ModelMetaclass
 
 from kvgeom._format import show
 from kvgeom._math import INT64_MAX
-from kvgeom.errors import ConfigError, Problem
+from kvgeom.errors import MAX_PROBLEMS, ConfigError, Problem
 
 #: The integer types of the config format: Python ints only (no ``True``, ``1.0`` or ``"1"``), at most
 #: int64 (no cache has more tokens or blocks; every derived query is checked against int64 too).
@@ -93,7 +93,10 @@ def config_error_from_validation(exc: ValidationError, prefix: str = "") -> Conf
     problems = []
     errors = exc.errors(include_url=False)
     failed_locs = [tuple(e["loc"]) for e in errors if e["type"] != "too_short"]
-    for err in errors:
+    for n, err in enumerate(errors):
+        if len(problems) >= MAX_PROBLEMS:
+            problems.append(Problem("too_many_problems", f"... and {len(errors) - n} more problems not listed", ""))
+            break
         err_type = str(err["type"])
         loc = tuple(err["loc"])
         if err_type == "too_short" and any(f[: len(loc)] == loc and len(f) > len(loc) for f in failed_locs):

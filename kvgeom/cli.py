@@ -453,18 +453,25 @@ def _cmd_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         geom = resolve(source)
     except KVGeomError as e:
         raise _fail(label, e) from None
-    if args.json:
-        report = geom.to_report()
-        if args.prefix is not None:
+    try:  # a prefix whose key map or rank list is past its documented size: refused, exit 2
+        report = geom.to_report() if args.json else {}
+        if args.json and args.prefix is not None:
             report["keys"] = geom.key_map(args.prefix) if geom.offload is not None else None
+        text = "" if args.json else explain_text(geom, _shown(label), args.prefix)
+    except KVGeomError as e:
+        raise _fail(label, e) from None
+    if args.json:
         json.dump(report, out, indent=2)
         out.write("\n")
         if args.prefix is not None and geom.offload is None:
             err.write(f'{label}: no offload section, so no offload keys ("keys": null); add "offload": {{}}\n')
         return EXIT_OK
-    shown = "the bundled default (the seed hybrid under DCP=2)" if label == DEFAULT_LABEL else label
-    out.write(explain_text(geom, shown, args.prefix))
+    out.write(text)
     return EXIT_OK
+
+
+def _shown(label: str) -> str:
+    return "the bundled default (the seed hybrid under DCP=2)" if label == DEFAULT_LABEL else label
 
 
 # ----------------------------------------------------------------------- hit

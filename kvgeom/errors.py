@@ -43,6 +43,9 @@ MAX_MESSAGE = 1000
 MAX_FIELD = 300
 #: Most problems an error's text lists (``problems`` holds them all).
 MAX_LISTED = 50
+#: Most problems one validation records; past it the last problem is ``too_many_problems`` with the count
+#: (100,000 unknown keys must not cost seconds and megabytes to report).
+MAX_PROBLEMS = 1000
 
 
 @dataclass(frozen=True, slots=True)
