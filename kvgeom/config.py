@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from kvgeom._format import show
-from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
+from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool, field_path
 from kvgeom.errors import ConfigError
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import GroupSpec
@@ -129,6 +129,7 @@ MAX_NESTING = 32
 #: Most decimal digits an integer literal in a file may have (Python's int-from-string limit is 4300; no
 #: token count needs more than 19).
 MAX_INT_DIGITS = 4000
+_MAX_INT_BITS = int(MAX_INT_DIGITS * 3.3219)
 
 
 class _Refused(Exception):
@@ -165,7 +166,9 @@ def _parse_int(text: str) -> int:
 
 
 def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
-    """Raise :class:`ConfigError` ``nested_too_deep`` when ``data`` nests tables/arrays deeper than ``limit``.
+    """Raise :class:`ConfigError` ``nested_too_deep`` when ``data`` nests tables/arrays deeper than ``limit``,
+    or ``integer_too_large`` when it holds an integer of more than :data:`MAX_INT_DIGITS` digits (the
+    validator would try to print it, past Python's int-to-str limit).
 
     Iterative (a deep input cannot exhaust the stack) and linear in the input's size; a container reached
     twice (a shared or cyclic reference) is walked once.
@@ -173,14 +176,23 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
     >>> check_nesting({"groups": [{"kind": "mla"}]}) is None
     True
     """
-    stack: list[tuple[Any, int]] = [(data, 0)]
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 0, ())]
     seen: set[int] = set()
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
+        if type(item) is int:
+            if item.bit_length() > _MAX_INT_BITS:
+                raise ConfigError.single(
+                    "integer_too_large",
+                    f"holds an integer of about {int(item.bit_length() * 0.30103) + 1} digits (kvgeom reads at most "
+                    f"{MAX_INT_DIGITS}); token counts and sizes fit in 19 digits",
+                    field_path(path),
+                )
+            continue
         if isinstance(item, Mapping):
-            children: Any = item.values()
+            children: Any = [(v, k) for k, v in item.items()]
         elif isinstance(item, list | tuple):
-            children = item
+            children = [(v, i) for i, v in enumerate(item)]
         else:
             continue
         if id(item) in seen:
@@ -190,10 +202,10 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
             raise ConfigError.single(
                 "nested_too_deep",
                 f"the input nests tables/arrays more than {limit} levels deep; a kvgeom config needs at most 5",
-                "",
+                field_path(path[:4]),
                 limit=limit,
             )
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1, (*path, key)) for child, key in children)
 
 
 def _read_file(path: Path) -> Any:

@@ -89,7 +89,7 @@ def _divisors(n: int, shown: int = 12) -> str:
     up to ``min(sqrt(n), 65536)``; a ``tp`` near 2**63 must not loop 2**63 times).
 
     >>> _divisors(12), _divisors(2**62)
-    ('1, 2, 3, 4, 6, 12', '1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, ..., 4611686018427387904')
+    ('[1, 2, 3, 4, 6, 12]', '[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, ..., 4611686018427387904]')
     """
     small: list[int] = []
     large: list[int] = []
@@ -103,6 +103,6 @@ def _divisors(n: int, shown: int = 12) -> str:
     found = small + large[::-1]
     complete = d * d > n
     if complete and len(found) <= shown:
-        return ", ".join(map(str, found))
+        return "[" + ", ".join(map(str, found)) + "]"
     head = small[: shown - 1]
-    return ", ".join(map(str, head)) + f", ..., {n}"
+    return "[" + ", ".join(map(str, head)) + f", ..., {n}]"

@@ -221,7 +221,7 @@ def test_key_map_and_rank_queries_are_result_or_kvgeom_error(geom, value):
 
 @example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {"0": [float("inf")]}})  # issue 13: inf in stored
 @example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {"0": np.array(32)}})  # a 0-d array of ends
-@example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {np.int64(0): [32], "1": [np.array(16)]}})  # numpy key, 0-d end
+@example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {np.int64(0): [32], "1": [np.array(16)]}})  # numpy
 @example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {"0_1": [32]}})  # non-canonical group keys
 @example(geom=DEFAULT, scenario={"num_tokens": 64, "stored": {1.9: [16]}})
 @example(geom=DEFAULT, scenario={"num_tokens": 64, 1: 2, "x": 3})  # unknown keys of mixed types
