@@ -95,7 +95,10 @@ def config_error_from_validation(exc: ValidationError, prefix: str = "") -> Conf
     failed_locs = [tuple(e["loc"]) for e in errors if e["type"] != "too_short"]
     for n, err in enumerate(errors):
         if len(problems) >= MAX_PROBLEMS:
-            problems.append(Problem("too_many_problems", f"... and {len(errors) - n} more problems not listed", ""))
+            rest = sum(1 for e in errors[n:] if e["type"] != "too_short")  # too_short: reported by its items
+            problems.append(
+                Problem("too_many_problems", f"... and {rest} more problems not listed", "", {"rest": rest})
+            )
             break
         err_type = str(err["type"])
         loc = tuple(err["loc"])

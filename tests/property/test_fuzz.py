@@ -474,3 +474,14 @@ def test_formatting_never_raises_on_hostile_objects():
         text = show(v)
         assert "\n" not in text and "\u2028" not in text and len(text) <= 300
     assert math.isnan(float("nan"))  # the loop above ran on a NaN without comparing it
+
+
+@example(value="a\u2028b\x85c\r\nd")  # every character splitlines() breaks on
+@example(value=[10**5000, -(10**5000)])
+@given(value=values | st.text() | st.lists(st.text(), max_size=300) | st.integers(-(2**20000), 2**20000))
+@FUZZ
+def test_show_is_one_bounded_line_and_never_raises(value):
+    from kvgeom._format import MAX_SHOWN, show
+
+    text = show(value)
+    assert len(text.splitlines()) <= 1 and len(text) <= MAX_SHOWN + 60
