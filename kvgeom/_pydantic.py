@@ -89,8 +89,9 @@ def _fix(err_type: str, err: Any) -> str:
 
 
 def config_error_from_validation(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix."""
-    problems = []
+    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix; at most
+    :data:`kvgeom.errors.MAX_PROBLEMS` of them, then one ``too_many_problems`` with the count of the rest."""
+    problems: list[Problem] = []
     errors = exc.errors(include_url=False)
     failed_locs = [tuple(e["loc"]) for e in errors if e["type"] != "too_short"]
     for n, err in enumerate(errors):

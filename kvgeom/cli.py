@@ -353,7 +353,7 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
         ]
     km = geom.key_map(prefix)
     lines = [f"keys of the complete offload chunks within the first {prefix} tokens:"]
-    for item in km["groups"]:
+    for item in km["groups"][:_MAX_GROUPS_DRAWN]:
         g = geom.groups[item["index"]]
         if "rank_lengths" in item:
             ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {item['rank_lengths']}"
@@ -371,12 +371,16 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
             lines.append(f"    chunk {k['chunk']:>3}  key h{k['hash_index']:<5} prefix [0, {k['end_token']})  {where}")
         if len(item["keys"]) > len(shown):
             lines.append(f"    ... and {len(item['keys']) - len(shown)} more keys (kvgeom explain --json lists all)")
+    if len(km["groups"]) > _MAX_GROUPS_DRAWN:
+        lines.append(f"  ... and {len(km['groups']) - _MAX_GROUPS_DRAWN} more groups (kvgeom explain --json lists all)")
     return lines
 
 
 _AXIS_WIDTH = 64
 _DIVISOR_SEARCH = 1 << 16
 _MAX_KEYS_SHOWN = 24
+#: Groups whose keys and token axis ``explain --prefix`` shows (the group table lists every group).
+_MAX_GROUPS_DRAWN = 64
 
 
 def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
@@ -411,7 +415,7 @@ def _axis_text(geom: Geometry, prefix: int) -> list[str]:
         for item in geom.key_map(prefix)["groups"]:
             ends[item["index"]] = [k["end_token"] for k in item["keys"]]
     interleave = geom.config.parallel.cp_interleave
-    for g in geom.groups:
+    for g in geom.groups[:_MAX_GROUPS_DRAWN]:
         blocks = []
         prev = None
         for c in range(cells):
@@ -433,6 +437,8 @@ def _axis_text(geom: Geometry, prefix: int) -> list[str]:
                     f"  g{g.index} ranks".ljust(pad)
                     + f"(dealt in runs of {interleave} over {geom.kv_shards} ranks; too fine to draw here)"
                 )
+    if len(geom.groups) > _MAX_GROUPS_DRAWN:
+        lines.append(f"  ... and {len(geom.groups) - _MAX_GROUPS_DRAWN} more groups (not drawn)")
     return lines
 
 
