@@ -190,9 +190,9 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
                 )
             continue
         if isinstance(item, Mapping):
-            children: Any = [(v, k) for k, v in item.items()]
+            children: Any = item.items()
         elif isinstance(item, list | tuple):
-            children = [(v, i) for i, v in enumerate(item)]
+            children = enumerate(item)
         else:
             continue
         if id(item) in seen:
@@ -205,7 +205,12 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
                 field_path(path[:4]),
                 limit=limit,
             )
-        stack.extend((child, depth + 1, (*path, key)) for child, key in children)
+        for key, child in children:  # push only what needs a look: ints and containers
+            if type(child) is int:
+                if child.bit_length() > _MAX_INT_BITS:
+                    stack.append((child, depth + 1, (*path, key)))
+            elif isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1, (*path, key)))
 
 
 def _read_file(path: Path) -> Any:
