@@ -217,8 +217,9 @@ def _fits(name: str, max_result: int) -> None:
         raise _overflow(name, max_result, " in the result")
 
 
-_MAX_RESULT = 1 << 28
-"""Most elements a CSR result may hold (2**28 int64 = 2 GiB per array): beyond it, refuse up front."""
+_MAX_RESULT = 1 << 26
+"""Most elements a CSR result may hold (2**26 int64 = 512 MiB per array, seconds to build): beyond it, refuse
+up front."""
 
 
 def _check_total(what: str, total: int) -> None:
