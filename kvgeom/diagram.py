@@ -59,6 +59,9 @@ def _fits(geom: Geometry, total: int) -> None:
     shapes = 0
     for g in geom.groups:
         shapes += cdiv(total, g.span) * (2 if g.is_align_mamba else 1)
+        if g.dealt:  # the owner runs drawn, or the per-rank lengths written instead
+            runs = cdiv(total, geom.config.parallel.cp_interleave)
+            shapes += runs if runs <= _MAX_RUNS else geom.kv_shards
         og = geom.offload.get(g.index) if geom.offload is not None else None
         if og is not None:
             shapes += (total // geom.hash_block_size) // og.hashes_per_chunk

@@ -198,7 +198,7 @@ def num_keys(geom: Geometry, group: int, num_tokens: int) -> int:
     return (nonneg("num_tokens", num_tokens) // geom.hash_block_size) // og.hashes_per_chunk
 
 
-#: The most values (keys plus the block entries they list) one :func:`key_map` builds; past it the call
+#: The most values (keys, the block entries they list, per-rank lengths) one :func:`key_map` builds; past it the call
 #: is refused up front with ``result_too_large`` (``kvgeom.batch.key_maps`` handles long prefixes).
 MAX_KEY_MAP_ENTRIES = 1 << 20
 
@@ -209,13 +209,14 @@ def _key_map_fits(geom: Geometry, n: int) -> None:
     k = geom.offload.blocks_per_chunk
     total = 0
     for og in geom.offload.groups:
+        g = geom.groups[og.index]
         keys = (n // geom.hash_block_size) // og.hashes_per_chunk
-        total += keys * (1 if geom.groups[og.index].is_align_mamba else 1 + k)
+        total += keys * (1 if g.is_align_mamba else 1 + k) + (geom.kv_shards if g.dealt else 0)  # + rank_lengths
         if total > MAX_KEY_MAP_ENTRIES:
             raise QueryError.single(
                 "result_too_large",
-                f"the key map of a {n}-token prefix lists more than {MAX_KEY_MAP_ENTRIES} keys and block entries "
-                "(the most one scalar key_map builds); ask for a shorter prefix, or use kvgeom.batch for counts",
+                f"the key map of a {n}-token prefix lists more than {MAX_KEY_MAP_ENTRIES} keys, block entries and "
+                "rank lengths (the most one scalar key_map builds); ask for a shorter prefix, or use kvgeom.batch",
                 "prefix_tokens",
                 prefix_tokens=n,
                 limit=MAX_KEY_MAP_ENTRIES,

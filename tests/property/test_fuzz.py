@@ -487,3 +487,13 @@ def test_show_is_one_bounded_line_and_never_raises(value):
 
     text = show(value)
     assert len(text.splitlines()) <= 1 and len(text) <= MAX_SHOWN + 60
+
+
+def test_many_groups_dealt_over_many_ranks_are_refused_not_built():
+    # 100 groups x 65536 ranks: a key map (or diagram) would list 6.5M per-rank lengths
+    from kvgeom.diagram import render_svg
+
+    geom = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 1}] * 100,
+                           "parallel": {"tp": 65536, "dcp": 65536}, "offload": {}})
+    assert _fast(geom.key_map, 64).code == "result_too_large"
+    assert _fast(render_svg, geom).code == "result_too_large"
