@@ -356,7 +356,7 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
     for item in km["groups"][:_MAX_GROUPS_DRAWN]:
         g = geom.groups[item["index"]]
         if "rank_lengths" in item:
-            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {item['rank_lengths']}"
+            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {show(item['rank_lengths'])}"
         else:
             lengths = rank_lengths(geom, g.index, prefix)
             ranks = f"replicated, every rank holds {lengths[0]} tokens" if len(lengths) > 1 else f"{lengths[0]} tokens"
