@@ -47,6 +47,14 @@ FP8_DS_MLA_ON_MLA = {"groups": [{"kind": "mla", "block_size": 64, "dtype": "fp8_
 @example(cfg=FP8_DS_MLA_ON_FULL)  # issue 13: passed check, then AssertionError in to_report/explain/compat
 @example(cfg=FP8_DS_MLA_ON_MLA)  # the packed format where it belongs: accepted, and every report works
 @example(cfg=kvgeom.DEFAULT_CONFIG)
+@example(cfg={  # thorough profile: L = 5316 with span-1 lanes; the default diagram was refused as too large
+    "groups": [{"block_size": 1, "dcp_sharded": False, "prefix_cacheable": False, "kind": "cross_attention"},
+               {"block_size": 6, "kind": "full_attention"},
+               {"block_size": 1, "dcp_sharded": False, "kind": "full_attention"}],
+    "parallel": {"dcp": 886, "tp": 886, "cp_interleave": 1},
+    "cache": {"prefix_caching": True, "max_model_len": 1},
+    "offload": {},
+})
 @given(cfg=st.one_of(configs(), configs().flatmap(_with_page_fields)))
 def test_check_accepts_means_reported_explained_drawn_fingerprinted(cfg):
     try:
