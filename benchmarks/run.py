@@ -250,11 +250,20 @@ def import_case(*, runs: int) -> None:
     own cost. The machine sets PYTHONDONTWRITEBYTECODE; the subprocesses get a private pycache prefix
     and one warm-up run instead, since an installed wheel ships compiled bytecode.
     """
+    import shutil
     import tempfile
 
+    cache = tempfile.mkdtemp(prefix="kvgeom-pycache-")
+    try:
+        _import_case(runs=runs, cache=cache)
+    finally:  # the bytecode cache is scratch: leave nothing behind in the temp folder
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _import_case(*, runs: int, cache: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="kvgeom-pycache-")
+    env["PYTHONPYCACHEPREFIX"] = cache
 
     def timed(pre: str) -> tuple[float, float]:
         code = (

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from kvgeom._format import show
 from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
 
@@ -17,15 +18,16 @@ def nonneg(name: str, value: Any) -> int:
             value = int(value)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise QueryError.single(
-                "not_an_integer", f"{name} must be an integer, got {value!r} ({type(value).__name__})", name
+                "not_an_integer", f"{name} must be an integer, got {show(value)} ({type(value).__name__})", name
             )
     if value < 0:
-        raise QueryError.single("negative", f"{name}={value} is negative; token counts and indices are >= 0", name,
-                                **{name: value})
+        raise QueryError.single(
+            "negative", f"{name}={show(value)} is negative; token counts and indices are >= 0", name, **{name: value}
+        )
     if value > INT64_MAX:
         raise QueryError.single(
             "int64_overflow",
-            f"{name}={value} is past what int64 holds ({INT64_MAX}); no cache has that many tokens or blocks",
+            f"{name}={show(value)} is past what int64 holds ({INT64_MAX}); no cache has that many tokens or blocks",
             name,
             **{name: value},
         )
@@ -57,9 +59,35 @@ def result(name: str, value: int) -> int:
     if value > INT64_MAX:
         raise QueryError.single(
             "int64_overflow",
-            f"the {name} for these arguments is {value}, past what int64 holds ({INT64_MAX}); no cache has that "
+            f"the {name} for these arguments is {show(value)}, past what int64 holds ({INT64_MAX}); no cache has that "
             "many tokens or blocks",
             name,
             **{name: value},
         )
     return value
+
+
+def group_key(name: str, key: Any) -> int:
+    """A group index given as a mapping key: an int, or the canonical decimal string of one (``"0"``, ``"12"``:
+    ASCII digits, no sign, no leading zero, no spaces or underscores), as JSON writes it. Anything else --
+    ``"0_1"``, ``" 1 "``, ``"\u0661"``, ``1.9``, ``True`` -- is a :class:`QueryError` ``bad_group_key``.
+
+    >>> group_key("stored", "12"), group_key("stored", 3)
+    (12, 3)
+    """
+    if isinstance(key, np.integer) and not isinstance(key, np.bool_):
+        key = int(key)
+    if type(key) is int:
+        if 0 <= key <= INT64_MAX:
+            return key
+    elif isinstance(key, str) and 0 < len(key) <= 19 and key.isascii() and key.isdigit() and (
+        key == "0" or key[0] != "0"
+    ):
+        return int(key)
+    raise QueryError.single(
+        "bad_group_key",
+        f"{name} key {show(key, 60)} ({type(key).__name__}) is not a group index; write the index as an integer "
+        'or its plain decimal string ("0", "1", ...)',
+        name,
+        key=show(key, 60),
+    )

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
-from kvgeom.errors import ConfigError, Problem
+from kvgeom._format import show
+from kvgeom._math import INT64_MAX
+from kvgeom.errors import MAX_PROBLEMS, ConfigError, Problem
+
+#: The integer types of the config format: Python ints only (no ``True``, ``1.0`` or ``"1"``), at most
+#: int64 (no cache has more tokens or blocks; every derived query is checked against int64 too).
+PositiveInt = Annotated[int, Field(strict=True, gt=0, le=INT64_MAX)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+#: Booleans are ``true``/``false`` only (no ``"off"``, ``"no"``, ``0`` or ``1.0``).
+StrictBool = Annotated[bool, Field(strict=True)]
 
 _CODES = {
     "missing": "missing_field",
@@ -25,46 +34,73 @@ _CODES = {
 }
 
 
-def field_path(loc: tuple[Any, ...], prefix: str = "") -> str:
-    """``('groups', 0, 'mla', 'block_size')`` -> ``groups[0].block_size``."""
+def field_path(loc: tuple[Any, ...], prefix: str = "", *, last_is_key: bool = False) -> str:
+    """``('groups', 0, 'mla', 'block_size')`` -> ``groups[0].block_size``.
+
+    A kind name right after a list index is the tag pydantic adds for a tagged-union member and is
+    dropped; anywhere else (a top-level key ``"mla"``), or as the unknown key itself when
+    ``last_is_key``, it is a key of the input and stays. Keys that are not plain names are quoted.
+
+    >>> field_path(("groups", 0, "mla", "block_size")), field_path(("mla",), last_is_key=True)
+    ('groups[0].block_size', 'mla')
+    """
     from kvgeom.specs import KINDS  # at call time: specs imports this module
 
     out = prefix
-    for part in loc:
+    last = len(loc) - 1
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in KINDS or (isinstance(part, str) and part.startswith("function-")):
+            continue
+        text = str(part)
+        tag = text in KINDS and i > 0 and isinstance(loc[i - 1], int) and not (last_is_key and i == last)
+        if tag or text.startswith("function-"):
             continue  # the tag pydantic adds for a tagged union member, or a validator name
-        else:
-            out += f".{part}" if out else str(part)
+        if not text.isidentifier():
+            text = show(text, 60)
+        out += f".{text}" if out else text
     return out
 
 
 def _fix(err_type: str, err: Any) -> str:
-    value = err.get("input")
+    value = show(err.get("input"))
     if err_type == "missing":
         return "add it"
     if err_type == "extra_forbidden":
         return "remove it or check its spelling (docs/config.md lists every key)"
     if err_type == "greater_than":
-        return f"got {value!r}; use an integer > {(err.get('ctx') or {}).get('gt')}"
+        return f"got {value}; use an integer > {(err.get('ctx') or {}).get('gt')}"
     if err_type == "greater_than_equal":
-        return f"got {value!r}; use an integer >= {(err.get('ctx') or {}).get('ge')}"
-    if err_type in {"less_than", "less_than_equal"}:
-        return f"got {value!r}"
+        return f"got {value}; use an integer >= {(err.get('ctx') or {}).get('ge')}"
+    if err_type == "less_than_equal":
+        return f"got {value}; use an integer <= {(err.get('ctx') or {}).get('le')}"
+    if err_type == "less_than":
+        return f"got {value}"
+    if err_type == "bool_type":
+        return f"got {value} ({type(err.get('input')).__name__}); write true or false"
+    if err_type == "int_type":
+        kind = type(err.get("input")).__name__
+        return f"got {value} ({kind}); write a plain integer (not a float, string or boolean)"
     if err_type.endswith("_type") or err_type.endswith("_parsing"):
-        return f"got {value!r} ({type(value).__name__})"
+        return f"got {value} ({type(err.get('input')).__name__})"
     if err_type in {"literal_error", "union_tag_invalid"}:
-        return f"got {value!r}" if err_type == "literal_error" else ""
+        return f"got {value}" if err_type == "literal_error" else ""
     return ""
 
 
 def config_error_from_validation(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix."""
-    problems = []
+    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix; at most
+    :data:`kvgeom.errors.MAX_PROBLEMS` of them, then one ``too_many_problems`` with the count of the rest."""
+    problems: list[Problem] = []
     errors = exc.errors(include_url=False)
     failed_locs = [tuple(e["loc"]) for e in errors if e["type"] != "too_short"]
-    for err in errors:
+    for n, err in enumerate(errors):
+        if len(problems) >= MAX_PROBLEMS:
+            rest = sum(1 for e in errors[n:] if e["type"] != "too_short")  # too_short: reported by its items
+            problems.append(
+                Problem("too_many_problems", f"... and {rest} more problems not listed", "", {"rest": rest})
+            )
+            break
         err_type = str(err["type"])
         loc = tuple(err["loc"])
         if err_type == "too_short" and any(f[: len(loc)] == loc and len(f) > len(loc) for f in failed_locs):
@@ -74,12 +110,12 @@ def config_error_from_validation(exc: ValidationError, prefix: str = "") -> Conf
             msg = msg[len("Value error, ") :]
         elif msg.startswith("Assertion failed, "):
             msg = msg[len("Assertion failed, ") :]
-        path = field_path(loc, prefix)
+        path = field_path(loc, prefix, last_is_key=err_type == "extra_forbidden")
         if err_type == "extra_forbidden" and loc:
-            msg = f"unknown key {loc[-1]!r}"
+            msg = f"unknown key {show(loc[-1], 60)}"
         elif err_type == "union_tag_invalid":
             ctx = err.get("ctx") or {}
-            msg = f"unknown kind {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            msg = f"unknown kind {show(ctx.get('tag'), 60)}; expected one of {ctx.get('expected_tags')}"
         elif err_type == "union_tag_not_found":
             msg = "missing 'kind'; every group names its kind (e.g. \"kind\": \"full_attention\")"
         fix = _fix(err_type, err)

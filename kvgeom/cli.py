@@ -43,9 +43,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, assert_never
 
+from kvgeom._format import one_line, show
 from kvgeom._math import cdiv
 from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
-from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
+from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, resolve
 from kvgeom.prefix import hit_landing_lines
 from kvgeom.presets import load_preset, preset_description, preset_names
@@ -75,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise _Fail(EXIT_USAGE, [f"{self.prog}: {message} (see {self.prog} --help)"])
+        raise _Fail(EXIT_USAGE, [f"{self.prog}: {one_line(message, 300)} (see {self.prog} --help)"])
 
 
 def _exit_code(err: KVGeomError) -> int:
@@ -88,8 +89,21 @@ def _problem_line(p: Problem) -> str:
     return f"{where}{p.message} [{p.code}]"
 
 
+def _problem_lines(label: str, problems: Sequence[Problem]) -> list[str]:
+    """One line per problem, at most :data:`kvgeom.errors.MAX_LISTED` of them and then a count."""
+    lines = [f"{label}: {_problem_line(p)}" for p in problems[:MAX_LISTED]]
+    if len(problems) > MAX_LISTED:
+        lines.append(f"{label}: ... and {len(problems) - MAX_LISTED} more problems (--format json lists all)")
+    return lines
+
+
 def _fail(label: str, err: KVGeomError) -> _Fail:
-    return _Fail(_exit_code(err), [f"{label}: {_problem_line(p)}" for p in err.problems])
+    return _Fail(_exit_code(err), _problem_lines(label, err.problems))
+
+
+def _label(arg: str) -> str:
+    """A command-line argument as it is echoed in a message: one line, bounded."""
+    return one_line(arg, 200)
 
 
 def _load(arg: str) -> KVGeomConfig:
@@ -103,16 +117,16 @@ def _resolve_arg(arg: str) -> Geometry:
     try:
         return resolve(_load(arg))
     except KVGeomError as e:
-        raise _fail(arg, e) from None
+        raise _fail(_label(arg), e) from None
 
 
 def _nonneg_int(text: str) -> int:
     try:
         value = int(text, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a token count (an integer >= 0), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a token count (an integer >= 0), got {show(text, 60)}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a token count >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a token count >= 0, got {show(value, 60)}")
     return value
 
 
@@ -149,15 +163,15 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write("\n")
         case "github":
             for r in results:
-                for p in r["problems"]:
+                for p in r["problems"][:MAX_LISTED]:
                     out.write(_gh("error", r["file"], p["code"], _problem_line(Problem(**p))) + "\n")
                 level = "error" if args.strict else "warning"
                 for w in r["warnings"]:
                     out.write(_gh(level, r["file"], w["code"], w["message"]) + "\n")
         case "text":
             for r in results:
-                for p in r["problems"]:
-                    err.write(f"{r['file']}: {_problem_line(Problem(**p))}\n")
+                for line in _problem_lines(_label(r["file"]), [Problem(**p) for p in r["problems"]]):
+                    err.write(line + "\n")
                 stream = err if args.strict else out
                 for w in r["warnings"]:
                     stream.write(f"{r['file']}: warning: {w['message']} [{w['code']}]\n")
@@ -347,10 +361,10 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
         ]
     km = geom.key_map(prefix)
     lines = [f"keys of the complete offload chunks within the first {prefix} tokens:"]
-    for item in km["groups"]:
+    for item in km["groups"][:_MAX_GROUPS_DRAWN]:
         g = geom.groups[item["index"]]
         if "rank_lengths" in item:
-            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {item['rank_lengths']}"
+            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {show(item['rank_lengths'])}"
         else:
             lengths = rank_lengths(geom, g.index, prefix)
             ranks = f"replicated, every rank holds {lengths[0]} tokens" if len(lengths) > 1 else f"{lengths[0]} tokens"
@@ -365,19 +379,24 @@ def _keys_text(geom: Geometry, prefix: int) -> list[str]:
             lines.append(f"    chunk {k['chunk']:>3}  key h{k['hash_index']:<5} prefix [0, {k['end_token']})  {where}")
         if len(item["keys"]) > len(shown):
             lines.append(f"    ... and {len(item['keys']) - len(shown)} more keys (kvgeom explain --json lists all)")
+    if len(km["groups"]) > _MAX_GROUPS_DRAWN:
+        lines.append(f"  ... and {len(km['groups']) - _MAX_GROUPS_DRAWN} more groups (kvgeom explain --json lists all)")
     return lines
 
 
 _AXIS_WIDTH = 64
+_DIVISOR_SEARCH = 1 << 16
 _MAX_KEYS_SHOWN = 24
+#: Groups whose keys and token axis ``explain --prefix`` shows (the group table lists every group).
+_MAX_GROUPS_DRAWN = 64
 
 
 def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
     """The smallest divisor or multiple of ``unit`` that draws ``total`` tokens in at most ``max_cells`` cells,
     so that cells line up with the hash grid."""
-    small: set[int] = set()
+    small: set[int] = {unit}
     d = 1
-    while d * d <= unit:
+    while d * d <= unit and d <= _DIVISOR_SEARCH:  # bounded: H may be near 2**63; `unit` is always a candidate
         if unit % d == 0:
             small.update((d, unit // d))
         d += 1
@@ -404,7 +423,7 @@ def _axis_text(geom: Geometry, prefix: int) -> list[str]:
         for item in geom.key_map(prefix)["groups"]:
             ends[item["index"]] = [k["end_token"] for k in item["keys"]]
     interleave = geom.config.parallel.cp_interleave
-    for g in geom.groups:
+    for g in geom.groups[:_MAX_GROUPS_DRAWN]:
         blocks = []
         prev = None
         for c in range(cells):
@@ -426,6 +445,8 @@ def _axis_text(geom: Geometry, prefix: int) -> list[str]:
                     f"  g{g.index} ranks".ljust(pad)
                     + f"(dealt in runs of {interleave} over {geom.kv_shards} ranks; too fine to draw here)"
                 )
+    if len(geom.groups) > _MAX_GROUPS_DRAWN:
+        lines.append(f"  ... and {len(geom.groups) - _MAX_GROUPS_DRAWN} more groups (not drawn)")
     return lines
 
 
@@ -440,24 +461,31 @@ def _pick_source(args: argparse.Namespace) -> KVGeomConfig | dict[str, Any]:
 
 
 def _cmd_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    label = args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL)
+    label = _label(args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL))
     try:
         source = _pick_source(args)
         geom = resolve(source)
     except KVGeomError as e:
         raise _fail(label, e) from None
-    if args.json:
-        report = geom.to_report()
-        if args.prefix is not None:
+    try:  # a prefix whose key map or rank list is past its documented size: refused, exit 2
+        report = geom.to_report() if args.json else {}
+        if args.json and args.prefix is not None:
             report["keys"] = geom.key_map(args.prefix) if geom.offload is not None else None
+        text = "" if args.json else explain_text(geom, _shown(label), args.prefix)
+    except KVGeomError as e:
+        raise _fail(label, e) from None
+    if args.json:
         json.dump(report, out, indent=2)
         out.write("\n")
         if args.prefix is not None and geom.offload is None:
             err.write(f'{label}: no offload section, so no offload keys ("keys": null); add "offload": {{}}\n')
         return EXIT_OK
-    shown = "the bundled default (the seed hybrid under DCP=2)" if label == DEFAULT_LABEL else label
-    out.write(explain_text(geom, shown, args.prefix))
+    out.write(text)
     return EXIT_OK
+
+
+def _shown(label: str) -> str:
+    return "the bundled default (the seed hybrid under DCP=2)" if label == DEFAULT_LABEL else label
 
 
 # ----------------------------------------------------------------------- hit
@@ -469,8 +497,8 @@ def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         scenario = _read_file(Path(args.scenario))
         plan = geom.plan_hit(scenario)
     except KVGeomError as e:
-        label = args.config if e.code == "no_offload" else args.scenario
-        raise _Fail(EXIT_USAGE, [f"{label}: {_problem_line(p)}" for p in e.problems]) from None
+        label = _label(args.config if e.code == "no_offload" else args.scenario)
+        raise _Fail(EXIT_USAGE, _problem_lines(label, e.problems)) from None
     if args.json:
         json.dump(plan, out, indent=2)
         out.write("\n")
@@ -498,14 +526,15 @@ def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         svg = render_svg(geom, args.prefix, title=args.title or args.config)
     except KVGeomError as e:
-        raise _fail(args.config, e) from None
+        raise _fail(_label(args.config), e) from None
     if args.output == "-":
         out.write(svg)
         return EXIT_OK
     try:
         Path(args.output).write_text(svg, encoding="utf-8")
     except OSError as e:
-        raise _Fail(EXIT_USAGE, [f"{args.output}: cannot write the diagram: {e.__class__.__name__}: {e}"]) from None
+        reason = one_line(f"{e.__class__.__name__}: {e}", 300)
+        raise _Fail(EXIT_USAGE, [f"{_label(args.output)}: cannot write the diagram: {reason}"]) from None
     return EXIT_OK
 
 
@@ -521,7 +550,7 @@ def _cmd_compat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             configs.append(resolve(_load(arg)))
         except KVGeomError as e:
             # A layout that does not resolve cannot be compared: exit 2, since 1 means "not interchangeable".
-            raise _Fail(EXIT_USAGE, [f"{arg}: {_problem_line(p)}" for p in e.problems]) from None
+            raise _Fail(EXIT_USAGE, _problem_lines(_label(arg), e.problems)) from None
     report = compat(configs[0], configs[1])
     if args.json:
         json.dump(report.to_dict(), out, indent=2)
@@ -687,6 +716,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in f.lines:
             err.write(line + "\n")
         return f.code
+    except RecursionError:  # belt and braces: readers and loaders refuse deep nesting before this
+        err.write("kvgeom: the input nests too deeply to read; a kvgeom config needs at most 5 levels "
+                  "[nested_too_deep]\n")
+        return EXIT_USAGE
     except BrokenPipeError:  # e.g. kvgeom schema | head: the reader left; not an error of ours
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -13,11 +13,12 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from kvgeom._pydantic import FrozenModel
+from kvgeom._format import show
+from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool, field_path
 from kvgeom.errors import ConfigError
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import GroupSpec
@@ -32,7 +33,6 @@ __all__ = [
     "load_config",
 ]
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 
 #: vLLM 0.33's default ``prefix_cache_retention_interval``: keep only the
 #: "semantic" checkpoints (vLLM 0.33 `config/cache.py`, `prefix_cache_retention_interval`).
@@ -44,11 +44,11 @@ class CacheConfig(FrozenModel):
 
     FIELD_PREFIX = "cache"
 
-    prefix_caching: bool = Field(default=True, description="enable_prefix_caching")
+    prefix_caching: StrictBool = Field(default=True, description="enable_prefix_caching")
     prefix_match_unit: PositiveInt | None = Field(
         default=None, description="Hash unit H when several groups exist (default: gcd of the cacheable spans)."
     )
-    retention_interval: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+    retention_interval: NonNegativeInt | None = Field(
         default=DEFAULT_RETENTION_INTERVAL,
         description="prefix_cache_retention_interval in tokens: 0 keeps only reachable boundaries "
         "(vLLM 0.33's default), R > 0 one checkpoint per R tokens, null or \"dense\" no interval (every "
@@ -59,7 +59,7 @@ class CacheConfig(FrozenModel):
     @field_validator("retention_interval", mode="before")
     @classmethod
     def _dense(cls, v: Any) -> Any:
-        return None if v == "dense" else v
+        return None if isinstance(v, str) and v == "dense" else v
 
 
 class OffloadConfig(FrozenModel):
@@ -91,6 +91,14 @@ class KVGeomConfig(FrozenModel):
         default=None, description="Absent: no drafter (speculative decoding off). See docs/speculative.md."
     )
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _exact_version(cls, v: Any) -> Any:
+        # Literal[1] alone takes True (True == 1) and 1.0; a version is the integer 1.
+        if type(v) is not int:
+            raise ValueError(f"must be the integer 1, got {show(v)} ({type(v).__name__})")
+        return v
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict that :func:`load_config` reads back to an equal config."""
         return self.model_dump(mode="json", exclude_none=False)
@@ -120,46 +128,173 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
+#: Largest config or scenario file kvgeom reads (bytes); a real one is a few kilobytes.
+MAX_FILE_BYTES = 4 << 20
+#: Deepest nesting of tables/arrays a config or scenario may have (the schema needs 5).
+MAX_NESTING = 32
+#: Most decimal digits an integer literal in a file may have (Python's int-from-string limit is 4300; no
+#: token count needs more than 19).
+MAX_INT_DIGITS = 4000
+_MAX_INT_BITS = int(MAX_INT_DIGITS * 3.3219)
+
+
+class _Refused(Exception):
+    """A file-level problem found while parsing (a duplicate key, a huge integer literal)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Refused(
+                "duplicate_key",
+                f"key {show(key, 60)} appears twice in one object; JSON readers disagree on which one wins, "
+                "so kvgeom refuses the file: keep one",
+            )
+        out[key] = value
+    return out
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _Refused(
+            "integer_too_large",
+            f"holds an integer literal of {digits} digits (kvgeom reads at most {MAX_INT_DIGITS}); token counts "
+            "and sizes fit in 19 digits",
+        )
+    return int(text)
+
+
+def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
+    """Raise :class:`ConfigError` ``nested_too_deep`` when ``data`` nests tables/arrays deeper than ``limit``,
+    or ``integer_too_large`` when it holds an integer of more than :data:`MAX_INT_DIGITS` digits (the
+    validator would try to print it, past Python's int-to-str limit).
+
+    Iterative (a deep input cannot exhaust the stack) and linear in the input's size; a container reached
+    twice (a shared or cyclic reference) is walked once.
+
+    >>> check_nesting({"groups": [{"kind": "mla"}]}) is None
+    True
+    """
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 0, ())]
+    seen: set[int] = set()
+    while stack:
+        item, depth, path = stack.pop()
+        if type(item) is int:
+            if item.bit_length() > _MAX_INT_BITS:
+                raise ConfigError.single(
+                    "integer_too_large",
+                    f"holds an integer of about {int(item.bit_length() * 0.30103) + 1} digits (kvgeom reads at most "
+                    f"{MAX_INT_DIGITS}); token counts and sizes fit in 19 digits",
+                    field_path(path),
+                )
+            continue
+        if isinstance(item, Mapping):
+            children: Any = item.items()
+        elif isinstance(item, list | tuple):
+            children = enumerate(item)
+        else:
+            continue
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if depth >= limit:
+            raise ConfigError.single(
+                "nested_too_deep",
+                f"the input nests tables/arrays more than {limit} levels deep; a kvgeom config needs at most 5",
+                field_path(path[:4]),
+                limit=limit,
+            )
+        for key, child in children:  # push only what needs a look: ints and containers
+            if type(child) is int:
+                if child.bit_length() > _MAX_INT_BITS:
+                    stack.append((child, depth + 1, (*path, key)))
+            elif isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1, (*path, key)))
+
+
 def _read_file(path: Path) -> Any:
+    """Parse a ``.json``/``.toml`` file (at most :data:`MAX_FILE_BYTES`, no duplicate keys, nesting at most
+    :data:`MAX_NESTING`); every failure is a :class:`ConfigError`."""
     suffix = path.suffix.lower()
+    name = show(str(path))
     if suffix not in {".json", ".toml"}:
         raise ConfigError.single(
             "unknown_file_type",
-            f"cannot tell the format of {str(path)!r} (suffix {suffix!r}); name the file *.json or *.toml",
+            f"cannot tell the format of {name} (suffix {show(suffix, 40)}); name the file *.json or *.toml",
             "",
             path=str(path),
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ConfigError.single(
+                "file_too_large",
+                f"{name} is larger than {MAX_FILE_BYTES} bytes, the most kvgeom reads; a config is a few kilobytes",
+                "",
+                path=str(path),
+                limit=MAX_FILE_BYTES,
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError.single(
-            "unreadable_file", f"cannot read {str(path)!r}: {e.__class__.__name__}: {e}", "", path=str(path)
+            "unreadable_file", f"cannot read {name}: {e.__class__.__name__}: {show(str(e))}", "", path=str(path)
         ) from None
+    fmt = "JSON" if suffix == ".json" else "TOML"
     try:
         if suffix == ".json":
-            return json.loads(text)
-        import tomllib  # only when a TOML file is read: keeps `import kvgeom` light
+            data = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
+        else:
+            import tomllib  # only when a TOML file is read: keeps `import kvgeom` light
 
-        return tomllib.loads(text)
+            try:
+                data = tomllib.loads(text)  # refuses duplicate keys and tables itself
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError.single(
+                    "unparsable_file", f"{name} is not valid TOML: {show(str(e))}", "", path=str(path)
+                ) from None
+            except ValueError:  # tomllib's int() of a literal past Python's int-from-string digit limit
+                raise _Refused(
+                    "integer_too_large",
+                    "holds an integer literal past Python's 4300-digit limit; token counts and sizes fit in 19 digits",
+                ) from None
     except json.JSONDecodeError as e:
         raise ConfigError.single(
             "unparsable_file",
-            f"{str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+            f"{name} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
             "",
             path=str(path),
             line=e.lineno,
             column=e.colno,
         ) from None
-    except ValueError as e:  # tomllib.TOMLDecodeError
+    except _Refused as e:
+        sep = ":" if e.code == "duplicate_key" else ""
+        raise ConfigError.single(e.code, f"{name}{sep} {e.message}", "", path=str(path)) from None
+    except RecursionError:
         raise ConfigError.single(
-            "unparsable_file", f"{str(path)!r} is not valid TOML: {e}", "", path=str(path)
+            "nested_too_deep",
+            f"{name} nests arrays/tables too deeply for the {fmt} reader; a kvgeom config needs at most 5 levels",
+            "",
+            path=str(path),
         ) from None
+    check_nesting(data)
+    return data
 
 
 def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> KVGeomConfig:
     """Read a config from a dict, a ``.json``/``.toml`` path or a config model.
 
-    Every failure is a :class:`kvgeom.ConfigError` naming the field.
+    Every failure is a :class:`kvgeom.ConfigError` naming the field. Files are read up to
+    :data:`MAX_FILE_BYTES`; duplicate keys, integer literals past :data:`MAX_INT_DIGITS` digits and
+    nesting past :data:`MAX_NESTING` levels are refused (codes ``file_too_large``, ``duplicate_key``,
+    ``integer_too_large``, ``nested_too_deep``).
 
     >>> load_config({"groups": [{"kind": "full_attention", "block_size": 16}]}).groups[0].kind
     'full_attention'
@@ -177,4 +312,10 @@ def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str
             f"a config is a table/object with a 'groups' key, got {type(data).__name__}",
             "",
         )
-    return KVGeomConfig.model_validate(dict(data))
+    check_nesting(data)
+    try:
+        return KVGeomConfig.model_validate(dict(data))
+    except RecursionError:  # a cyclic or pathological Python object pydantic cannot walk
+        raise ConfigError.single(
+            "nested_too_deep", "the config refers to itself or nests too deeply to validate", ""
+        ) from None

@@ -22,7 +22,9 @@ from html import escape
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv
 from kvgeom.boundaries import is_restorable, state_block_for_boundary
+from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
+from kvgeom.keys import chunk_end_token, chunk_hash_index, num_keys
 from kvgeom.ranks import dcp_placement, rank_lengths
 
 __all__ = ["default_prefix", "render_svg"]
@@ -49,6 +51,38 @@ def default_prefix(geom: Geometry) -> int:
     return 2 * max([geom.scheduler_block_size, *chunks])
 
 
+#: The most shapes (blocks, state dots, key ticks, per-rank lengths) a diagram draws; past it
+#: :func:`render_svg` refuses up front with ``result_too_large`` (only many groups dealt over many ranks
+#: get there: a lane draws at most :data:`_MAX_PER_LANE` of each kind and notes the rest).
+MAX_SHAPES = 1 << 15
+#: Blocks, state dots or key ticks one lane draws; more are too fine to see at 900 px, so the lane says
+#: how many there are instead.
+_MAX_PER_LANE = 2048
+
+
+def _fits(geom: Geometry, total: int) -> None:
+    shapes = 0
+    for g in geom.groups:
+        shapes += min(cdiv(total, g.span), _MAX_PER_LANE)
+        if g.is_align_mamba:
+            shapes += min(total // g.span, _MAX_PER_LANE)
+        if g.dealt:  # the owner runs drawn, or the per-rank lengths written instead
+            runs = cdiv(total, geom.config.parallel.cp_interleave)
+            shapes += runs if runs <= _MAX_RUNS else geom.kv_shards
+        og = geom.offload.get(g.index) if geom.offload is not None else None
+        if og is not None:
+            shapes += min((total // geom.hash_block_size) // og.hashes_per_chunk, _MAX_PER_LANE)
+        if shapes > MAX_SHAPES:
+            raise QueryError.single(
+                "result_too_large",
+                f"a diagram of the first {total} tokens would draw more than {MAX_SHAPES} blocks, state dots and "
+                "key ticks; pass a shorter --prefix (a few scheduler blocks show the pattern)",
+                "prefix_tokens",
+                prefix_tokens=total,
+                limit=MAX_SHAPES,
+            )
+
+
 def _x(t: int, total: int) -> float:
     return _LEFT + _PLOT * t / total
 
@@ -61,7 +95,8 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     """An SVG document of the first ``prefix_tokens`` tokens (default :func:`default_prefix`).
 
     Postcondition: the document parses as XML and has exactly one
-    ``<g class="lane">`` per cache group, in group order.
+    ``<g class="lane">`` per cache group, in group order. A picture past :data:`MAX_SHAPES` shapes is
+    refused up front (:class:`kvgeom.QueryError` ``result_too_large``).
 
     >>> import kvgeom, xml.etree.ElementTree as ET
     >>> svg = render_svg(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 64)
@@ -71,10 +106,19 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     """
     total = default_prefix(geom) if prefix_tokens is None else nonneg("prefix_tokens", prefix_tokens)
     total = max(total, 1)
+    _fits(geom, total)
     keys: dict[int, list[dict[str, int]]] = {}
+    too_many: dict[int, int] = {}
     if geom.offload is not None:
-        for item in geom.key_map(total)["groups"]:
-            keys[item["index"]] = item["keys"]
+        for og in geom.offload.groups:
+            count = num_keys(geom, og.index, total)
+            if count > _MAX_PER_LANE:
+                keys[og.index], too_many[og.index] = [], count
+            else:
+                keys[og.index] = [
+                    {"end_token": chunk_end_token(geom, og.index, j), "hash_index": chunk_hash_index(geom, og.index, j)}
+                    for j in range(count)
+                ]
     height = _TOP + _LANE * len(geom.groups) + 24
     width = _LEFT + _PLOT + _RIGHT
     out: list[str] = [
@@ -94,7 +138,7 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     out.append(f'<text x="10" y="36">{escape(summary)}</text>')
     out.extend(_axis(geom, total))
     for lane, g in enumerate(geom.groups):
-        out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index)))
+        out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index), too_many.get(g.index)))
     legend = (
         "boxes: blocks (number = block-table column, or Mamba state block); red tick: end of an offload key "
         "(hN = request hash N); dot: Mamba state boundary, filled when a hit may end there"
@@ -119,7 +163,9 @@ def _axis(geom: Geometry, total: int) -> list[str]:
     return parts
 
 
-def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dict[str, int]] | None) -> list[str]:
+def _lane(
+    geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dict[str, int]] | None, more_keys: int | None
+) -> list[str]:
     sharded = g.dealt
     dealing = f"dealt over {geom.kv_shards} ranks" if sharded else "replicated" if geom.kv_shards > 1 else "dcp=1"
     desc = f"block {g.block_size}, span {g.span}, {dealing}"
@@ -133,7 +179,13 @@ def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dic
     # Blocks: block-table columns (positional) or state blocks (Mamba), each one span wide.
     by = top + 4
     ncols = cdiv(total, g.span)
-    for c in range(ncols):
+    if ncols > _MAX_PER_LANE:
+        parts.append(
+            f'<rect class="blocks" x="{_LEFT}" y="{by}" width="{_PLOT}" height="22" fill="{_BLOCK_COLORS[0]}" '
+            'stroke="#6b7b93" stroke-width="0.5"/>'
+        )
+        parts.append(f'<text x="{_LEFT + 6}" y="{by + 15}">{ncols} blocks of {g.span} tokens (too fine to draw)</text>')
+    for c in range(ncols if ncols <= _MAX_PER_LANE else 0):
         start = dcp_placement(geom, g.index, c * g.span).column * g.span
         stop = min(start + g.span, total)
         x0, x1 = _x(start, total), _x(stop, total)
@@ -144,7 +196,7 @@ def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dic
         if ncols <= _MAX_LABELS and x1 - x0 >= 14:
             parts.append(f'<text x="{_f((x0 + x1) / 2)}" y="{by + 15}" text-anchor="middle">{c}</text>')
     # Mamba state boundaries: the state after exactly b tokens lives in block b/B_m - 1.
-    if g.is_align_mamba:
+    if g.is_align_mamba and total // g.span <= _MAX_PER_LANE:
         for c in range(1, total // g.span + 1):
             b = c * g.span
             block = state_block_for_boundary(geom, g.index, b)
@@ -155,6 +207,8 @@ def _lane(geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dic
             )
     # Offload keys: a tick at each key's end token.
     ky = top + 40
+    if more_keys is not None:
+        parts.append(f'<text x="{_LEFT}" y="{ky + 10}" fill="#b22">{more_keys} keys (too many to draw)</text>')
     if keys is not None:
         for k in keys:
             x = _f(_x(k["end_token"], total))

@@ -24,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kvgeom._format import one_line
+
 __all__ = [
     "ConfigError",
     "GeometryError",
@@ -33,6 +35,17 @@ __all__ = [
     "Problem",
     "QueryError",
 ]
+
+
+#: Most characters of a problem's message (longer ones are cut, with a count).
+MAX_MESSAGE = 1000
+#: Most characters of a problem's field path.
+MAX_FIELD = 300
+#: Most problems an error's text lists (``problems`` holds them all).
+MAX_LISTED = 50
+#: Most problems one validation records; past it the last problem is ``too_many_problems`` with the count
+#: (100,000 unknown keys must not cost seconds and megabytes to report).
+MAX_PROBLEMS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,12 @@ class Problem:
     message: str
     field: str = ""
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # One line each, bounded: a key holding a newline or a megabyte of input cannot split or flood
+        # "one line per problem" (values are quoted through kvgeom._format.show where messages are built).
+        object.__setattr__(self, "message", one_line(str(self.message), MAX_MESSAGE))
+        object.__setattr__(self, "field", one_line(str(self.field), MAX_FIELD))
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "field": self.field, "message": self.message}
@@ -95,7 +114,9 @@ class KVGeomError(ValueError):
         if len(self.problems) == 1:
             return _line(self.problems[0])
         lines = [f"{len(self.problems)} problems:"]
-        lines.extend(f"  - {_line(p)}" for p in self.problems)
+        lines.extend(f"  - {_line(p)}" for p in self.problems[:MAX_LISTED])
+        if len(self.problems) > MAX_LISTED:
+            lines.append(f"  ... and {len(self.problems) - MAX_LISTED} more (the error's .problems lists all)")
         return "\n".join(lines)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -25,9 +25,11 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from functools import reduce
 from typing import Any, Literal
 
+from kvgeom._format import show
 from kvgeom._math import INT64_MAX, cdiv
 from kvgeom.config import KVGeomConfig, load_config
 from kvgeom.errors import (
@@ -149,15 +151,24 @@ class OffloadGeometry:
     retention_interval: int | None
     supports_partial_tail: bool
     groups: tuple[OffloadGroupGeometry, ...]
+    _by_index: dict[int, OffloadGroupGeometry] = dc_field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # One lookup table, so that a per-group query is O(1) however many groups there are.
+        object.__setattr__(self, "_by_index", {g.index: g for g in self.groups})
+
+    def get(self, index: int) -> OffloadGroupGeometry | None:
+        """The offload geometry of group ``index`` (a plain int), or None when it is not offloaded; O(1)."""
+        return self._by_index.get(index) if type(index) is int else None
 
     def group(self, index: int) -> OffloadGroupGeometry:
         """The offload geometry of group ``index``; :class:`KVGeomError` if it is not offloaded."""
-        for g in self.groups:
-            if g.index == index:
-                return g
+        og = self.get(index)
+        if og is not None:
+            return og
         raise KVGeomError.single(
             "group_not_offloaded",
-            f"group {index} is not offloaded; offloaded groups are {[g.index for g in self.groups]}",
+            f"group {show(index)} is not offloaded; offloaded groups are {show([g.index for g in self.groups])}",
             "group",
             index=index,
         )
@@ -229,7 +240,7 @@ class Geometry:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.groups):
             raise QueryError.single(
                 "no_such_group",
-                f"group index {index!r} is out of range; this geometry has groups 0..{len(self.groups) - 1}",
+                f"group index {show(index)} is out of range; this geometry has groups 0..{len(self.groups) - 1}",
                 "group",
                 index=index,
             )

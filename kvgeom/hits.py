@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kvgeom._check import nonneg
+from kvgeom._format import show
 from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
@@ -497,10 +498,10 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
         raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(scenario).__name__}", "")
     allowed = {"num_tokens", "num_prompt_tokens", "local_computed_tokens", "stored", "max_load_tokens",
                "max_num_new_tokens"}
-    unknown = sorted(set(scenario) - allowed)
+    unknown = [k for k in scenario if not (isinstance(k, str) and k in allowed)]  # keys of any type, in order
     if unknown:
         raise QueryError.single(
-            "unknown_key", f"unknown scenario key(s) {unknown}; allowed: {sorted(allowed)}", unknown[0]
+            "unknown_key", f"unknown scenario key(s) {show(unknown)}; allowed: {sorted(allowed)}", show(unknown[0], 60)
         )
     if "num_tokens" not in scenario:
         raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from kvgeom._check import nonneg, positive, result
+from kvgeom._format import show
 from kvgeom.boundaries import state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
@@ -49,10 +50,10 @@ class OffloadKey(NamedTuple):
 
 def offload_group(geom: Geometry, group: int) -> OffloadGroupGeometry:
     """The offload geometry of ``group``; :class:`QueryError` without offloading or for a group not offloaded."""
-    if geom.offload is not None and type(group) is int:  # fast path: an offloaded group (benchmarks)
-        for og in geom.offload.groups:
-            if og.index == group:
-                return og
+    if geom.offload is not None:  # fast path: an offloaded group, O(1) however many groups (benchmarks)
+        found = geom.offload.get(group)
+        if found is not None:
+            return found
     if geom.offload is None:
         raise QueryError.single(
             "no_offload",
@@ -61,13 +62,10 @@ def offload_group(geom: Geometry, group: int) -> OffloadGroupGeometry:
             "offload",
         )
     geom.group(group)
-    for og in geom.offload.groups:
-        if og.index == group:
-            return og
     raise QueryError.single(
         "group_not_offloaded",
         f"group {group} ({geom.groups[group].kind}) is not offloaded (not prefix-cacheable); offloaded groups are "
-        f"{[og.index for og in geom.offload.groups]}",
+        f"{show([og.index for og in geom.offload.groups])}",
         "group",
         group=group,
     )
@@ -200,15 +198,42 @@ def num_keys(geom: Geometry, group: int, num_tokens: int) -> int:
     return (nonneg("num_tokens", num_tokens) // geom.hash_block_size) // og.hashes_per_chunk
 
 
+#: The most values (keys, the block entries they list, per-rank lengths) one :func:`key_map` builds; past it the call
+#: is refused up front with ``result_too_large`` (``kvgeom.batch.key_maps`` handles long prefixes).
+MAX_KEY_MAP_ENTRIES = 1 << 20
+
+
+def _key_map_fits(geom: Geometry, n: int) -> None:
+    """Refuse (``result_too_large``) a key map past :data:`MAX_KEY_MAP_ENTRIES`, before building any of it."""
+    assert geom.offload is not None
+    k = geom.offload.blocks_per_chunk
+    total = 0
+    for og in geom.offload.groups:
+        g = geom.groups[og.index]
+        keys = (n // geom.hash_block_size) // og.hashes_per_chunk
+        total += keys * (1 if g.is_align_mamba else 1 + k) + (geom.kv_shards if g.dealt else 0)  # + rank_lengths
+        if total > MAX_KEY_MAP_ENTRIES:
+            raise QueryError.single(
+                "result_too_large",
+                f"the key map of a {n}-token prefix lists more than {MAX_KEY_MAP_ENTRIES} keys, block entries and "
+                "rank lengths (the most one scalar key_map builds); ask for a shorter prefix, or use kvgeom.batch",
+                "prefix_tokens",
+                prefix_tokens=n,
+                limit=MAX_KEY_MAP_ENTRIES,
+            )
+
+
 def key_map(geom: Geometry, prefix_tokens: int) -> dict[str, Any]:
     """The keys of the complete chunks within ``prefix_tokens``, per offloaded group (the
-    :meth:`kvgeom.Geometry.key_map` contract)."""
+    :meth:`kvgeom.Geometry.key_map` contract). A map past :data:`MAX_KEY_MAP_ENTRIES` keys and block
+    entries is refused up front (:class:`QueryError` ``result_too_large``)."""
     from kvgeom.ranks import rank_lengths
 
     n = nonneg("prefix_tokens", prefix_tokens)
     if geom.offload is None:
         offload_group(geom, 0)  # raises no_offload
     assert geom.offload is not None
+    _key_map_fits(geom, n)
     groups = []
     for og in geom.offload.groups:
         g = geom.groups[og.index]

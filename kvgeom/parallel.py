@@ -9,16 +9,13 @@ ranks.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import Field
 
-from kvgeom._pydantic import FrozenModel
+from kvgeom._pydantic import FrozenModel, PositiveInt, StrictBool
 from kvgeom.errors import Problem
 
 __all__ = ["ParallelConfig", "check_parallel"]
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 
 
 class ParallelConfig(FrozenModel):
@@ -40,7 +37,7 @@ class ParallelConfig(FrozenModel):
     )
     tp: PositiveInt = Field(default=1, description="tensor_parallel_size")
     pp: PositiveInt = Field(default=1, description="pipeline_parallel_size")
-    pcp_shards_kv: bool = Field(
+    pcp_shards_kv: StrictBool = Field(
         default=False,
         description="True reproduces the design before vLLM #46570, where PCP also sharded KV "
         "(span = block_size*dcp*pcp).",
@@ -84,5 +81,28 @@ def check_parallel(p: ParallelConfig) -> list[Problem]:
     return problems
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+_DIVISOR_SEARCH = 1 << 16
+
+
+def _divisors(n: int, shown: int = 12) -> str:
+    """The divisors of ``n`` for a message: at most ``shown`` of them, found in bounded time (trial division
+    up to ``min(sqrt(n), 65536)``; a ``tp`` near 2**63 must not loop 2**63 times).
+
+    >>> _divisors(12), _divisors(2**62)
+    ('[1, 2, 3, 4, 6, 12]', '[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, ..., 4611686018427387904]')
+    """
+    small: list[int] = []
+    large: list[int] = []
+    d = 1
+    while d * d <= n and d <= _DIVISOR_SEARCH:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    found = small + large[::-1]
+    complete = d * d > n
+    if complete and len(found) <= shown:
+        return "[" + ", ".join(map(str, found)) + "]"
+    head = small[: shown - 1]
+    return "[" + ", ".join(map(str, head)) + f", ..., {n}]"

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvgeom._check import nonneg
+from kvgeom._check import group_key, nonneg
+from kvgeom._format import show
 from kvgeom.errors import QueryError
 from kvgeom.residency import GROUP_INDEX_BYTES, Residency
 
@@ -257,34 +258,37 @@ def _plain_ints(values: AbstractSet[Any]) -> bool:
 
 
 def stored_group_index(key: Any, offloaded: Collection[int]) -> int:
-    """The group index a ``stored`` key names (an int or its string, as in JSON), checked to be offloaded."""
-    try:
-        index = int(key)
-    except (TypeError, ValueError):
-        raise QueryError.single(
-            "bad_stored", f"stored key {key!r} is not a group index", "stored", key=str(key)
-        ) from None
+    """The group index a ``stored`` key names (an int or its canonical decimal string, as in JSON; see
+    :func:`kvgeom._check.group_key`), checked to be offloaded."""
+    index = group_key("stored", key)
     if index not in offloaded:
         raise QueryError.single(
             "group_not_offloaded",
-            f"stored names group {index}, which is not offloaded; offloaded groups are {sorted(offloaded)}",
-            f"stored.{key}",
+            f"stored names group {index}, which is not offloaded; offloaded groups are {show(sorted(offloaded))}",
+            f"stored.{index}",
             group=index,
         )
     return index
 
 
 def _ends_checked(key: Any, ends: Any, H: int) -> frozenset[int]:
-    if isinstance(ends, str | bytes) or not isinstance(ends, Collection):
-        raise QueryError.single("bad_stored", f"stored[{key!r}] must be a list of end tokens", f"stored.{key}")
+    index = group_key("stored", key)
+    if (
+        isinstance(ends, str | bytes | Mapping)
+        or not isinstance(ends, Collection)
+        or (isinstance(ends, np.ndarray) and ends.ndim != 1)
+    ):
+        raise QueryError.single(
+            "bad_stored", f"stored[{index}] must be a list of end tokens, got {show(ends)}", f"stored.{index}"
+        )
     checked = set()
     for e in ends:
-        e = nonneg(f"stored.{key} end token", e)
+        e = nonneg(f"stored.{index} end token", e)
         if e == 0 or e % H:
             raise QueryError.single(
                 "not_on_hash_grid",
-                f"stored[{key!r}] holds end token {e}; keys end on positive multiples of the hash unit H={H}",
-                f"stored.{key}",
+                f"stored[{index}] holds end token {e}; keys end on positive multiples of the hash unit H={H}",
+                f"stored.{index}",
                 end_token=e,
                 hash_block_size=H,
             )

@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from kvgeom._check import nonneg, result
+from kvgeom._format import show
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 
@@ -83,10 +86,18 @@ def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]
     """
     g = slot_mapped_group(geom, group)
     col, rank, offset = dcp_placement(geom, group, position)
+    if isinstance(block_row, str | bytes) or not (
+        isinstance(block_row, Sequence) or (isinstance(block_row, np.ndarray) and block_row.ndim == 1)
+    ):
+        raise QueryError.single(
+            "bad_block_row",
+            f"block_row must be a list of block ids (one request's block-table row), got {type(block_row).__name__}",
+            "block_row",
+        )
     if col >= len(block_row):
         raise QueryError.single(
             "row_too_short",
-            f"position {position} needs block-table column {col}, but the row has {len(block_row)} entries",
+            f"position {show(position)} needs block-table column {col}, but the row has {len(block_row)} entries",
             "block_row",
             column=col,
             row_length=len(block_row),
@@ -94,8 +105,14 @@ def dcp_slot(geom: Geometry, group: int, position: int, block_row: Sequence[int]
     return rank, result("slot", nonneg("block_row entry", block_row[col]) * g.block_size + offset)
 
 
+#: Most ranks :func:`rank_lengths` lists (one entry each); a geometry dealt over more is refused with
+#: ``result_too_large`` rather than building a tuple that size.
+MAX_RANKS_LISTED = 1 << 16
+
+
 def rank_lengths(geom: Geometry, group: int, num_tokens: int) -> tuple[int, ...]:
-    """Tokens each rank holds for a sequence of ``num_tokens`` (one entry per KV shard).
+    """Tokens each rank holds for a sequence of ``num_tokens`` (one entry per KV shard; at most
+    :data:`MAX_RANKS_LISTED` ranks, else :class:`QueryError` ``result_too_large``).
 
     Dealt group: ``rounds*I + min(max(rem - r*I, 0), I)`` with
     ``rounds, rem = divmod(n, D*I)``; the lengths sum to ``n``. Replicated
@@ -109,6 +126,15 @@ def rank_lengths(geom: Geometry, group: int, num_tokens: int) -> tuple[int, ...]
     g = geom.group(group)
     n = nonneg("num_tokens", num_tokens)
     shards = geom.kv_shards
+    if shards > MAX_RANKS_LISTED:
+        raise QueryError.single(
+            "result_too_large",
+            f"this geometry deals KV over {shards} ranks; rank_lengths lists at most {MAX_RANKS_LISTED} (one "
+            "entry per rank); use dcp_placement for single positions",
+            "num_tokens",
+            shards=shards,
+            limit=MAX_RANKS_LISTED,
+        )
     if not g.dealt:
         return (n,) * shards
     interleave = geom.config.parallel.cp_interleave

@@ -61,7 +61,7 @@ from typing import Annotated, Any, Literal, assert_never
 from pydantic import Field, model_validator
 
 from kvgeom._math import cdiv, rup
-from kvgeom._pydantic import FrozenModel
+from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
 from kvgeom.config import CacheConfig, OffloadConfig
 from kvgeom.errors import ConfigError, GeometryError, Problem
 from kvgeom.geometry import Geometry, resolve
@@ -80,8 +80,6 @@ __all__ = [
     "resolve_block_sizes",
 ]
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 #: vLLM raises the attention block of an MLA hybrid to at least this many tokens (`_align_hybrid_block_size`).
 MLA_MIN_HYBRID_BLOCK = 128
@@ -131,7 +129,7 @@ class LayerSpec(FrozenModel):
         default=1, description="How many identical layers this entry stands for (at most 65536)."
     )
     pp_stage: NonNegativeInt = Field(default=0, description="Pipeline stage owning the layers.")
-    dcp_sharded: bool | None = Field(default=None, description="Passed through to the group spec.")
+    dcp_sharded: StrictBool | None = Field(default=None, description="Passed through to the group spec.")
     num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads per TP rank.")
     total_num_kv_heads: PositiveInt | None = Field(default=None, description="KV heads of the model (TP=1).")
     head_size: PositiveInt | None = None

@@ -36,11 +36,11 @@ its layers are, which is the rule vLLM once missed (#50883).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, TypeAlias, assert_never
+from typing import Annotated, Any, Literal, Self, TypeAlias, assert_never
 
 from pydantic import Field, model_validator
 
-from kvgeom._pydantic import FrozenModel
+from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
 from kvgeom.errors import GeometryError
 
 __all__ = [
@@ -72,8 +72,6 @@ __all__ = [
     "KINDS",
 ]
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 #: Bytes per element of the dtype names kvgeom understands.
 DTYPE_BYTES: dict[str, int] = {
@@ -118,13 +116,13 @@ class _Spec(FrozenModel):
     block_size: PositiveInt = Field(
         description="Tokens held by one physical block on one rank (the resolved size, not the CLI value)."
     )
-    dcp_sharded: bool | None = Field(
+    dcp_sharded: StrictBool | None = Field(
         default=None,
         description="Override of whether DCP deals this group's positions across ranks "
         "(default: attention kinds yes, mamba no, uniform as its layers). Set false for a "
         "replicated group such as a DCP=1 draft model.",
     )
-    prefix_cacheable: bool | None = Field(
+    prefix_cacheable: StrictBool | None = Field(
         default=None,
         description="Whether the group takes part in prefix caching and offloading (default by kind).",
     )
@@ -147,6 +145,18 @@ class _AttentionSpec(_Spec):
         default=None,
         description="Tokens compressed into one cached state (> 1 for compressed attention).",
     )
+
+    @model_validator(mode="after")
+    def _packed_dtype_is_latent(self) -> Self:
+        # fp8_ds_mla packs one latent vector per token (vLLM 0.33 `MLAAttentionSpec`); a KV-head layer has no
+        # page in that format, so every report path would have no page bytes to show.
+        kind = str(type(self).model_fields["kind"].default)
+        if self.dtype == "fp8_ds_mla" and kind not in LATENT_KINDS:
+            raise ValueError(
+                f"dtype 'fp8_ds_mla' is the packed latent format of MLA caches, not of a {kind} group; use "
+                "kind 'mla' (or 'sliding_window_mla'), or a per-element dtype such as 'fp8_e4m3'"
+            )
+        return self
 
 
 class FullAttentionSpec(_AttentionSpec):
@@ -190,7 +200,7 @@ class SlidingWindowMLASpec(_AttentionSpec):
     sliding_window: PositiveInt
     extra_retained_tokens: NonNegativeInt = 0
     alignment: PositiveInt | None = None
-    bounded_replay: bool = False
+    bounded_replay: StrictBool = False
 
 
 class ChunkedLocalSpec(_AttentionSpec):

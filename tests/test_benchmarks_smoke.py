@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_benchmark_runs_every_case(tmp_path):
     out = tmp_path / "bench.json"
+    scratch = tmp_path / "tmp"  # the runner's temp folder, to see what it leaves behind
+    scratch.mkdir()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert proc.returncode == 0, proc.stderr
+    assert list(scratch.iterdir()) == []  # issue 13: every run left a kvgeom-pycache-* directory
     results = json.loads(out.read_text())["results"]
     cases = {r["case"].split(" ")[0] for r in results}
     # every case family of issue 7 is present, each with its ratios against same-run baselines

@@ -28,6 +28,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
+from kvgeom._format import show
 from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, resolve
 from kvgeom.residency import make_offload_key, split_offload_key
@@ -107,7 +108,7 @@ def _reads_foreign_objects(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             raise ConfigError.single(
                 "not_a_vllm_object",
                 f"{fn.__name__}: the arguments do not have the shape of vLLM's objects ({type(e).__name__}: "
-                f"{str(e)[:120]}); pass vLLM's KVCacheConfig / SchedulerOffloadConfig and VllmConfig (or objects "
+                f"{show(str(e), 120)}); pass vLLM's KVCacheConfig / SchedulerOffloadConfig and VllmConfig (or objects "
                 "with their attributes)",
                 "",
             ) from None
@@ -138,10 +139,10 @@ def dtype_name(dtype: Any, field: str = "") -> str | None:
     raise ConfigError(
         Problem(
             "unknown_dtype",
-            f"dtype {text!r} has no kvgeom name; kvgeom knows {sorted(set(_TORCH_DTYPES))}: "
+            f"dtype {show(text, 60)} has no kvgeom name; kvgeom knows {sorted(set(_TORCH_DTYPES))}: "
             "pass include_pages=False to build the geometry without page bytes",
             field,
-            {"dtype": text},
+            {"dtype": show(text, 60)},
         )
     )
 
@@ -164,8 +165,8 @@ def _spec_kind(spec: Any, spec_kinds: Mapping[str, str], field: str) -> str:
         raise ConfigError(
             Problem(
                 "unsupported_vllm_spec",
-                f"vLLM spec class {name!r} has no kvgeom kind; known classes are {sorted(kinds)}: pass "
-                f"spec_kinds={{{name!r}: '<kind>'}} if it behaves like one of them",
+                f"vLLM spec class {show(name, 60)} has no kvgeom kind; known classes are {show(sorted(kinds))}: "
+                f"pass spec_kinds={{{show(name, 60)}: '<kind>'}} if it behaves like one of them",
                 field,
                 {"spec_class": name},
             )

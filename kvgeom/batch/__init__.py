@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvgeom._format import show
 from kvgeom._math import INT64_MAX
 from kvgeom.boundaries import _mamba
 from kvgeom.errors import QueryError
@@ -117,7 +118,7 @@ Bools = npt.NDArray[np.bool_]
 def _overflow(name: str, value: int, what: str = "") -> QueryError:
     return QueryError.single(  # type: ignore[return-value]
         "int64_overflow",
-        f"{name} reaches {value}{what}, past what int64 holds ({INT64_MAX}); no cache has that many tokens or "
+        f"{name} reaches {show(value)}{what}, past what int64 holds ({INT64_MAX}); no cache has that many tokens or "
         "blocks: split the request or use smaller numbers",
         name,
         **{name: value},
@@ -137,7 +138,7 @@ def _ints(name: str, x: Any, ndim: int = 1, *, allow_minus_one: bool = False, si
             a = np.asarray(x)
         except (ValueError, TypeError) as e:
             raise QueryError.single(
-                "bad_shape", f"{name} is not a rectangular array ({e}); pass a {ndim}-D integer array", name
+                "bad_shape", f"{name} is not a rectangular array ({show(str(e))}); pass a {ndim}-D integer array", name
             ) from None
         if a.ndim != ndim:
             raise QueryError.single(
@@ -181,7 +182,7 @@ def _check_range(name: str, lo: int, hi: int, allow_minus_one: bool) -> None:
         extra = " (-1 marks padding)" if allow_minus_one else ""
         raise QueryError.single(
             "negative",
-            f"{name} holds {lo}, which is negative; token counts and indices are >= 0{extra}",
+            f"{name} holds {show(lo)}, which is negative; token counts and indices are >= 0{extra}",
             name,
             **{name: lo},
         )
@@ -217,8 +218,9 @@ def _fits(name: str, max_result: int) -> None:
         raise _overflow(name, max_result, " in the result")
 
 
-_MAX_RESULT = 1 << 36
-"""Most elements a CSR result may hold (2**36 int64 = 512 GiB per array): beyond it, refuse up front."""
+_MAX_RESULT = 1 << 26
+"""Most elements a CSR result may hold (2**26 int64 = 512 MiB per array, seconds to build): beyond it, refuse
+up front."""
 
 
 def _check_total(what: str, total: int) -> None:

@@ -16,6 +16,7 @@ import tomllib
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from kvgeom._format import show
 from kvgeom.config import KVGeomConfig, load_config
 from kvgeom.errors import ConfigError
 
@@ -49,12 +50,12 @@ def preset_text(name: str) -> str:
     True
     """
     files = _files()
-    if name not in files:
+    if not isinstance(name, str) or name not in files:
         raise ConfigError.single(
             "unknown_preset",
-            f"no preset named {name!r}; the bundled presets are {', '.join(sorted(files))} (kvgeom presets)",
+            f"no preset named {show(name, 60)}; the bundled presets are {', '.join(sorted(files))} (kvgeom presets)",
             "preset",
-            preset=name,
+            preset=show(name, 60),
         )
     return files[name].read_text(encoding="utf-8")
 
