@@ -40,7 +40,7 @@ def profile(e: int, runs: int, reuse: bool) -> None:
         scaled = table.ravel() * B
         acc["table * B"] += time.perf_counter() - t
         a, b = np.empty(BLOCK, i64), np.empty(BLOCK, i64)
-        for lo in range(0, n, BLOCK):
+        for lo in range(0, n, BLOCK):  # each step runs before the loop moves on: the lambdas read this round
             pb, rb, ob = pos[lo : lo + BLOCK], req[lo : lo + BLOCK], out[lo : lo + BLOCK]
             steps = [
                 ("max check of positions", lambda pb=pb: pb.view(u64).max()),

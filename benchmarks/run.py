@@ -32,8 +32,8 @@ import kvgeom  # noqa: E402
 from kvgeom import batch, boundaries, hits, keys, ranks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vs_vllm  # noqa: E402  (side-by-side with vLLM; skipped when vllm does not import)
 import router as router_bench  # noqa: E402  (benchmarks/router.py)
+import vs_vllm  # noqa: E402  (side-by-side with vLLM; skipped when vllm does not import)
 
 RESULTS: list[dict[str, Any]] = []
 

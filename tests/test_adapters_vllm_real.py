@@ -218,9 +218,11 @@ def test_sweep_every_view_equals_vllm_or_refuses(family, dcp, k, prefix_caching)
         assert [o.tokens_per_chunk for o in g.offload.groups] == [c.tokens_per_chunk for c in sched.kv_group_configs]
 
 
-def test_a_real_eagle_group_is_refused():
+def test_a_real_eagle_group_without_a_speculative_config_is_refused():
+    # vLLM flags is_eagle_group only with a drafter configured; a flag with no speculative_config cannot be
+    # modelled (which method? which K?) and is refused, never dropped
     kv = kv_config(fa(16), mamba(16))
     kv.kv_cache_groups[0].is_eagle_group = True
-    with pytest.raises(kvgeom.ConfigError) as info:
+    with pytest.raises(kvgeom.KVGeomError) as info:
         geometry_from_vllm(kv, vllm_config(2, 2, {}))
-    assert info.value.code == "speculative_not_modelled"
+    assert info.value.code == "drafter_without_speculative"

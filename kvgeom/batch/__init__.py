@@ -1090,7 +1090,8 @@ def plan_stores(
             total = int(indptr[-1])
             req = np.repeat(np.arange(size, dtype=np.int64), counts)
             chunk = np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1] - first, counts)
-            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points, None if final is None else final * k)
+            final_blocks = None if final is None else final * k
+            keep = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points, final_blocks)
             old = chunk < start[req]
             if old.any():  # revisited chunks: kept under the final horizon and skipped under the prompt's
                 keep_prompt = _chunk_kept(geom, og, g, chunk, req, storable * k, group_points, prompt_chunks * k)
