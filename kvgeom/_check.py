@@ -91,3 +91,20 @@ def group_key(name: str, key: Any) -> int:
         name,
         key=show(key, 60),
     )
+
+
+def prompt_tokens(num_prompt_tokens: Any, num_tokens: int) -> int:
+    """``num_prompt_tokens`` checked against a request of ``num_tokens`` (``None``: the whole request is
+    prompt); :class:`QueryError` ``prompt_longer_than_request`` when the prompt is longer."""
+    if num_prompt_tokens is None:
+        return num_tokens
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    if prompt > num_tokens:
+        raise QueryError.single(
+            "prompt_longer_than_request",
+            f"num_prompt_tokens={prompt} exceeds num_tokens={num_tokens}; a request holds its whole prompt",
+            "num_prompt_tokens",
+            num_prompt_tokens=prompt,
+            num_tokens=num_tokens,
+        )
+    return prompt

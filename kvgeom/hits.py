@@ -23,7 +23,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kvgeom._check import nonneg
+from kvgeom._check import nonneg, prompt_tokens
 from kvgeom._format import show
 from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
@@ -84,6 +84,15 @@ class GroupLoad:
     state_block: int | None
     """Align-mode Mamba: the block holding the restored state (``(N-1) // B_m``)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """One group's entry of the ``plan_hit`` and ``plan_request`` contracts."""
+        return {
+            "index": self.index,
+            "load_keys": list(self.load_keys),
+            "block_entries": list(self.block_entries),
+            "state_block": self.state_block,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class HitPlan:
@@ -95,15 +104,7 @@ class HitPlan:
         return {
             "hit_tokens": self.hit.hit_tokens,
             "end_token": self.hit.end_token,
-            "groups": [
-                {
-                    "index": g.index,
-                    "load_keys": list(g.load_keys),
-                    "block_entries": list(g.block_entries),
-                    "state_block": g.state_block,
-                }
-                for g in self.groups
-            ],
+            "groups": [g.to_dict() for g in self.groups],
         }
 
 
@@ -236,18 +237,7 @@ def lookup_hit(
     order = _order(geom)
     # ints in [0, int64 max] pass without a call; anything else gets nonneg's checks and messages
     n = num_tokens if type(num_tokens) is int and 0 <= num_tokens <= INT64_MAX else nonneg("num_tokens", num_tokens)
-    if num_prompt_tokens is None:
-        prompt = n
-    else:
-        prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
-        if prompt > n:
-            raise QueryError.single(
-                "prompt_longer_than_request",
-                f"num_prompt_tokens={prompt} exceeds num_tokens={n}; a request holds its whole prompt",
-                "num_prompt_tokens",
-                num_prompt_tokens=prompt,
-                num_tokens=n,
-            )
+    prompt = prompt_tokens(num_prompt_tokens, n)
     local = local_computed_tokens
     if type(local) is not int or not 0 <= local <= INT64_MAX:
         local = nonneg("local_computed_tokens", local)

@@ -47,15 +47,7 @@ class RequestPlan:
         return {
             "local_hit_tokens": self.local_hit_tokens,
             "external_hit_tokens": self.external_hit_tokens,
-            "groups": [
-                {
-                    "index": g.index,
-                    "load_keys": list(g.load_keys),
-                    "block_entries": list(g.block_entries),
-                    "state_block": g.state_block,
-                }
-                for g in self.groups
-            ],
+            "groups": [g.to_dict() for g in self.groups],
         }
 
 

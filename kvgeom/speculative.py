@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvgeom._check import nonneg
+from kvgeom._check import nonneg, prompt_tokens
 from kvgeom._math import rdown
 from kvgeom.errors import Problem, QueryError
 from kvgeom.probes import Probe
@@ -439,15 +439,7 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     (80, 16, (80, 20))
     """
     n = nonneg("num_tokens", num_tokens)
-    prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
-    if prompt > n:
-        raise QueryError.single(
-            "prompt_longer_than_request",
-            f"num_prompt_tokens={prompt} exceeds num_tokens={n}; a request holds its whole prompt",
-            "num_prompt_tokens",
-            num_prompt_tokens=prompt,
-            num_tokens=n,
-        )
+    prompt = prompt_tokens(num_prompt_tokens, n)
     mamba = [g for g in geom.groups if g.is_align_mamba]
     if not mamba:
         raise QueryError.single(

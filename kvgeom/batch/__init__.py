@@ -212,6 +212,26 @@ def _same_length(name: str, a: np.ndarray, size: int) -> None:
         )
 
 
+def _prompt_tokens(num_prompt_tokens: Any, n: I64) -> I64:
+    """Per request, ``num_prompt_tokens`` checked against ``num_tokens`` (``None``: all prompt); the batch
+    twin of :func:`kvgeom._check.prompt_tokens` (``prompt_longer_than_request`` names the first request)."""
+    if num_prompt_tokens is None:
+        return n
+    prompt = _ints("num_prompt_tokens", num_prompt_tokens)
+    _same_length("num_prompt_tokens", prompt, n.shape[0])
+    if (prompt > n).any():
+        i = int(np.argmax(prompt > n))
+        raise QueryError.single(
+            "prompt_longer_than_request",
+            f"num_prompt_tokens={int(prompt[i])} exceeds num_tokens={int(n[i])} (request {i}); a request "
+            "holds its whole prompt",
+            "num_prompt_tokens",
+            num_prompt_tokens=int(prompt[i]),
+            num_tokens=int(n[i]),
+        )
+    return prompt
+
+
 def _fits(name: str, max_result: int) -> None:
     """Raise unless a result bounded by ``max_result`` (a Python int) fits int64."""
     if max_result > INT64_MAX:
@@ -1505,21 +1525,7 @@ def lookup_hits(
     off = _offload(geom)
     n = _ints("num_tokens", num_tokens)
     size = n.shape[0]
-    if num_prompt_tokens is None:
-        prompt = n
-    else:
-        prompt = _ints("num_prompt_tokens", num_prompt_tokens)
-        _same_length("num_prompt_tokens", prompt, size)
-        if (prompt > n).any():
-            i = int(np.argmax(prompt > n))
-            raise QueryError.single(
-                "prompt_longer_than_request",
-                f"num_prompt_tokens={int(prompt[i])} exceeds num_tokens={int(n[i])} (request {i}); a request "
-                "holds its whole prompt",
-                "num_prompt_tokens",
-                num_prompt_tokens=int(prompt[i]),
-                num_tokens=int(n[i]),
-            )
+    prompt = _prompt_tokens(num_prompt_tokens, n)
     if local_computed_tokens is None:
         local = np.zeros(size, dtype=np.int64)
     else:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvgeom.batch import I64, Bools, Hits, _int_or_array, _ints, _lookup_views, _offload, _same_length
+from kvgeom.batch import I64, Bools, Hits, _int_or_array, _ints, _lookup_views, _offload, _prompt_tokens, _same_length
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.residency import Residency
@@ -216,19 +216,7 @@ def lookup_resident(
             tmp.update(i, chain)
         ids, row_of = tmp.ids, np.arange(len(chains), dtype=np.int64)
     _same_length("chains", row_of, size)
-    if num_prompt_tokens is None:
-        prompt = n
-    else:
-        prompt = _ints("num_prompt_tokens", num_prompt_tokens)
-        _same_length("num_prompt_tokens", prompt, size)
-        if (prompt > n).any():
-            i = int(np.argmax(prompt > n))
-            raise QueryError.single(
-                "prompt_longer_than_request",
-                f"num_prompt_tokens={int(prompt[i])} exceeds num_tokens={int(n[i])} (request {i}); a request "
-                "holds its whole prompt",
-                "num_prompt_tokens", num_prompt_tokens=int(prompt[i]), num_tokens=int(n[i]),
-            )
+    prompt = _prompt_tokens(num_prompt_tokens, n)
     if local_computed_tokens is None:
         local = np.zeros(size, dtype=np.int64)
     else:
