@@ -39,7 +39,7 @@ from kvgeom.speculative import (
     eagle_pair_held,
     eagle_pops,
     eagle_query_end,
-    mamba_store_boundary,
+    mamba_store_points,
     partial_tail_key,
     partial_tail_max_boundary,
     store_holdback_chunks,
@@ -589,8 +589,9 @@ def plan_store(
     With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
     chunk is held back while the request decodes and stored once it finishes
     (:func:`kvgeom.speculative.store_holdback_chunks`), and an align Mamba group's
-    default reachable boundary is the shifted prefill checkpoint
-    (:func:`kvgeom.speculative.mamba_store_boundary`).
+    default reachable boundaries are the shifted prefill checkpoint plus, with the
+    GPU drop, the eagle replay boundaries a prefill chunk ends at
+    (:func:`kvgeom.speculative.mamba_store_points`).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
@@ -629,8 +630,8 @@ def plan_store(
         _fits(storable - start)
         group_points = points
         if reachable is None and g.is_align_mamba:
-            shifted = mamba_store_boundary(geom, prompt)
-            group_points = points if shifted is None else (shifted,)
+            shifted = mamba_store_points(geom, prompt)
+            group_points = points if shifted is None else shifted
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
+from kvgeom.speculative import engine_block_size
 
 if TYPE_CHECKING:
     from kvgeom.batch import I64, Bools
@@ -54,10 +55,12 @@ def store_holdback(
 
 
 def mamba_store_points(geom: Geometry, prompt: I64) -> I64 | None:
-    """:func:`kvgeom.speculative.mamba_store_boundary` for many prompts, as a one-column ``reachable`` matrix
-    (``-1`` for an empty prompt); None when speculation moves no checkpoint."""
+    """:func:`kvgeom.speculative.mamba_store_points` for many prompts, as a three-column ``reachable``
+    matrix (the checkpoint, then the two eagle replay boundaries where a prefill chunk ends there; ``-1``
+    marks an unused slot or an empty prompt); None when speculation moves no checkpoint."""
     sg = geom.speculative
-    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not any(g.is_align_mamba for g in geom.groups):
+    mamba = [g for g in geom.groups if g.is_align_mamba]
+    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not mamba:
         return None
     A = geom.hit_alignment_tokens
     if sg.gpu_drop:
@@ -65,7 +68,30 @@ def mamba_store_points(geom: Geometry, prompt: I64) -> I64 | None:
     else:
         t = prompt - max(1, sg.prefill_lookahead_tokens)
         pos = np.maximum(t - t % A, 0)
-    return np.where(prompt > 0, pos, -1)[:, None]
+    live = prompt > 0
+    checkpoint = np.where(live, pos, -1)[:, None]
+    if not sg.gpu_drop:
+        return checkpoint
+    # prefill chunk ends (kvgeom.speculative.prefill_chunk_ends): the last cacheable Mamba boundary, the
+    # H-grid tail when partial hash hits split the prefill, and the block boundary after a mid-block tail
+    B = engine_block_size(geom)
+    H = geom.hash_block_size
+    L = geom.scheduler_block_size
+    last = np.maximum(prompt - prompt % B - B, 0)
+    inside = (last > 0) & (last < prompt)
+    if geom.partial_hash_hits and H < L:
+        tail = np.maximum(prompt - prompt % H - H, 0)
+        has_tail = (last < tail) & (tail < prompt)
+        after = tail - tail % B + B
+        has_after = has_tail & (tail % B != 0) & (after < prompt)
+    else:
+        tail = after = np.zeros_like(prompt)
+        has_tail = has_after = np.zeros(prompt.shape, dtype=bool)
+    cols = [checkpoint]
+    for r in (np.maximum((prompt - 1) - (prompt - 1) % L - L, 0), np.maximum(prompt - prompt % L - L, 0)):
+        is_end = (inside & (r == last)) | (has_tail & (r == tail)) | (has_after & (r == after))
+        cols.append(np.where(live & (r > 0) & is_end & (r != pos), r, -1)[:, None])
+    return np.concatenate(cols, axis=1)
 
 
 def partial_tail_top(geom: Geometry, n: I64, prompt: I64, done: I64, limit: I64) -> I64:
