@@ -28,8 +28,8 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 from __future__ import annotations
 
 import dataclasses
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from kvgeom._check import nonneg
