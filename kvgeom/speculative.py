@@ -63,6 +63,7 @@ __all__ = [
     "MambaCheckpoint",
     "apply_defaults",
     "check_drafters",
+    "default_chunk_filter",
     "eagle_pair_held",
     "eagle_pops",
     "eagle_proof_margin",
@@ -498,41 +499,72 @@ def _partial_tail_split(geom: Geometry) -> bool:
     return geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size
 
 
-def _chunk_ends(geom: Geometry, n: int, prompt: int, block: int, drop: bool, lookahead: int) -> tuple[int, ...]:
-    """Where the prefill chunks of ``[0, prompt)`` end with an unbounded token budget (see
-    :func:`prefill_chunk_ends`); ``block`` is :func:`engine_block_size`."""
+def _chunk_ends(
+    geom: Geometry, n: int, prompt: int, block: int, drop: bool, lookahead: int, budget: int | None = None
+) -> tuple[int, ...]:
+    """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`); ``block`` is
+    :func:`engine_block_size`, ``budget`` the per-step token budget (None: unbounded; a stall that
+    the multi-module MTP reserve would cause is then left to the ``speculative_mtp_prefill_stall``
+    warning and the chunk kept, so :class:`MambaCheckpoint` stays total)."""
     if prompt <= 0:
         return ()
     last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
     H = geom.hash_block_size
     tail = mamba_checkpoint_position(prompt, H, drop, lookahead) if _partial_tail_split(geom) else 0
+    sg = geom.speculative
+    reserve = sg.prefill_lookahead_tokens if sg is not None else 0
     ends: list[int] = []
     start = 0
     while start < prompt:
+        end = prompt if budget is None else min(prompt, start + budget)
+        if end < prompt:
+            assert budget is not None
+            aligned = rdown(end, block)
+            if aligned > start or block <= budget:
+                end = aligned  # a mid-prefill chunk ends on a block boundary
         stops = (
             rup(start, block) if start % block else 0,  # a chunk that starts mid-block stops at the boundary
             last,  # never run past the last cacheable block boundary
             tail if last < tail < prompt else 0,  # the prompt's H-grid checkpoint
         )
-        start = min((s for s in stops if start < s < prompt), default=prompt)
-        ends.append(start)
+        end = min((s for s in stops if start < s < end), default=end)
+        if 0 < prompt - end < reserve and (budget is not None or end - (reserve - (prompt - end)) > start):
+            end -= reserve - (prompt - end)  # multi-module MTP: never end within P of the prefill end
+        if end <= start:
+            raise QueryError.single(
+                "prefill_stalls",
+                f"the prefill of {prompt} tokens cannot be scheduled past token {start}: the Mamba split and "
+                f"the multi-module MTP lookahead reserve of {reserve} tokens leave no tokens to schedule (vLLM "
+                "requeues the request forever); enable speculative.eagle_block_drop or change the prompt length",
+                "num_prompt_tokens",
+                num_prompt_tokens=prompt,
+                stalled_at=start,
+            )
+        ends.append(end)
+        start = end
     return tuple(ends)
 
 
-def prefill_chunk_ends(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]:
+def prefill_chunk_ends(
+    geom: Geometry, num_prompt_tokens: int, *, max_num_batched_tokens: int | None = None
+) -> tuple[int, ...]:
     """Where vLLM 0.33's scheduler ends the prefill chunks of a fresh prompt in align Mamba mode.
 
-    With an unbounded token budget, no earlier hit and no shared-prefix junction, a chunk stops
-    at the first of: the last cacheable block boundary (``MambaCheckpoint.last_cacheable``, on the
-    grid of :func:`engine_block_size`), the prompt's H-grid checkpoint when partial hash hits
-    split the prefill (H below the scheduler block), and the next block boundary when the
-    chunk starts mid-block (vLLM 0.33 ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split``).
-    A Mamba state exists only where a chunk ends, so these are the only states the store side can
-    hand to the connector. Needs an align-mode Mamba group (:class:`kvgeom.QueryError`
-    ``no_align_mamba`` otherwise).
+    Each step schedules up to ``max_num_batched_tokens`` (None: unbounded) and a chunk that does
+    not reach the prompt's end is cut back to a block boundary; it then stops at the first of: the
+    last cacheable block boundary (``MambaCheckpoint.last_cacheable``, on the grid of
+    :func:`engine_block_size`), the prompt's H-grid checkpoint when partial hash hits split the
+    prefill (H below the scheduler block), and the next block boundary when the chunk starts
+    mid-block; multi-module MTP never ends a chunk within P tokens of the prompt's end (vLLM 0.33
+    ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split`` and
+    ``_reserve_prefill_lookahead``; no earlier hit, no shared-prefix junction, one request). A
+    Mamba state exists only where a chunk ends, so these are the only states the store side can
+    hand to the connector (:func:`kvgeom.hits.plan_store` ``chunk_ends``). Needs an align-mode
+    Mamba group (:class:`kvgeom.QueryError` ``no_align_mamba``); a prefill that cannot advance
+    raises ``prefill_stalls``.
 
     Postconditions: strictly increasing, the last one is the prompt, every one before the last is a
-    multiple of H or of :func:`engine_block_size`.
+    multiple of H or of :func:`engine_block_size`, and with a budget no chunk is longer than it.
 
     >>> import kvgeom
     >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
@@ -543,8 +575,23 @@ def prefill_chunk_ends(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...
     (64, 112, 128, 131)
     """
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
-    cp = mamba_checkpoint(geom, prompt)
-    return tuple(accumulate(cp.prefill_chunks))
+    budget = None
+    if max_num_batched_tokens is not None:
+        budget = nonneg("max_num_batched_tokens", max_num_batched_tokens)
+        if budget == 0:
+            raise QueryError.single(
+                "out_of_range",
+                "max_num_batched_tokens=0 schedules nothing; give a positive token budget or None (unbounded)",
+                "max_num_batched_tokens",
+                max_num_batched_tokens=0,
+            )
+    cp = mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
+    sg = geom.speculative
+    drop = bool(sg and sg.gpu_drop)
+    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
+    if budget is None:
+        return tuple(accumulate(cp.prefill_chunks))
+    return _chunk_ends(geom, prompt, prompt, engine_block_size(geom), drop, lookahead, budget)
 
 
 def _eagle_replay_boundaries(prompt: int, L: int) -> tuple[int, ...]:
@@ -583,6 +630,19 @@ def mamba_store_points(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...
     ends = set(prefill_chunk_ends(geom, num_prompt_tokens))
     replay = _eagle_replay_boundaries(num_prompt_tokens, geom.scheduler_block_size)
     return (shifted, *(r for r in replay if r in ends and r != shifted))
+
+
+def default_chunk_filter(geom: Geometry) -> bool:
+    """Whether :func:`kvgeom.hits.plan_store` filters an align Mamba group's stores by the prompt's
+    :func:`prefill_chunk_ends` when the caller gives none: under the GPU drop (the case where vLLM 0.33's
+    split and its replay boundaries part from the shifted checkpoint).
+
+    >>> import kvgeom
+    >>> default_chunk_filter(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    False
+    """
+    sg = geom.speculative
+    return bool(sg is not None and sg.gpu_drop and any(g.is_align_mamba for g in geom.groups))
 
 
 def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
-from kvgeom.speculative import engine_block_size
+from kvgeom.speculative import default_chunk_filter
 
 if TYPE_CHECKING:
     from kvgeom.batch import I64, Bools
 
-__all__ = ["eagle_pair_held", "mamba_store_points", "partial_tail_top", "store_holdback"]
+__all__ = ["eagle_pair_held", "mamba_chunk_ends", "mamba_store_points", "partial_tail_top", "store_holdback"]
 
 
 class _PairView:
@@ -54,44 +54,38 @@ def store_holdback(
     return np.where((offloadable > prompt) & ~finished, np.minimum(storable, held_back), storable)
 
 
+def _per_prompt(prompt: I64, rows: Any) -> I64:
+    """A ``-1``-padded matrix with ``rows(p)`` for each request's prompt ``p`` (computed once per distinct
+    prompt: the speculative Mamba rules are a handful of positions per prompt)."""
+    values, inverse = np.unique(prompt, return_inverse=True)
+    table = [tuple(rows(int(p))) if p > 0 else () for p in values]
+    width = max((len(t) for t in table), default=0)
+    out = np.full((len(values), max(width, 1)), -1, dtype=np.int64)
+    for i, t in enumerate(table):
+        out[i, : len(t)] = t
+    return out[inverse.reshape(-1)]
+
+
 def mamba_store_points(geom: Geometry, prompt: I64) -> I64 | None:
-    """:func:`kvgeom.speculative.mamba_store_points` for many prompts, as a three-column ``reachable``
-    matrix (the checkpoint, then the two eagle replay boundaries where a prefill chunk ends there; ``-1``
+    """:func:`kvgeom.speculative.mamba_store_points` for many prompts, as a ``reachable`` matrix (``-1``
     marks an unused slot or an empty prompt); None when speculation moves no checkpoint."""
+    from kvgeom.speculative import mamba_store_points as scalar
+
     sg = geom.speculative
-    mamba = [g for g in geom.groups if g.is_align_mamba]
-    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not mamba:
+    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not any(g.is_align_mamba for g in geom.groups):
         return None
-    A = geom.hit_alignment_tokens
-    if sg.gpu_drop:
-        pos = np.maximum(prompt - prompt % A - A, 0)
-    else:
-        t = prompt - max(1, sg.prefill_lookahead_tokens)
-        pos = np.maximum(t - t % A, 0)
-    live = prompt > 0
-    checkpoint = np.where(live, pos, -1)[:, None]
-    if not sg.gpu_drop:
-        return checkpoint
-    # prefill chunk ends (kvgeom.speculative.prefill_chunk_ends): the last cacheable Mamba boundary, the
-    # H-grid tail when partial hash hits split the prefill, and the block boundary after a mid-block tail
-    B = engine_block_size(geom)
-    H = geom.hash_block_size
-    L = geom.scheduler_block_size
-    last = np.maximum(prompt - prompt % B - B, 0)
-    inside = (last > 0) & (last < prompt)
-    if geom.partial_hash_hits and H < L:
-        tail = np.maximum(prompt - prompt % H - H, 0)
-        has_tail = (last < tail) & (tail < prompt)
-        after = tail - tail % B + B
-        has_after = has_tail & (tail % B != 0) & (after < prompt)
-    else:
-        tail = after = np.zeros_like(prompt)
-        has_tail = has_after = np.zeros(prompt.shape, dtype=bool)
-    cols = [checkpoint]
-    for r in (np.maximum((prompt - 1) - (prompt - 1) % L - L, 0), np.maximum(prompt - prompt % L - L, 0)):
-        is_end = (inside & (r == last)) | (has_tail & (r == tail)) | (has_after & (r == after))
-        cols.append(np.where(live & (r > 0) & is_end & (r != pos), r, -1)[:, None])
-    return np.concatenate(cols, axis=1)
+    return _per_prompt(prompt, lambda p: scalar(geom, p) or ())
+
+
+def mamba_chunk_ends(geom: Geometry, prompt: I64) -> I64 | None:
+    """:func:`kvgeom.speculative.prefill_chunk_ends` (unbounded budget) for many prompts as a ``-1``-padded
+    matrix, when :func:`kvgeom.hits.plan_store` applies it by default (the GPU drop and an align Mamba
+    group); None otherwise."""
+    from kvgeom.speculative import prefill_chunk_ends
+
+    if not default_chunk_filter(geom):
+        return None
+    return _per_prompt(prompt, lambda p: prefill_chunk_ends(geom, p))
 
 
 def partial_tail_top(geom: Geometry, n: I64, prompt: I64, done: I64, limit: I64) -> I64:
