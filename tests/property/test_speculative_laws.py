@@ -382,7 +382,8 @@ def test_resident_lookups_agree_under_speculation(geom, data):
 
 def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | None) -> None:
     """Chunk ends climb strictly to the prompt, land on H or the engine block grid before it (unless the
-    budget is narrower than a block), respect the budget, and the unbounded split is the one :func:`mamba_checkpoint` reports."""
+    budget is narrower than a block), respect the budget, and the unbounded split is the one
+    :func:`mamba_checkpoint` reports."""
     try:
         ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
     except kvgeom.QueryError as e:
