@@ -646,7 +646,7 @@ def plan_store(
         _fits(storable - start)
         group_points = points
         if reachable is None and g.is_align_mamba:
-            shifted = mamba_store_points(geom, prompt)
+            shifted = mamba_store_points(geom, prompt, None if chunk_ends is None else exists)
             group_points = points if shifted is None else shifted
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(

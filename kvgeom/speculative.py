@@ -28,6 +28,7 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -600,16 +601,18 @@ def _eagle_replay_boundaries(prompt: int, L: int) -> tuple[int, ...]:
     return tuple(sorted({max(rdown(prompt - 1, L) - L, 0), max(rdown(prompt, L) - L, 0)} - {0}))
 
 
-def mamba_store_points(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...] | None:
+def mamba_store_points(
+    geom: Geometry, num_prompt_tokens: int, chunk_ends: Collection[int] | None = None
+) -> tuple[int, ...] | None:
     """The reachable boundaries an align Mamba group's store mask keeps for a prompt under speculation;
     None when speculation moves nothing (the caller keeps the replay boundary ``num_prompt - 1``).
 
     The shifted checkpoint (:func:`mamba_store_boundary`) and, with the GPU drop, every eagle replay
     boundary (one scheduler block below the resend cap and the extension boundary) at which a prefill
-    chunk ends (:func:`prefill_chunk_ends`): vLLM 0.33's Mamba manager keeps the states at its replay
-    boundaries (``MambaManager.reachable_block_mask``) and hands each one a chunk produced to the
-    connector (``MambaManager.cache_blocks``, ``boundary_state_offloads``); a boundary no chunk ends
-    at has no state.
+    chunk ends (``chunk_ends``, default :func:`prefill_chunk_ends` with an unbounded budget): vLLM
+    0.33's Mamba manager keeps the states at its replay boundaries (``MambaManager.reachable_block_mask``)
+    and hands each one a chunk produced to the connector (``MambaManager.cache_blocks``,
+    ``boundary_state_offloads``); a boundary no chunk ends at has no state.
 
     Postcondition: the first point is the checkpoint; every later one is a chunk end.
 
@@ -627,7 +630,7 @@ def mamba_store_points(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...
         return None
     if not sg.gpu_drop:
         return (shifted,)
-    ends = set(prefill_chunk_ends(geom, num_prompt_tokens))
+    ends = set(prefill_chunk_ends(geom, num_prompt_tokens) if chunk_ends is None else chunk_ends)
     replay = _eagle_replay_boundaries(num_prompt_tokens, geom.scheduler_block_size)
     return (shifted, *(r for r in replay if r in ends and r != shifted))
 

@@ -1056,12 +1056,14 @@ def plan_stores(
         _same_length("reachable", points, size)
     from kvgeom.batch.speculative import mamba_chunk_ends, mamba_store_points, store_holdback
 
-    shifted = mamba_store_points(geom, prompt)
+    exists: I64 | None
     if chunk_ends is not None:
         exists = _ints("chunk_ends", chunk_ends, ndim=2, allow_minus_one=True)
         _same_length("chunk_ends", exists, size)
+        shifted = mamba_store_points(geom, prompt, exists)
     else:
         exists = mamba_chunk_ends(geom, prompt)
+        shifted = mamba_store_points(geom, prompt)
     H = geom.hash_block_size
     keyed_n = _div(n, H)
     groups = []

@@ -66,15 +66,24 @@ def _per_prompt(prompt: I64, rows: Any) -> I64:
     return out[inverse.reshape(-1)]
 
 
-def mamba_store_points(geom: Geometry, prompt: I64) -> I64 | None:
+def mamba_store_points(geom: Geometry, prompt: I64, chunk_ends: I64 | None = None) -> I64 | None:
     """:func:`kvgeom.speculative.mamba_store_points` for many prompts, as a ``reachable`` matrix (``-1``
-    marks an unused slot or an empty prompt); None when speculation moves no checkpoint."""
+    marks an unused slot or an empty prompt); None when speculation moves no checkpoint. ``chunk_ends``:
+    one ``-1``-padded row of prefill chunk ends per request (None: the unbounded split)."""
     from kvgeom.speculative import mamba_store_points as scalar
 
     sg = geom.speculative
     if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not any(g.is_align_mamba for g in geom.groups):
         return None
-    return _per_prompt(prompt, lambda p: scalar(geom, p) or ())
+    if chunk_ends is None:
+        return _per_prompt(prompt, lambda p: scalar(geom, p) or ())
+    rows = [scalar(geom, int(p), [int(e) for e in row if e >= 0]) or () if p > 0 else ()
+            for p, row in zip(prompt, chunk_ends, strict=True)]
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def mamba_chunk_ends(geom: Geometry, prompt: I64) -> I64 | None:
