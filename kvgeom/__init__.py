@@ -48,7 +48,7 @@ from kvgeom.specs import (
     is_dcp_sharded,
     is_prefix_cacheable,
 )
-from kvgeom.speculative import MambaCheckpoint, mamba_checkpoint
+from kvgeom.speculative import MambaCheckpoint, mamba_checkpoint, prefill_chunk_ends
 from kvgeom.speculative_config import SpeculativeConfig
 
 # isort: split
@@ -157,6 +157,7 @@ __all__ = [
     "SpeculativeConfig",
     "MambaCheckpoint",
     "mamba_checkpoint",
+    "prefill_chunk_ends",
     "make_offload_key",
     "split_offload_key",
     # 0.2: GPU prefix-cache hits

@@ -36,12 +36,14 @@ from kvgeom.probes import Probe, as_probe
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 from kvgeom.speculative import (
+    default_chunk_filter,
     eagle_pair_held,
     eagle_pops,
     eagle_query_end,
-    mamba_store_boundary,
+    mamba_store_points,
     partial_tail_key,
     partial_tail_max_boundary,
+    prefill_chunk_ends,
     store_holdback_chunks,
 )
 
@@ -556,6 +558,7 @@ def plan_store(
     offload_prompt_only: bool = True,
     max_offload_tokens: int | None = None,
     finished: bool = False,
+    chunk_ends: Collection[int] | None = None,
 ) -> StorePlan:
     """Chunks each offloaded group stores after a step (vLLM 0.33 `_build_store_jobs`).
 
@@ -579,8 +582,17 @@ def plan_store(
     With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
     chunk is held back while the request decodes and stored once it finishes
     (:func:`kvgeom.speculative.store_holdback_chunks`), and an align Mamba group's
-    default reachable boundary is the shifted prefill checkpoint
-    (:func:`kvgeom.speculative.mamba_store_boundary`).
+    default reachable boundaries are the shifted prefill checkpoint plus, with the
+    GPU drop, the eagle replay boundaries a prefill chunk ends at
+    (:func:`kvgeom.speculative.mamba_store_points`).
+
+    ``chunk_ends`` are the token counts at which the request's prefill chunks
+    ended (:func:`kvgeom.speculative.prefill_chunk_ends`, e.g. with the
+    deployment's ``max_num_batched_tokens``): vLLM 0.33 writes an align Mamba
+    state only where a chunk ends, so a Mamba key ending inside the prompt is
+    stored only at one of them (keys past the prompt are not filtered). None:
+    no filter, except under the GPU drop, where the unbounded-budget chunk ends
+    apply (:func:`kvgeom.speculative.default_chunk_filter`).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
@@ -606,6 +618,11 @@ def plan_store(
     if finished:
         offloadable = min(offloadable, max(prompt, n - 1))
     points = tuple(reachable) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
+    exists: frozenset[int] | None = None
+    if chunk_ends is not None:
+        exists = frozenset(nonneg("chunk_ends[]", e) for e in chunk_ends)
+    elif default_chunk_filter(geom):
+        exists = frozenset(prefill_chunk_ends(geom, prompt))
     out = []
     for og in off.groups:
         g = geom.groups[og.index]
@@ -619,8 +636,8 @@ def plan_store(
         _fits(storable - start)
         group_points = points
         if reachable is None and g.is_align_mamba:
-            shifted = mamba_store_boundary(geom, prompt)
-            group_points = points if shifted is None else (shifted,)
+            shifted = mamba_store_points(geom, prompt, None if chunk_ends is None else exists)
+            group_points = points if shifted is None else shifted
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished
@@ -630,7 +647,10 @@ def plan_store(
             mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.
             states = {j: state_block_for_boundary(geom, og.index, (j + 1) * C) for j in range(start, storable)}
-            chunks = tuple(j for j, b in states.items() if mask is None or b in mask)
+            chunks = tuple(
+                j for j, b in states.items()
+                if (mask is None or b in mask) and (exists is None or (j + 1) * C > prompt or (j + 1) * C in exists)
+            )
             entries = tuple((states[j],) for j in chunks)
         else:
             revisit = _swa_revisit_start(geom, og, start, storable, prompt_chunks, finished)

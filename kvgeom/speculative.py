@@ -28,11 +28,13 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from kvgeom._check import nonneg, prompt_tokens
-from kvgeom._math import rdown
+from kvgeom._math import rdown, rup
 from kvgeom.errors import Problem, QueryError
 from kvgeom.probes import Probe
 from kvgeom.specs import (
@@ -41,6 +43,7 @@ from kvgeom.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformSpec,
+    is_prefix_cacheable,
     iter_leaves,
     sliding_window_of,
 )
@@ -61,16 +64,20 @@ __all__ = [
     "MambaCheckpoint",
     "apply_defaults",
     "check_drafters",
+    "default_chunk_filter",
     "eagle_pair_held",
     "eagle_pops",
     "eagle_proof_margin",
     "eagle_query_end",
+    "engine_block_size",
     "explain_lines",
     "gpu_dropping_groups",
     "is_drafter_group",
     "mamba_checkpoint",
     "mamba_checkpoint_position",
     "mamba_store_boundary",
+    "mamba_store_points",
+    "prefill_chunk_ends",
     "partial_tail_key",
     "partial_tail_max_boundary",
     "prefill_lookahead_tokens",
@@ -399,7 +406,8 @@ class MambaCheckpoint:
     shift: int
     """Tokens the checkpoint moved down because of speculation (0 without a GPU drop or lookahead)."""
     last_cacheable: int
-    """The last Mamba block boundary a prefill chunk may run to mid-prefill (Mamba block grid)."""
+    """The last block boundary a prefill chunk may run to mid-prefill (grid: :func:`engine_block_size`,
+    the Mamba block in vLLM's default align setup)."""
     prefill_chunks: tuple[int, ...]
     """Chunk lengths of a prefill from 0 with an unbounded token budget (no junction, no prior hit)."""
     state_block: int | None
@@ -422,8 +430,8 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     :func:`mamba_checkpoint_position` of the prefill end ``max(prompt, n - 1)`` with the GPU drop
     (``Geometry.speculative.gpu_drop``) and P lookahead tokens under lookahead hashes (vLLM 0.33
     ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split``). ``last_cacheable`` is
-    the same rule on the align Mamba group's own block. ``prefill_chunks`` splits ``[0, prompt)``
-    at ``last_cacheable`` when it lies strictly inside. Needs an align-mode Mamba group, else
+    the same rule on :func:`engine_block_size`'s grid. ``prefill_chunks`` are the lengths of
+    :func:`prefill_chunk_ends`. Needs an align-mode Mamba group, else
     :class:`kvgeom.QueryError` ``no_align_mamba``. ``state_block`` is the first align Mamba group's block
     holding the checkpoint state.
 
@@ -455,12 +463,181 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     end = max(prompt, n - 1)
     position = mamba_checkpoint_position(end, unit, drop, lookahead) if end else 0
     plain = mamba_checkpoint_position(end, unit, False) if end else 0
-    block = mamba[0].block_size
+    block = engine_block_size(geom)
     last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
-    chunks = (last, prompt - last) if 0 < last < prompt else ((prompt,) if prompt else ())
+    ends = _chunk_ends(geom, n, prompt, block, drop, lookahead)
+    chunks = tuple(b - a for a, b in zip((0, *ends), ends, strict=False))
     return MambaCheckpoint(
         position, unit, plain - position, last, chunks, _checkpoint_state_block(geom, mamba[0].index, position)
     )
+
+
+def engine_block_size(geom: Geometry) -> int:
+    """vLLM's ``cache_config.block_size`` for the geometry: the smallest per-rank block of the
+    prefix-cacheable groups (of all groups when none is). vLLM 0.33's scheduler splits Mamba prefills
+    on this grid (``Scheduler._mamba_block_aligned_split``); in align mode vLLM sets the Mamba block to
+    it unless ``mamba_block_size`` is given (``HybridAttentionMambaModelConfig``).
+
+    >>> import kvgeom
+    >>> engine_block_size(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    16
+    """
+    cacheable = [g.block_size for g in geom.groups if is_prefix_cacheable(g.spec)]
+    return min(cacheable or [g.block_size for g in geom.groups])
+
+
+def _partial_tail_split(geom: Geometry) -> bool:
+    """vLLM 0.33 ``Scheduler.mamba_partial_cache_hit``: align Mamba, H below the scheduler block, partial
+    hash hits on -- the prefill then also stops at the prompt's H-grid checkpoint."""
+    return geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size
+
+
+def _chunk_ends(
+    geom: Geometry, n: int, prompt: int, block: int, drop: bool, lookahead: int, budget: int | None = None
+) -> tuple[int, ...]:
+    """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`); ``block`` is
+    :func:`engine_block_size`, ``budget`` the per-step token budget (None: unbounded; a stall that
+    the multi-module MTP reserve would cause is then left to the ``speculative_mtp_prefill_stall``
+    warning and the chunk kept, so :class:`MambaCheckpoint` stays total)."""
+    if prompt <= 0:
+        return ()
+    last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
+    H = geom.hash_block_size
+    tail = mamba_checkpoint_position(prompt, H, drop, lookahead) if _partial_tail_split(geom) else 0
+    sg = geom.speculative
+    reserve = sg.prefill_lookahead_tokens if sg is not None else 0
+    ends: list[int] = []
+    start = 0
+    while start < prompt:
+        end = prompt if budget is None else min(prompt, start + budget)
+        if end < prompt:
+            assert budget is not None
+            aligned = rdown(end, block)
+            if aligned > start or block <= budget:
+                end = aligned  # a mid-prefill chunk ends on a block boundary
+        stops = (
+            rup(start, block) if start % block else 0,  # a chunk that starts mid-block stops at the boundary
+            last,  # never run past the last cacheable block boundary
+            tail if last < tail < prompt else 0,  # the prompt's H-grid checkpoint
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        if 0 < prompt - end < reserve and (budget is not None or end - (reserve - (prompt - end)) > start):
+            end -= reserve - (prompt - end)  # multi-module MTP: never end within P of the prefill end
+        if end <= start:
+            raise QueryError.single(
+                "prefill_stalls",
+                f"the prefill of {prompt} tokens cannot be scheduled past token {start}: the Mamba split and "
+                f"the multi-module MTP lookahead reserve of {reserve} tokens leave no tokens to schedule (vLLM "
+                "requeues the request forever); enable speculative.eagle_block_drop or change the prompt length",
+                "num_prompt_tokens",
+                num_prompt_tokens=prompt,
+                stalled_at=start,
+            )
+        ends.append(end)
+        start = end
+    return tuple(ends)
+
+
+def prefill_chunk_ends(
+    geom: Geometry, num_prompt_tokens: int, *, max_num_batched_tokens: int | None = None
+) -> tuple[int, ...]:
+    """Where vLLM 0.33's scheduler ends the prefill chunks of a fresh prompt in align Mamba mode.
+
+    Each step schedules up to ``max_num_batched_tokens`` (None: unbounded) and a chunk that does
+    not reach the prompt's end is cut back to a block boundary; it then stops at the first of: the
+    last cacheable block boundary (``MambaCheckpoint.last_cacheable``, on the grid of
+    :func:`engine_block_size`), the prompt's H-grid checkpoint when partial hash hits split the
+    prefill (H below the scheduler block), and the next block boundary when the chunk starts
+    mid-block; multi-module MTP never ends a chunk within P tokens of the prompt's end (vLLM 0.33
+    ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split`` and
+    ``_reserve_prefill_lookahead``; no earlier hit, no shared-prefix junction, one request). A
+    Mamba state exists only where a chunk ends, so these are the only states the store side can
+    hand to the connector (:func:`kvgeom.hits.plan_store` ``chunk_ends``). Needs an align-mode
+    Mamba group (:class:`kvgeom.QueryError` ``no_align_mamba``); a prefill that cannot advance
+    raises ``prefill_stalls``.
+
+    Postconditions: strictly increasing, the last one is the prompt, every one before the last is a
+    multiple of H or of :func:`engine_block_size`, and with a budget no chunk is longer than it.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
+    ...                   {"kind": "full_attention", "block_size": 64, "num_kv_heads": 4, "drafter": True}],
+    ...        "cache": {"prefix_match_unit": 16}, "offload": {},
+    ...        "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}
+    >>> prefill_chunk_ends(kvgeom.resolve(cfg), 131)  # vLLM 0.33 run: chunks [64, 48, 16, 3]
+    (64, 112, 128, 131)
+    """
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    budget = None
+    if max_num_batched_tokens is not None:
+        budget = nonneg("max_num_batched_tokens", max_num_batched_tokens)
+        if budget == 0:
+            raise QueryError.single(
+                "out_of_range",
+                "max_num_batched_tokens=0 schedules nothing; give a positive token budget or None (unbounded)",
+                "max_num_batched_tokens",
+                max_num_batched_tokens=0,
+            )
+    cp = mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
+    sg = geom.speculative
+    drop = bool(sg and sg.gpu_drop)
+    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
+    if budget is None:
+        return tuple(accumulate(cp.prefill_chunks))
+    return _chunk_ends(geom, prompt, prompt, engine_block_size(geom), drop, lookahead, budget)
+
+
+def _eagle_replay_boundaries(prompt: int, L: int) -> tuple[int, ...]:
+    """The positions a later request can resume an eagle prompt at: one scheduler block below the
+    resend cap and below the extension boundary (vLLM 0.33 ``kv_cache_coordinator.py::replay_boundaries``)."""
+    return tuple(sorted({max(rdown(prompt - 1, L) - L, 0), max(rdown(prompt, L) - L, 0)} - {0}))
+
+
+def mamba_store_points(
+    geom: Geometry, num_prompt_tokens: int, chunk_ends: Collection[int] | None = None
+) -> tuple[int, ...] | None:
+    """The reachable boundaries an align Mamba group's store mask keeps for a prompt under speculation;
+    None when speculation moves nothing (the caller keeps the replay boundary ``num_prompt - 1``).
+
+    The shifted checkpoint (:func:`mamba_store_boundary`) and, with the GPU drop, every eagle replay
+    boundary (one scheduler block below the resend cap and the extension boundary) at which a prefill
+    chunk ends (``chunk_ends``, default :func:`prefill_chunk_ends` with an unbounded budget): vLLM
+    0.33's Mamba manager keeps the states at its replay boundaries (``MambaManager.reachable_block_mask``)
+    and hands each one a chunk produced to the connector (``MambaManager.cache_blocks``,
+    ``boundary_state_offloads``); a boundary no chunk ends at has no state.
+
+    Postcondition: the first point is the checkpoint; every later one is a chunk end.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
+    ...                   {"kind": "full_attention", "block_size": 64, "num_kv_heads": 4, "drafter": True}],
+    ...        "cache": {"prefix_match_unit": 16}, "offload": {},
+    ...        "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}
+    >>> mamba_store_points(kvgeom.resolve(cfg), 150)  # vLLM 0.33 run: Mamba stores 64 and 128
+    (128, 64)
+    """
+    shifted = mamba_store_boundary(geom, num_prompt_tokens)
+    sg = geom.speculative
+    if shifted is None or sg is None:
+        return None
+    if not sg.gpu_drop:
+        return (shifted,)
+    ends = set(prefill_chunk_ends(geom, num_prompt_tokens) if chunk_ends is None else chunk_ends)
+    replay = _eagle_replay_boundaries(num_prompt_tokens, geom.scheduler_block_size)
+    return (shifted, *(r for r in replay if r in ends and r != shifted))
+
+
+def default_chunk_filter(geom: Geometry) -> bool:
+    """Whether :func:`kvgeom.hits.plan_store` filters an align Mamba group's stores by the prompt's
+    :func:`prefill_chunk_ends` when the caller gives none: under the GPU drop (the case where vLLM 0.33's
+    split and its replay boundaries part from the shifted checkpoint).
+
+    >>> import kvgeom
+    >>> default_chunk_filter(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    False
+    """
+    sg = geom.speculative
+    return bool(sg is not None and sg.gpu_drop and any(g.is_align_mamba for g in geom.groups))
 
 
 def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:

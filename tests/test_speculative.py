@@ -409,3 +409,65 @@ def test_explain_shows_the_drafter_lane_and_margins_and_check_reports_the_hazard
     assert main(["check", str(path)]) == 0
     assert "[speculative_pop_vs_mamba_shift]" in capsys.readouterr().out
     assert main(["check", "--strict", str(path)]) == 1
+
+
+# ----------------------------------------------------------------------------------- prefill chunks and Mamba stores
+
+FA64, M64 = {"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}
+FA32, M32 = {"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}
+DRAFT64 = {**FA64, "num_kv_heads": 4, "drafter": True}
+DRAFT32 = {**FA32, "num_kv_heads": 4, "drafter": True}
+FINE = {"prefix_match_unit": 16}
+DENSE = {"retention_interval": None}
+
+
+@pytest.mark.parametrize(
+    ("groups", "extra", "section", "prompt", "budget", "ends", "mamba", "resend", "hit"),
+    [
+        # vLLM run: Mamba 64 wider than H 16: the chunk ending at 64 (a replay boundary) leaves a stored state
+        ([FA64, M64, DRAFT64], {"cache": FINE}, spec("eagle3"), 150, None, (64, 128, 150), (64, 128), 200, 64),
+        # vLLM run: H-grid tail 112, then the next block boundary 128; only the replay boundary 64 is kept
+        ([FA64, M64, DRAFT64], {"cache": FINE}, spec("eagle3", 2), 131, None, (64, 112, 128, 131), (64,), 197, 64),
+        # vLLM run: replay boundary 96 and checkpoint 128 both end chunks
+        ([FA32, M32, DRAFT32], {"cache": FINE}, spec(), 155, None, (96, 128, 155), (96, 128), 230, 96),
+        # vLLM run: MTP K 3, checkpoint 272 is off the Mamba grid; the replay boundary 256 is stored
+        ([FA32, M32, DRAFT32], {"cache": FINE}, spec("mtp", 3), 297, None, (256, 272, 288, 297), (256,), 444, 256),
+        # vLLM run: Mamba 16 off vLLM's cache_config.block_size 8 grid: no chunk ends at the checkpoint 16
+        ([{"kind": "full_attention", "block_size": 8}, M16, {**DRAFT16, "block_size": 8}],
+         {"parallel": {"tp": 2, "dcp": 2}}, spec("mtp", 2), 32, None, (24, 32), (), 32, 0),
+        # vLLM run, max_num_batched_tokens 40: chunk ends 32, 64 (budget), 80 (last cacheable) hold states
+        ([FA16, M16, DRAFT16], {"cache": DENSE}, spec(), 100, 40, (32, 64, 80, 100), (32, 64, 80), 100, 80),
+        # vLLM run, same without a drafter: 96 instead of 80
+        ([FA16, M16], {"cache": DENSE}, None, 100, 40, (32, 64, 96, 100), (32, 64, 96), 100, 96),
+        # vLLM run, multi-module MTP K 3, budget 48: ends 48, 80 (last cacheable), 100
+        ([FA16, M16, DRAFT16], {"cache": DENSE}, spec("mtp", 3, mtp_modules=3), 100, 48, (48, 80, 100), (48, 80),
+         100, 80),
+    ],
+)
+def test_prefill_chunks_and_mamba_stores_match_vllm(groups, extra, section, prompt, budget, ends, mamba, resend, hit):
+    from kvgeom.speculative import prefill_chunk_ends
+
+    cfg = {"groups": groups, "offload": {}, **extra}
+    if section is not None:
+        cfg["speculative"] = section
+    g = kvgeom.resolve(cfg)
+    got = prefill_chunk_ends(g, prompt, max_num_batched_tokens=budget)
+    assert got == ends
+    plan = hits.plan_store(g, num_tokens=prompt, num_computed_tokens=prompt, chunk_ends=got if budget else None)
+    assert plan.groups[1].end_tokens == mamba
+    stored = {s.index: list(s.end_tokens) for s in plan.groups}
+    assert hits.lookup_hit(g, resend, stored=stored).hit_tokens == hit
+
+
+def test_prefill_chunk_ends_bad_input():
+    from kvgeom.speculative import prefill_chunk_ends
+
+    g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
+    with pytest.raises(kvgeom.QueryError, match="max_num_batched_tokens=0"):
+        prefill_chunk_ends(g, 100, max_num_batched_tokens=0)
+    with pytest.raises(kvgeom.QueryError):
+        prefill_chunk_ends(g, -1)
+    with pytest.raises(kvgeom.QueryError, match="no align-mode Mamba"):
+        prefill_chunk_ends(kvgeom.resolve({"groups": [FA16]}), 10)
+    with pytest.raises(kvgeom.QueryError):
+        hits.plan_store(g, num_tokens=100, num_computed_tokens=100, chunk_ends=[-5])

@@ -1026,6 +1026,7 @@ def plan_stores(
     offload_prompt_only: bool = True,
     max_offload_tokens: int | None = None,
     finished: Any = False,
+    chunk_ends: Any = None,
 ) -> StorePlans:
     """:func:`kvgeom.hits.plan_store` for many requests (one entry per request in each array).
 
@@ -1033,7 +1034,9 @@ def plan_stores(
     array (missing groups: the scalar defaults). ``reachable`` is ``None``
     (the default replay boundary ``num_prompt - 1``) or a 2-D array with one
     row of reachable boundaries per request, ``-1`` marking unused slots.
-    ``finished`` is a bool or a per-request bool array. The sparsity masks of
+    ``finished`` is a bool or a per-request bool array. ``chunk_ends`` is None
+    or a 2-D array with one row of prefill chunk ends per request (``-1``
+    padding). The sparsity masks of
     :mod:`kvgeom.masks` are evaluated per candidate chunk, vectorised.
     ``StorePlans.plan(i) == plan_store(...)`` for request ``i``.
 
@@ -1071,9 +1074,16 @@ def plan_stores(
     else:
         points = _ints("reachable", reachable, ndim=2, allow_minus_one=True)
         _same_length("reachable", points, size)
-    from kvgeom.batch.speculative import mamba_store_points, store_holdback
+    from kvgeom.batch.speculative import mamba_chunk_ends, mamba_store_points, store_holdback
 
-    shifted = mamba_store_points(geom, prompt)
+    exists: I64 | None
+    if chunk_ends is not None:
+        exists = _ints("chunk_ends", chunk_ends, ndim=2, allow_minus_one=True)
+        _same_length("chunk_ends", exists, size)
+        shifted = mamba_store_points(geom, prompt, exists)
+    else:
+        exists = mamba_chunk_ends(geom, prompt)
+        shifted = mamba_store_points(geom, prompt)
     H = geom.hash_block_size
     keyed_n = _div(n, H)
     groups = []
@@ -1120,6 +1130,12 @@ def plan_stores(
             if keep is not None:
                 req, chunk = req[keep], chunk[keep]
                 np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
+        if g.is_align_mamba and exists is not None and exists.shape[1]:
+            # a Mamba state exists only where a prefill chunk ended (keys past the prompt: not filtered)
+            ends = (chunk + 1) * C
+            live = (ends > prompt[req]) | (exists[req] == ends[:, None]).any(axis=1)
+            req, chunk = req[live], chunk[live]
+            np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
         end = (chunk + 1) * C
         block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
         groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block))

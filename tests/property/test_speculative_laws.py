@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom import batch, hits
-from kvgeom.speculative import mamba_checkpoint
+from kvgeom.speculative import engine_block_size, mamba_checkpoint, prefill_chunk_ends
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -273,7 +273,8 @@ def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
     """With an eagle group in the tier: without ``speculative_pop_vs_mamba_shift`` a resend of any stored
     prompt hits exactly the shifted checkpoint (or 0 when that is less than the largest chunk); with it,
     some prompt's resend falls to 0 although its checkpoint is at least a chunk -- the warning is present
-    exactly when the offload tier loses the checkpoint."""
+    exactly when the offload tier loses the checkpoint (a checkpoint no prefill chunk ends at has no
+    state to store, warned or not)."""
     try:
         geom = kvgeom.resolve(cfg)
     except kvgeom.KVGeomError:
@@ -290,7 +291,9 @@ def check_pop_and_checkpoint_consistent(cfg: dict) -> None:
         cp = mamba_checkpoint(geom, p).position
         if not warned:
             assert end in (0, cp), (p, end, cp)
-            assert end == cp or cp < big, (p, end, cp)
+            # a Mamba state exists only where a prefill chunk ended: with a Mamba block off vLLM's
+            # cache_config.block_size grid the checkpoint may be no chunk end (vLLM 0.33 run: 0 too)
+            assert end == cp or cp < big or cp not in prefill_chunk_ends(geom, p), (p, end, cp)
         elif end == 0 and cp >= big:
             lost.append(p)
     if warned:
@@ -370,3 +373,94 @@ def test_resident_lookups_agree_under_speculation(geom, data):
         want = hits.lookup_hit(geom, x, stored=stored[i])
         assert hits.lookup_hit(geom, x, stored=res, block_hashes=chains[i]) == want
         assert batch_hits.hit(i) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill chunk ends and the Mamba states they leave
+# ---------------------------------------------------------------------------------------------
+
+
+def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | None) -> None:
+    """Chunk ends climb strictly to the prompt, land on H or the engine block grid before it (unless the
+    budget is narrower than a block), respect the budget, and the unbounded split is the one
+    :func:`mamba_checkpoint` reports."""
+    try:
+        ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
+    except kvgeom.QueryError as e:
+        assert e.problems[0].code == "prefill_stalls" and budget is not None
+        return
+    assert list(ends) == sorted(set(ends)) and (ends[-1] == prompt if prompt else ends == ())
+    B, H = engine_block_size(geom), geom.hash_block_size
+    if budget is None or budget >= B:  # a block wider than the budget advances sub-block (vLLM does too)
+        assert all(e % H == 0 or e % B == 0 for e in ends[:-1]), ends
+    if budget is not None:
+        assert all(b - a <= budget for a, b in zip((0, *ends), ends, strict=False)), ends
+    else:
+        assert tuple(np.cumsum(mamba_checkpoint(geom, prompt).prefill_chunks)) == ends
+
+
+@example(  # vLLM 0.33 run: FA64 + Mamba64 + eagle3 drafter, H 16, 131 tokens -> chunks [64, 48, 16, 3]
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
+                               {"kind": "full_attention", "block_size": 64, "num_kv_heads": 4, "drafter": True}],
+                    "cache": {"prefix_match_unit": 16}, "offload": {},
+                    "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}),
+    131, None,
+)
+@given(speculative_geometries(), st.integers(0, 400), st.sampled_from([None, None, 8, 24, 40, 100]))
+def test_prefill_chunk_ends_climb_to_the_prompt_on_the_grid(geom, prompt, budget):
+    assume(any(g.is_align_mamba for g in geom.groups))
+    check_prefill_chunk_ends(geom, prompt, budget)
+
+
+def check_mamba_states_only_where_chunks_end(geom: kvgeom.Geometry, prompt: int, budget: int | None) -> None:
+    """Given the prefill's chunk ends, an align Mamba group stores a key inside the prompt only where a chunk
+    ended (vLLM writes Mamba states at chunk ends only); other groups are untouched by the filter; the
+    default (no ``chunk_ends``) under the GPU drop is the unbounded split."""
+    try:
+        ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
+    except kvgeom.QueryError:
+        return
+    with_ends = hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt, chunk_ends=ends)
+    default = hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt)
+    for a, b in zip(with_ends.groups, default.groups, strict=True):
+        if geom.groups[a.index].is_align_mamba:
+            assert all(e in ends for e in a.end_tokens if e <= prompt), (a.end_tokens, ends)
+            assert set(a.end_tokens) <= set(b.end_tokens) or geom.speculative.gpu_drop
+        else:
+            assert a == b
+    if budget is None and geom.speculative is not None and geom.speculative.gpu_drop:
+        assert with_ends == default
+
+
+@example(  # vLLM 0.33 run: the state at 64 (a replay boundary a chunk ended at) is stored with the checkpoint
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
+                               {"kind": "full_attention", "block_size": 64, "num_kv_heads": 4, "drafter": True}],
+                    "cache": {"prefix_match_unit": 16}, "offload": {},
+                    "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}),
+    150, None,
+)
+@given(speculative_geometries(offload=True), st.integers(0, 400), st.sampled_from([None, None, 24, 40, 100]))
+def test_mamba_states_are_stored_only_where_prefill_chunks_end(geom, prompt, budget):
+    assume(any(g.is_align_mamba for g in geom.groups))
+    check_mamba_states_only_where_chunks_end(geom, prompt, budget)
+
+
+@given(speculative_geometries(offload=True), st.data())
+def test_batch_stores_agree_with_scalar_given_chunk_ends(geom, data):
+    assume(any(g.is_align_mamba for g in geom.groups))
+    size = data.draw(st.integers(0, 5), label="requests")
+    prompts = [data.draw(st.integers(0, 300)) for _ in range(size)]
+    budget = data.draw(st.sampled_from([None, 24, 64]), label="budget")
+    rows = []
+    for p in prompts:
+        try:
+            rows.append(prefill_chunk_ends(geom, p, max_num_batched_tokens=budget))
+        except kvgeom.QueryError:
+            rows.append(())
+    width = max((len(r) for r in rows), default=0) or 1
+    matrix = np.full((size, width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        matrix[i, : len(r)] = r
+    sp = batch.plan_stores(geom, num_tokens=prompts, num_computed_tokens=prompts, chunk_ends=matrix)
+    for i, p in enumerate(prompts):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=p, num_computed_tokens=p, chunk_ends=rows[i])
