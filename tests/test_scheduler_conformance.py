@@ -13,6 +13,7 @@ import importlib.util
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import kvgeom
@@ -63,6 +64,16 @@ ROWS = [
     # same holes, the tier misses attention past 16: the GPU's 16 stands, nothing loaded
     ("46453-tier-hole", _cfg([_fa(16), _m(16)]), 70, {"0": [16, 32], "1": [16, 64]}, {"0": [16], "1": [32, 48, 64]},
      (16, 16, 0, {})),
+    # same shape under DCP 2 (attention span 32): GPU 64 (m3 with f1), the tier has nothing past it
+    ("46453-dcp2", _cfg([_fa(16), _m(16)], 2), 70, {"0": [32, 64], "1": [16, 64]}, {"0": [32, 64], "1": [64]},
+     (64, 64, 0, {})),
+    # full-prompt load, attention only: local 32 + external 96 = all 128 tokens (no last-token recompute
+    # subtracted at admission)
+    ("full-prompt", _cfg([_fa(16)]), 128, {"0": [16, 32]}, {"0": _upto(128)},
+     (32, 32, 96, {"0": _upto(128)[2:]})),
+    # with Mamba the tier's hit stops at its state 64: a Mamba hit ends before the last token, none at 80..112
+    ("full-prompt-mamba", _cfg([_fa(16), _m(16)]), 128, {"0": [16, 32], "1": [32]}, {"0": _upto(128), "1": [64, 128]},
+     (32, 32, 32, {"0": [48, 64], "1": [64]})),
     # partial hash hit 80 (DCP 2: span 32 = L, H = 16): asked from 64, the tier reaches 96 > 80: tail dropped
     ("partial-pass", _cfg([_fa(16), _m(16)], 2), 100, {"0": [32, 64, 80], "1": [16, 48, 80]},
      {"0": [32, 64, 96], "1": [96]}, (80, 64, 32, {"0": [96], "1": [96]})),
@@ -173,21 +184,47 @@ def _random_scenario(rng, geom):
     return {"num_tokens": n, "resident": resident, "stored": stored}
 
 
+def _held(geom, scenarios):
+    """Batch input of ``kvgeom.batch.prefix.prefix_hits``: per group, a bool matrix (scenario, hash)."""
+    H = geom.hash_block_size
+    cols = max(sc["num_tokens"] for sc in scenarios) // H
+    held = {}
+    for g in (g.index for g in geom.groups if g.prefix_cacheable):
+        m = np.zeros((len(scenarios), cols), np.bool_)
+        for r, sc in enumerate(scenarios):
+            for e in sc["resident"].get(str(g), []):
+                m[r, e // H - 1] = True
+        held[g] = m
+    return held
+
+
 def test_random_sweep_agrees(vs):
-    """Seeded random residencies (holes per group) and tier contents over hybrid geometries: no difference,
-    and the sweep reaches loads, kept local tails and dropped local tails."""
+    """Seeded random residencies (holes per group) and tier contents over hybrid geometries: plan_request,
+    plan_hit from vLLM's GPU hit and the batch prefix_hits all agree with the Scheduler, and the sweep
+    reaches loads, kept local tails and dropped local tails."""
+    from kvgeom.batch.prefix import prefix_hits
+    from kvgeom.hits import plan_hit
+
     rng = random.Random(12)
     classes: Counter[str] = Counter()
     for name, cfg in SWEEP.items():
         geom = kvgeom.resolve(cfg)
         L = geom.scheduler_block_size
+        scenarios, gpu = [], []
         for _ in range(40 if name == "fa64+m64-h16" else 12):
             scenario = _random_scenario(rng, geom)
             theirs = vs.scheduler_admits(geom, scenario).to_dict()
             ours = vs.kvgeom_admission(geom, scenario)
             assert ours == theirs, (name, scenario)
+            hit_plan = plan_hit(geom, {"num_tokens": scenario["num_tokens"], "stored": scenario["stored"],
+                                       "local_computed_tokens": theirs["gpu_hit_tokens"]}).to_dict()
+            assert {str(g["index"]): g["load_keys"] for g in hit_plan["groups"] if g["load_keys"]} == theirs["loads"]
+            scenarios.append(scenario)
+            gpu.append(theirs["gpu_hit_tokens"])
             tail = theirs["gpu_hit_tokens"] % L
             classes["load"] += theirs["external_hit_tokens"] > 0
             classes["kept"] += bool(tail) and bool(theirs["connector_answer"]) and not theirs["external_hit_tokens"]
             classes["passed"] += bool(tail) and theirs["external_hit_tokens"] > 0
+        batch = prefix_hits(geom, np.array([sc["num_tokens"] for sc in scenarios]), _held(geom, scenarios))
+        assert batch.tolist() == gpu, name
     assert classes["load"] and classes["kept"] and classes["passed"], classes
