@@ -130,6 +130,29 @@ def test_plan_request_admits_as_vllm_scheduler(vs, row):
     assert vs.kvgeom_admission(geom, scenario) == theirs
 
 
+#: (name, config, num_tokens, resident, stored, vLLM's (GPU hit, local, external, loads), deviation id)
+DEVIATION_ROWS = [
+    # FA16 + Mamba 24 (L = 48, H = 8): the connector clamps to attention's 32 but keeps the Mamba key ending at
+    # 48: vLLM admits 32 tokens with the state after token 48; kvgeom re-aligns (no Mamba key at 24): no load
+    ("realign-through-scheduler", {"groups": [_fa(16), _m(24)], "offload": {}}, 74, {},
+     {"0": [8, 16, 24, 32], "1": [48]}, (0, 0, 32, {"0": [16, 32], "1": [48]}), "realign-after-clamp"),
+]
+
+
+@pytest.mark.parametrize("row", DEVIATION_ROWS, ids=[r[0] for r in DEVIATION_ROWS])
+def test_scheduler_differences_are_registered_deviations(vs, row):
+    from kvgeom.deviations import DEVIATIONS
+
+    _, cfg, n, resident, stored, (gpu, local, external, loads), dev = row
+    geom = kvgeom.resolve(cfg)
+    scenario = {"num_tokens": n, "resident": resident, "stored": stored}
+    theirs = vs.scheduler_admits(geom, scenario).to_dict()
+    assert (theirs["gpu_hit_tokens"], theirs["local_hit_tokens"], theirs["external_hit_tokens"],
+            theirs["loads"]) == (gpu, local, external, loads)
+    assert vs.kvgeom_admission(geom, scenario) != theirs
+    assert vs.classify(geom, theirs) == dev and dev in DEVIATIONS
+
+
 def test_rounding_rows_exercise_the_rule(vs):
     """The rounding rows really hit both branches: a local hit off L, a connector hit that is not past it
     and one that is."""
@@ -167,6 +190,7 @@ SWEEP = {
     "fa32+sw17": _cfg([_fa(32), _sw(16, 17)]),
     "fa16+sw33+m16": _cfg([_fa(16), _sw(16, 33), _m(16)], retention=32),
     "fa16+cl32": _cfg([_fa(16), _cl(16, 32)]),
+    "fa16+m24-dense": _cfg([_fa(16), _m(24)], retention=None),
 }
 
 
@@ -200,8 +224,9 @@ def _held(geom, scenarios):
 
 def test_random_sweep_agrees(vs):
     """Seeded random residencies (holes per group) and tier contents over hybrid geometries: plan_request,
-    plan_hit from vLLM's GPU hit and the batch prefix_hits all agree with the Scheduler, and the sweep
-    reaches loads, kept local tails and dropped local tails."""
+    plan_hit from vLLM's GPU hit and the batch prefix_hits all agree with the Scheduler (a difference only
+    where a registered deviation explains it), and the sweep reaches loads, kept local tails and dropped
+    local tails."""
     from kvgeom.batch.prefix import prefix_hits
     from kvgeom.hits import plan_hit
 
@@ -215,12 +240,16 @@ def test_random_sweep_agrees(vs):
             scenario = _random_scenario(rng, geom)
             theirs = vs.scheduler_admits(geom, scenario).to_dict()
             ours = vs.kvgeom_admission(geom, scenario)
-            assert ours == theirs, (name, scenario)
+            scenarios.append(scenario)
+            gpu.append(theirs["gpu_hit_tokens"])
+            if ours != theirs:  # only where a registered deviation explains it
+                assert ours["gpu_hit_tokens"] == theirs["gpu_hit_tokens"], (name, scenario)
+                assert vs.classify(geom, theirs) is not None, (name, scenario, ours, theirs)
+                classes["deviation"] += 1
+                continue
             hit_plan = plan_hit(geom, {"num_tokens": scenario["num_tokens"], "stored": scenario["stored"],
                                        "local_computed_tokens": theirs["gpu_hit_tokens"]}).to_dict()
             assert {str(g["index"]): g["load_keys"] for g in hit_plan["groups"] if g["load_keys"]} == theirs["loads"]
-            scenarios.append(scenario)
-            gpu.append(theirs["gpu_hit_tokens"])
             tail = theirs["gpu_hit_tokens"] % L
             classes["load"] += theirs["external_hit_tokens"] > 0
             classes["kept"] += bool(tail) and bool(theirs["connector_answer"]) and not theirs["external_hit_tokens"]

@@ -59,7 +59,16 @@ from kvgeom.geometry import Geometry
 from kvgeom.prefix import resident_sets
 from kvgeom.residency import split_offload_key
 
-__all__ = ["SPEC_NAME", "Admission", "build_scheduler", "differences", "kvgeom_admission", "scheduler_admits"]
+__all__ = [
+    "SPEC_NAME",
+    "Admission",
+    "ChosenTierSpec",
+    "build_scheduler",
+    "classify",
+    "differences",
+    "kvgeom_admission",
+    "scheduler_admits",
+]
 
 SPEC_NAME = "KvgeomChosenTierSpec"
 """Name of the offloading spec registered with vLLM's ``OffloadingSpecFactory`` (a :class:`ChosenTier`)."""
@@ -299,3 +308,23 @@ def differences(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, tuple[
     ours = kvgeom_admission(geom, scenario)
     theirs = scheduler_admits(geom, scenario).to_dict()
     return {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}
+
+
+def classify(geom: Geometry, theirs: Mapping[str, Any]) -> str | None:
+    """The registered deviation (:data:`kvgeom.deviations.DEVIATIONS` id) that explains vLLM's admission
+    ``theirs`` (:meth:`Admission.to_dict`) differing from kvgeom's, or None for a new finding.
+
+    ``realign-after-clamp``: vLLM loads an align-mode Mamba state that ends past the tokens it admits as
+    computed (``local + external``), or (without partial tails) its connector's hit ends off an align-mode
+    Mamba group's offload chunk: the connector lookup kvgeom re-aligns after every clamp.
+    """
+    admitted = theirs["local_hit_tokens"] + theirs["external_hit_tokens"]
+    for g, ends in theirs["loads"].items():
+        if geom.groups[int(g)].is_align_mamba and ends and ends[-1] > admitted:
+            return "realign-after-clamp"
+    off = geom.offload
+    if off is not None and not off.supports_partial_tail and theirs["connector_answer"]:
+        end = theirs["connector_asked_from"] + theirs["connector_answer"]
+        if any(geom.groups[og.index].is_align_mamba and end % og.tokens_per_chunk for og in off.groups):
+            return "realign-after-clamp"
+    return None
