@@ -171,4 +171,4 @@ def test_prefix_question_has_teeth(vllm_answers, monkeypatch):
     assert compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario)) == []
     monkeypatch.setattr(kvgeom.prefix, "_query_limit", lambda candidate, margin, drop, chain: candidate)
     diffs = compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario))
-    assert [(d.question, d.engine, d.kvgeom) for d in diffs][0] == ("prefix.hit_tokens", 1, 0)
+    assert (diffs[0].question, diffs[0].engine, diffs[0].kvgeom) == ("prefix.hit_tokens", 1, 0)
