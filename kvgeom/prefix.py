@@ -396,7 +396,9 @@ def prefix_hit(
     Postconditions: ``0 <= hit_tokens <= min(num_tokens - 1, max_hit_tokens)``; ``hit_tokens`` is a
     multiple of A; each full-attention group reuses exactly ``cdiv(hit_tokens, S)`` entries, all
     resident; an align-mode Mamba group reuses the one state ending at ``hit_tokens`` (none when the
-    hit is 0); prefix caching off gives 0.
+    hit is 0); prefix caching off gives 0. A geometry with a group vLLM 0.33 cannot look up
+    (chunked local whose span is not A, or taking the speculative drop; prefix-cacheable cross
+    attention) raises :class:`kvgeom.QueryError` for every ``num_tokens``.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
@@ -408,10 +410,13 @@ def prefix_hit(
     chain = _chain_tokens(geom, n)
     contains = _probe(geom, resident, chain)
     empty = tuple(GroupPrefixHit(g.index, (), ()) for g in geom.groups)
-    if not geom.config.cache.prefix_caching or cap <= 0:
+    if not geom.config.cache.prefix_caching:
         return PrefixHit(0, n, empty)
     specs = _spec_groups(geom)
     if not specs:
+        return PrefixHit(0, n, empty)
+    _check_lookups(geom, specs, contains, chain)
+    if cap <= 0:
         return PrefixHit(0, n, empty)
     found: dict[int, _Found] = {}
     if len(geom.groups) == 1:
@@ -421,6 +426,17 @@ def prefix_hit(
         return _result(geom, n, found[0].hit, specs, found)
     hit = _converge(specs, contains, geom.hit_alignment_tokens, cap, chain, found)
     return _result(geom, n, hit, specs, found)
+
+
+def _check_lookups(geom: Geometry, specs: list[_SpecGroup], contains: Contains, chain: int) -> None:
+    """Raise the :class:`QueryError` of a group vLLM 0.33 cannot look up, whatever the request:
+    its coordinator asks every group's manager even for an empty hit (a request of 0 or 1 tokens),
+    so a geometry with such a group fails every lookup, not only the long ones (found by
+    ``kvgeom conform``: chunked local beside a wider full-attention span, ``num_tokens`` 0)."""
+    unitary = len(geom.groups) == 1
+    for sg in specs:
+        A = sg.g.span if unitary else geom.hit_alignment_tokens
+        _lookup(sg, contains, A, 0, chain, sg.margin is not None)
 
 
 def _converge(

@@ -105,3 +105,70 @@ def test_cli_json_report():
     report = json.loads(out.stdout)
     assert report["engine"] == "vllm" and report["engine_version"].startswith("0.33.")
     assert report["exit_code"] == 0 and report["findings"] == []
+
+
+# ---------------------------------------------------------------- GPU prefix-cache hit (the coordinator)
+
+_FA16_M16 = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]}
+_FA16_SW33 = {"groups": [{"kind": "full_attention", "block_size": 16},
+                         {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}]}
+_DRAFTER = {"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                       {"kind": "mamba", "block_size": 16}],
+            "speculative": {"method": "eagle", "num_speculative_tokens": 2, "lookahead_hashes": False}}
+
+
+@pytest.mark.parametrize(
+    "config, n, resident, hit",
+    [
+        # vLLM #46453's shape: Mamba holds 16 and 64, attention 16 and 32: the hit is the Mamba state at 16
+        (_FA16_M16, 70, {"0": [16, 32], "1": [16, 64]}, 16),
+        # DCP 2 (attention span 32, H = A = 16): a partial hash hit at 80 on both groups
+        (kvgeom.DEFAULT_CONFIG, 100, {"0": [32, 64, 80], "1": [16, 48, 80]}, 80),
+        # sliding window 33 needs 3 contiguous blocks ending on the hit: 96 (blocks 64, 80, 96)
+        (_FA16_SW33, 130, {"0": [16, 32, 48, 64, 80, 96, 112, 128], "1": [16, 48, 64, 80, 96, 112]}, 112),
+        # EAGLE drafter on attention: the drop takes the volatile block off the hit
+        (_DRAFTER, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [16, 32, 48, 64, 80, 96]}, 80),
+    ],
+)
+def test_prefix_hit_agrees_with_the_coordinator(vllm_answers, config, n, resident, hit):
+    from kvgeom.conformance import compare, kvgeom_answers
+
+    g = kvgeom.resolve(config)
+    scenario = {"num_tokens": n, "gpu_resident": resident}
+    engine, ours = vllm_answers(g, scenario), kvgeom_answers(g, scenario)
+    assert engine["prefix.hit_tokens"] == ours["prefix.hit_tokens"] == hit
+    assert compare(engine, ours) == []
+
+
+def test_declined_prefix_lookup_is_one_vllm_cannot_do(vllm_answers):
+    # chunked local (span 47) beside DCP-2 full attention (span 94): vLLM's chunked-local manager
+    # asserts even for an empty request; kvgeom declines; nothing is compared
+    from kvgeom.conformance import compare, kvgeom_answers
+
+    g = kvgeom.resolve({
+        "groups": [{"kind": "chunked_local", "block_size": 47, "dcp_sharded": False, "attention_chunk_size": 731},
+                   {"kind": "full_attention", "block_size": 47}],
+        "parallel": {"dcp": 2, "tp": 2},
+    })
+    for n in (0, 200):
+        scenario = {"num_tokens": n, "gpu_resident": {"0": [], "1": []}}
+        engine, ours = vllm_answers(g, scenario), kvgeom_answers(g, scenario)
+        assert "AssertionError" in engine["prefix.error"]
+        assert ours["prefix.declined"] == "chunked_local_span_not_alignment"
+        assert compare(engine, ours) == []
+
+
+def test_prefix_question_has_teeth(vllm_answers, monkeypatch):
+    # Reintroduce vLLM #45614 in kvgeom (a drafter group queried only up to the candidate, so the
+    # drop lands one block short): the coordinator's answer exposes it on the shrunk case of a run.
+    import kvgeom.prefix
+    from kvgeom.conformance import compare, kvgeom_answers
+
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1, "drafter": True},
+                                   {"kind": "full_attention", "block_size": 1}],
+                        "speculative": {"method": "eagle", "num_speculative_tokens": 1, "lookahead_hashes": False}})
+    scenario = {"num_tokens": 2, "gpu_resident": {"0": [1, 2], "1": [1, 2]}}
+    assert compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario)) == []
+    monkeypatch.setattr(kvgeom.prefix, "_query_limit", lambda candidate, margin, drop, chain: candidate)
+    diffs = compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario))
+    assert (diffs[0].question, diffs[0].engine, diffs[0].kvgeom) == ("prefix.hit_tokens", 1, 0)

@@ -168,11 +168,14 @@ def test_a_new_finding_is_shrunk_to_the_smallest_case():
     [f] = r.new_findings
     assert [d.question for d in f.differences] == ["hit_tokens"]
     # shrunk to the smallest case with a hit: blocks of 1, no parallelism, the shortest request that hits
-    # (1 token, or 2 with a Mamba group: the last token is always recomputed), fully stored, nothing evicted
+    # (1 token, or 2 with a Mamba group: the last token is always recomputed), fully stored, nothing evicted,
+    # the GPU cache holding the whole chain in every group
     assert {g["block_size"] for g in f.config["groups"]} == {1}
     assert f.config["parallel"] == {"dcp": 1, "tp": 1} and f.config.get("offload") == {}
     shortest = 2 if any(g["kind"] == "mamba" for g in f.config["groups"]) else 1
-    assert f.scenario == {"num_tokens": shortest, "stored_tokens": shortest, "local_computed_tokens": 0, "evict": []}
+    whole = {str(i): list(range(1, shortest + 1)) for i in range(len(f.config["groups"]))}
+    assert f.scenario == {"num_tokens": shortest, "stored_tokens": shortest, "local_computed_tokens": 0,
+                          "evict": [], "gpu_resident": whole}
 
 
 def _interleave_strict(geom, scenario):

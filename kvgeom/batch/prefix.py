@@ -272,6 +272,11 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     specs = _spec_groups(geom)
     if not specs:
         return out
+    zero = np.zeros(rows, np.int64)
+    for sg in specs:  # like the scalar _check_lookups: an unsupported group fails every row
+        _Lookup(sg, cells, H, sg.g.span if len(geom.groups) == 1 else geom.hit_alignment_tokens, rows, cols)(
+            zero, chain, np.full(rows, sg.margin is not None)
+        )
     if len(geom.groups) == 1:
         sg = specs[0]
         look = _Lookup(sg, cells, H, sg.g.span, rows, cols)

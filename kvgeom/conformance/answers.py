@@ -16,7 +16,9 @@ An *answer sheet* is a flat, JSON-serialisable dict with one entry per question,
 * ``load``: per group, the end tokens of the keys loaded and the first and number of block entries
   filled;
 * ``mamba_state_after``: per align-mode Mamba group, the token count whose state the loaded Mamba key
-  holds (the restored state boundary).
+  holds (the restored state boundary);
+* ``prefix.hit_tokens`` and ``prefix.groups``: the GPU prefix-cache hit over the scenario's
+  ``gpu_resident`` entries (:mod:`kvgeom.conformance.gpu_prefix`).
 
 Invariant of kvgeom's sheet (the hit laws of ``tests/property``): ``mamba_state_after[g] ==
 end_token`` for every align Mamba group that loads.
@@ -34,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgeom._check import nonneg
+from kvgeom.conformance.gpu_prefix import PREFIX_QUESTIONS, prefix_answers
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.hits import lookup_hit, plan_load
@@ -41,8 +44,9 @@ from kvgeom.keys import key_map, num_keys
 
 __all__ = ["QUESTIONS", "SCENARIO_KEYS", "check_scenario", "kvgeom_answers", "tier_contents"]
 
-SCENARIO_KEYS: tuple[str, ...] = ("num_tokens", "local_computed_tokens", "stored_tokens", "evict")
-"""The keys of a conformance scenario (only ``num_tokens`` is required)."""
+SCENARIO_KEYS: tuple[str, ...] = ("num_tokens", "local_computed_tokens", "stored_tokens", "evict", "gpu_resident")
+"""The keys of a conformance scenario (only ``num_tokens`` is required; ``gpu_resident``, the GPU
+prefix cache's entries per group, see :mod:`kvgeom.conformance.gpu_prefix`)."""
 
 QUESTIONS: tuple[str, ...] = (
     "valid",
@@ -62,6 +66,7 @@ QUESTIONS: tuple[str, ...] = (
     "end_token",
     "load",
     "mamba_state_after",
+    *PREFIX_QUESTIONS,
 )
 """Every entry of an answer sheet, in the order differences are reported."""
 
@@ -96,7 +101,15 @@ def check_scenario(scenario: Any) -> dict[str, Any]:
         isinstance(x, bool) for x in evict
     ):
         raise QueryError.single("bad_evict", "evict must be a list of booleans (true: that key was lost)", "evict")
-    return {"num_tokens": n, "local_computed_tokens": local, "stored_tokens": stored, "evict": list(evict)}
+    out = {"num_tokens": n, "local_computed_tokens": local, "stored_tokens": stored, "evict": list(evict)}
+    resident = scenario.get("gpu_resident")
+    if resident is not None:
+        if not isinstance(resident, Mapping):
+            raise QueryError.single(
+                "bad_resident", "gpu_resident must map a group index to the end tokens it holds", "gpu_resident"
+            )
+        out["gpu_resident"] = resident  # checked against the geometry by gpu_prefix.check_resident
+    return out
 
 
 def tier_contents(geom: Geometry, scenario: Mapping[str, Any]) -> dict[int, list[int]]:
@@ -162,6 +175,7 @@ def kvgeom_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any
     """kvgeom's answer sheet for ``geom`` and ``scenario`` (see the module docstring)."""
     scenario = check_scenario(scenario)
     sheet = _geometry_answers(geom)
+    sheet.update(prefix_answers(geom, scenario))
     if geom.offload is None:
         return sheet
     n = scenario["num_tokens"]

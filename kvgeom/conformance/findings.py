@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgeom.conformance.answers import QUESTIONS
+from kvgeom.conformance.gpu_prefix import PREFIX_QUESTIONS
 from kvgeom.deviations import DEVIATIONS
 
 __all__ = ["Difference", "Finding", "RULES", "classify", "compare"]
@@ -53,7 +54,9 @@ class Difference:
 def compare(engine: Mapping[str, Any], ours: Mapping[str, Any]) -> list[Difference]:
     """The questions on which two answer sheets differ (a missing answer counts as None).
 
-    ``lookup_error`` (the engine's connector raised during the scenario) is always a difference.
+    ``lookup_error`` (the engine's connector raised during the scenario) and ``prefix.error`` (its KV
+    cache coordinator raised during the prefix-cache lookup) are always differences, except that
+    when kvgeom declines the prefix-cache lookup (``prefix.declined``) no prefix answer is compared.
 
     >>> compare({"valid": False, "error": "x", "spans": None}, {"valid": True, "spans": [16]})
     [Difference(question='valid', engine=False, kvgeom=True)]
@@ -62,9 +65,15 @@ def compare(engine: Mapping[str, Any], ours: Mapping[str, Any]) -> list[Differen
         if engine.get("valid", True) != ours.get("valid", True):
             return [Difference("valid", engine.get("valid", True), ours.get("valid", True))]
         return []
-    out = [Difference(q, engine.get(q), ours.get(q)) for q in QUESTIONS if engine.get(q) != ours.get(q)]
-    if "lookup_error" in engine:
-        out.append(Difference("lookup_error", engine["lookup_error"], None))
+    skip = set(PREFIX_QUESTIONS) if "prefix.declined" in ours else set()
+    out = [
+        Difference(q, engine.get(q), ours.get(q))
+        for q in QUESTIONS
+        if q not in skip and engine.get(q) != ours.get(q)
+    ]
+    for q in ("lookup_error", "prefix.error"):
+        if q in engine and not (q == "prefix.error" and skip):
+            out.append(Difference(q, engine[q], None))
     return out
 
 

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from kvgeom.conformance.answers import kvgeom_answers
 from kvgeom.conformance.findings import Finding, classify, compare
+from kvgeom.conformance.gpu_prefix import drafter_configs, gpu_residencies
 from kvgeom.deviations import DEVIATIONS
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, resolve
@@ -56,12 +57,15 @@ def cases(*, kinds: Sequence[str] = DEFAULT_KINDS, max_tokens: int = 512) -> st.
     """``(config, scenario)`` pairs: a config from :func:`kvgeom.strategies.configs` (1-3 groups of
     ``kinds``, DCP up to 4, blocks up to 64, offloading on three times in four, no PCP) and a scenario
     from :func:`kvgeom.strategies.scenarios` plus ``stored_tokens``: how far a previous request sharing
-    the prefix stored (all of it, or any shorter prefix). Shrinks towards one full-attention group and
-    an empty request.
+    the prefix stored (all of it, or any shorter prefix), and ``gpu_resident``, the GPU prefix cache's
+    entries (:func:`kvgeom.conformance.gpu_prefix.gpu_residencies`); when ``kinds`` has full attention
+    and Mamba, hybrid configs (:func:`hybrid_configs`) and speculative-decoding configs with drafter
+    groups (:func:`kvgeom.conformance.gpu_prefix.drafter_configs`) are drawn too. Shrinks towards one
+    full-attention group and an empty request.
 
     >>> from kvgeom.strategies import minimal
     >>> minimal(cases())[1]
-    {'num_tokens': 0, 'local_computed_tokens': 0, 'evict': [], 'stored_tokens': 0}
+    {'num_tokens': 0, 'local_computed_tokens': 0, 'evict': [], 'stored_tokens': 0, 'gpu_resident': {'0': [], '1': []}}
     """
 
     @st.composite
@@ -71,7 +75,11 @@ def cases(*, kinds: Sequence[str] = DEFAULT_KINDS, max_tokens: int = 512) -> st.
             kinds=kinds, max_groups=3, max_dcp=4, max_block_size=64, offload=offload,
             allow_pcp=False, max_model_len=False,
         )
-        cfg = draw(general | hybrid_configs() if "mamba" in kinds and "full_attention" in kinds else general)
+        if "mamba" in kinds and "full_attention" in kinds:
+            # hybrids keep half of the cases (the offload hazards live there); speculative configs
+            # (the prefix question's drop) take a quarter from the general draw
+            general = st.one_of(general, hybrid_configs(), hybrid_configs(), drafter_configs())
+        cfg = draw(general)
         geom = resolve(cfg)
         scenario = dict(draw(scenarios(geom, max_tokens=max_tokens)))
         n = scenario["num_tokens"]
@@ -81,6 +89,7 @@ def cases(*, kinds: Sequence[str] = DEFAULT_KINDS, max_tokens: int = 512) -> st.
         unit = draw(st.sampled_from(units))
         near = draw(st.integers(0, n // unit)) * unit + draw(st.sampled_from([0, 1, -1]))
         scenario["stored_tokens"] = draw(st.sampled_from([n, min(max(near, 0), n)]) | st.integers(0, n))
+        scenario["gpu_resident"] = draw(gpu_residencies(geom, n))
         return cfg, scenario
 
     return build()

@@ -18,7 +18,9 @@ builds (vLLM 0.33):
   exactly :func:`kvgeom.conformance.answers.tier_contents`;
 * load: ``update_state_after_alloc``: the keys it hands the tier's ``prepare_load`` and the block indices
   and counts of the GPU load spec; the restored Mamba state boundary is the position of the Mamba key
-  loaded.
+  loaded;
+* GPU prefix-cache hit: the KV cache coordinator's ``find_longest_cache_hit`` over a block pool holding
+  exactly the scenario's ``gpu_resident`` entries (:mod:`kvgeom.conformance.vllm_prefix`).
 
 Import this module only where vLLM is installed.
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 from kvgeom.conformance import vllm_objects as vo
 from kvgeom.conformance.answers import check_scenario, tier_contents
+from kvgeom.conformance.vllm_prefix import vllm_prefix_answers
 from kvgeom.geometry import Geometry
 from kvgeom.residency import split_offload_key
 
@@ -101,7 +104,8 @@ def _geometry_answers(geom: Geometry, sheet: dict[str, Any]) -> vo.VllmObjects |
 def vllm_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's answer sheet for ``geom`` and ``scenario`` (same entries as
     :func:`kvgeom.conformance.answers.kvgeom_answers`; ``valid`` False plus ``error`` when vLLM rejects
-    the geometry, ``lookup_error`` when its connector raises during the scenario).
+    the geometry, ``lookup_error`` when its connector raises during the scenario, ``prefix.error`` when
+    its coordinator raises during the prefix-cache lookup).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
@@ -118,7 +122,21 @@ def vllm_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as e:
         sheet.update(valid=False, error=_error("offloading config", e))
         return sheet
-    if objs is None or objs.scheduler is None:
+    if objs is None:
+        return sheet
+    if scenario.get("gpu_resident") is not None:
+        try:
+            sheet.update(
+                vllm_prefix_answers(
+                    geom,
+                    scenario,
+                    scheduler_block_size=sheet["scheduler_block_size"],
+                    hash_block_size=sheet["hash_block_size"],
+                )
+            )
+        except Exception as e:
+            sheet["prefix.error"] = _error("KV cache coordinator find_longest_cache_hit", e)
+    if objs.scheduler is None:
         return sheet
     try:
         _scenario_answers(geom, objs, scenario, sheet)
