@@ -8,6 +8,7 @@ these rows kill the mutants that rename a field or drop a number.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import kvgeom
@@ -19,6 +20,10 @@ SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # attention 16 (DCP 2: span 32) + 
 SEED_K4 = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 4}})
 NO_OFFLOAD = kvgeom.resolve({k: v for k, v in kvgeom.DEFAULT_CONFIG.items() if k != "offload"})
 BIG = 1 << 62  # a chunk index whose key would not fit an int64
+# DCP 2^17 x TP 2^17: 2^17 KV shards, more than rank_lengths lists
+WIDE = kvgeom.resolve(
+    {"groups": [{"kind": "full_attention", "block_size": 16}], "parallel": {"tp": 1 << 17, "dcp": 1 << 17}}
+)
 
 # (call, code, field, values the problem must hold)
 ROWS = [
@@ -67,7 +72,19 @@ ROWS = [
     (lambda: keys.key_map(SEED, -1), "negative", "prefix_tokens", {"prefix_tokens": -1}),
     # no offload section: no keys at all
     (lambda: keys.key_map(NO_OFFLOAD, 64), "no_offload", "offload", {}),
+    # 2^30 tokens: 2^25 attention keys alone, past the 2^20 entries one scalar key map builds
+    (
+        lambda: keys.key_map(SEED, 1 << 30),
+        "result_too_large",
+        "prefix_tokens",
+        {"prefix_tokens": 1 << 30, "limit": 1 << 20},
+    ),
     # ranks
+    (lambda: ranks.rank_lengths(WIDE, 0, 5), "result_too_large", "num_tokens", {"shards": 1 << 17, "limit": 1 << 16}),
+    # a block-table row is a list or a 1-D array of block ids: not a string, a 2-D array or an int
+    (lambda: ranks.dcp_slot(SEED, 0, 0, "ab"), "bad_block_row", "block_row", {}),
+    (lambda: ranks.dcp_slot(SEED, 0, 0, np.zeros((2, 2), dtype=np.int64)), "bad_block_row", "block_row", {}),
+    (lambda: ranks.dcp_slot(SEED, 0, 0, 5), "bad_block_row", "block_row", {}),
     (lambda: ranks.slot_mapped_group(SEED, 1), "no_slot_mapping", "group", {"group": 1}),
     (lambda: ranks.rank_lengths(SEED, 0, -7), "negative", "num_tokens", {"num_tokens": -7}),
     # position 100 of a span-32 group is column 3; a 2-entry row is too short
