@@ -29,6 +29,17 @@ CHUNKED = kvgeom.resolve(
         ]
     }
 )
+# FA 16 + SWA (block 16, window 17): a hit needs cdiv(16, 16) = 1 block before its boundary, and a segment
+# (alignment 16) is one block long
+SWA_ONE = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 17},
+        ],
+        "offload": {},
+    }
+)
 
 # (geometry, group, num_blocks, keyword arguments, expected mask or None for every block)
 ROWS = [
@@ -58,6 +69,9 @@ ROWS = [
     (SEED, 1, 4, {"retention": None}, None),
     # no alignment to thin against: dense
     (SEED, 1, 4, {"retention": 32, "alignment": None}, None),
+    # sliding window whose needed tail (1 block) covers a whole segment (1 block): dense, answered without
+    # listing 2^30 blocks (listing them would be refused as too large)
+    (SWA_ONE, 1, 1 << 30, {"retention": None}, None),
     # attention, cross-attention, circular buffer and chunked local groups store every block
     (SEED, 0, 4, {"retention": 32, "alignment": 32}, None),
     (CROSS, 1, 4, {"retention": 32, "alignment": 32}, None),
