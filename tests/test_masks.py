@@ -84,3 +84,15 @@ ROWS = [
 def test_reachable_block_mask(geom, group, n, kwargs, expected):
     mask = reachable_block_mask(geom, group, n, **kwargs)
     assert (None if mask is None else set(mask)) == expected
+
+
+def test_sliding_window_mask_far_from_block_zero_is_sized_by_its_own_range():
+    # SWA_ONE with R = 1024: segments of 64 blocks, the last block of each kept. 2^25 blocks starting at
+    # block 2^34 hold 2^19 segments: 2^19 blocks are kept, far below the 2^24 refusal bound; an estimate that
+    # counted the segments before first_block would refuse this.
+    lo, n = 1 << 34, (1 << 34) + (1 << 25)
+    mask = reachable_block_mask(SWA_ONE, 1, n, first_block=lo, retention=1024)
+    assert mask is not None
+    assert len(mask) == 1 << 19
+    assert min(mask) == lo + 63 and max(mask) == n - 1
+    assert all(b % 64 == 63 for b in mask)
