@@ -129,3 +129,23 @@ def test_scalar_result_bound_is_inclusive():
     with pytest.raises(QueryError) as info:
         masks._fits(masks.MAX_SCALAR_RESULT + 1)
     assert info.value.problems[0].values == {"count": masks.MAX_SCALAR_RESULT + 1}
+
+
+def test_key_map_limit_is_inclusive():
+    # one attention group, k = 3: each key lists itself and 3 block entries. 2^18 complete chunks (plus one
+    # hash unit of a partial chunk) make exactly 2^20 = MAX_KEY_MAP_ENTRIES values: built, not refused
+    geom = kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": 16}], "offload": {"blocks_per_chunk": 3}}
+    )
+    assert keys.MAX_KEY_MAP_ENTRIES == 1 << 20
+    built = keys.key_map(geom, 48 * (1 << 18) + 16)
+    assert len(built["groups"][0]["keys"]) == 1 << 18
+    with pytest.raises(QueryError) as info:
+        keys.key_map(geom, 48 * ((1 << 18) + 1))
+    assert info.value.problems[0].code == "result_too_large"
+
+
+def test_chunk_for_end_token_is_an_int():
+    # the chunk is an index: 64 tokens of 32-token attention chunks is chunk 1, an int (not 1.0)
+    chunk = keys.chunk_for_end_token(SEED, 0, 64)
+    assert type(chunk) is int and chunk == 1
