@@ -1,0 +1,98 @@
+"""Example table for ``masks.reachable_block_mask``: which blocks a store keeps (docs/hits.md).
+
+Each answer is worked out by hand from the rule in the docstring: an align-mode Mamba block ``i`` holds the
+state after ``(i+1)*B_m`` tokens and is kept when that boundary is a multiple of the retention interval R or
+an aligned reachable boundary; ``None`` means every block. Rows found by mutation testing (docs/mutation.md):
+the explicit ``retention``/``alignment``/``first_block`` arguments and the families that store densely were
+only covered by doctests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kvgeom
+from kvgeom.masks import reachable_block_mask
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # group 1: align Mamba 16; config R = 0, hit alignment 16
+CROSS = kvgeom.resolve(
+    {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "cross_attention", "block_size": 16}]}
+)
+CIRCULAR = kvgeom.resolve(
+    {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "circular_buffer", "block_size": 16}]}
+)
+CHUNKED = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64},
+        ]
+    }
+)
+# FA 16 + SWA (block 16, window 17): a hit needs cdiv(16, 16) = 1 block before its boundary, and a segment
+# (alignment 16) is one block long
+SWA_ONE = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 17},
+        ],
+        "offload": {},
+    }
+)
+
+# (geometry, group, num_blocks, keyword arguments, expected mask or None for every block)
+ROWS = [
+    # R = 32: blocks ending at 32, 64 (blocks 1, 3) — the explicit retention wins over the config's R = 0
+    (SEED, 1, 4, {"retention": 32, "alignment": 32}, {1, 3}),
+    # the config's R = 0 and no reachable boundary: nothing is worth storing
+    (SEED, 1, 4, {}, set()),
+    # reachable boundary 16 at the default alignment 16: block 0 (ends at 16) too
+    (SEED, 1, 4, {"retention": 32, "reachable": [16]}, {0, 1, 3}),
+    # the same boundary at an explicit alignment 32 rounds down to 0: no extra block
+    (SEED, 1, 4, {"retention": 32, "alignment": 32, "reachable": [16]}, {1, 3}),
+    # R = 0: only the aligned reachable boundary 40 -> 32 (block 1)
+    (SEED, 1, 4, {"retention": 0, "alignment": 16, "reachable": [40]}, {1}),
+    # a reachable boundary past the range keeps nothing
+    (SEED, 1, 4, {"retention": 0, "alignment": 16, "reachable": [80]}, set()),
+    # first_block 3 with R = 32: blocks 3 and 5 of [3, 6) (block 1 is before the range)
+    (SEED, 1, 6, {"retention": 32, "alignment": 32, "first_block": 3}, {3, 5}),
+    # first_block 2: same answer (block 2 ends at 48, not a multiple of 32)
+    (SEED, 1, 6, {"retention": 32, "alignment": 32, "first_block": 2}, {3, 5}),
+    # R = 64: blocks ending at 64, 128 -> 3, 7; first_block 4 leaves 7
+    (SEED, 1, 8, {"retention": 64, "alignment": 64, "first_block": 4}, {7}),
+    # R equal to the block span: every block ends on a multiple of R -> dense
+    (SEED, 1, 4, {"retention": 16, "alignment": 16}, None),
+    # R off the block grid (24 over 16-token blocks): stays dense
+    (SEED, 1, 4, {"retention": 24, "alignment": 16}, None),
+    # no retention interval: dense
+    (SEED, 1, 4, {"retention": None}, None),
+    # no alignment to thin against: dense
+    (SEED, 1, 4, {"retention": 32, "alignment": None}, None),
+    # sliding window whose needed tail (1 block) covers a whole segment (1 block): dense, answered without
+    # listing 2^30 blocks (listing them would be refused as too large)
+    (SWA_ONE, 1, 1 << 30, {"retention": None}, None),
+    # attention, cross-attention, circular buffer and chunked local groups store every block
+    (SEED, 0, 4, {"retention": 32, "alignment": 32}, None),
+    (CROSS, 1, 4, {"retention": 32, "alignment": 32}, None),
+    (CIRCULAR, 1, 4, {"retention": 32, "alignment": 32}, None),
+    (CHUNKED, 1, 4, {"retention": 32, "alignment": 32}, None),
+]
+
+
+@pytest.mark.parametrize(("geom", "group", "n", "kwargs", "expected"), ROWS)
+def test_reachable_block_mask(geom, group, n, kwargs, expected):
+    mask = reachable_block_mask(geom, group, n, **kwargs)
+    assert (None if mask is None else set(mask)) == expected
+
+
+def test_sliding_window_mask_far_from_block_zero_is_sized_by_its_own_range():
+    # SWA_ONE with R = 1024: segments of 64 blocks, the last block of each kept. 2^25 blocks starting at
+    # block 2^34 hold 2^19 segments: 2^19 blocks are kept, far below the 2^24 refusal bound; an estimate that
+    # counted the segments before first_block would refuse this.
+    lo, n = 1 << 34, (1 << 34) + (1 << 25)
+    mask = reachable_block_mask(SWA_ONE, 1, n, first_block=lo, retention=1024)
+    assert mask is not None
+    assert len(mask) == 1 << 19
+    assert min(mask) == lo + 63 and max(mask) == n - 1
+    assert all(b % 64 == 63 for b in mask)
