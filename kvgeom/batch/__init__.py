@@ -212,6 +212,31 @@ def _same_length(name: str, a: np.ndarray, size: int) -> None:
         )
 
 
+def _lookup_args(
+    n: I64, num_prompt_tokens: Any, local_computed_tokens: Any, max_num_new_tokens: Any, max_load_tokens: Any
+) -> tuple[I64, I64, I64 | None, I64 | None]:
+    """The per-request arguments of a batch lookup, checked against ``num_tokens`` ``n``: prompt, local
+    prefix (``local_past_request`` when past the request), and the optional new-token and load caps."""
+    size = n.shape[0]
+    prompt = _prompt_tokens(num_prompt_tokens, n)
+    if local_computed_tokens is None:
+        local = np.zeros(size, dtype=np.int64)
+    else:
+        local = _int_or_array("local_computed_tokens", local_computed_tokens, size)
+        if (local > n).any():
+            i = int(np.argmax(local > n))
+            raise QueryError.single(
+                "local_past_request",
+                f"local_computed_tokens={int(local[i])} exceeds num_tokens={int(n[i])} (request {i})",
+                "local_computed_tokens",
+                local_computed_tokens=int(local[i]),
+                num_tokens=int(n[i]),
+            )
+    mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
+    mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
+    return prompt, local, mnn, mlt
+
+
 def _prompt_tokens(num_prompt_tokens: Any, n: I64) -> I64:
     """Per request, ``num_prompt_tokens`` checked against ``num_tokens`` (``None``: all prompt); the batch
     twin of :func:`kvgeom._check.prompt_tokens` (``prompt_longer_than_request`` names the first request)."""
@@ -1541,22 +1566,9 @@ def lookup_hits(
     off = _offload(geom)
     n = _ints("num_tokens", num_tokens)
     size = n.shape[0]
-    prompt = _prompt_tokens(num_prompt_tokens, n)
-    if local_computed_tokens is None:
-        local = np.zeros(size, dtype=np.int64)
-    else:
-        local = _int_or_array("local_computed_tokens", local_computed_tokens, size)
-        if (local > n).any():
-            i = int(np.argmax(local > n))
-            raise QueryError.single(
-                "local_past_request",
-                f"local_computed_tokens={int(local[i])} exceeds num_tokens={int(n[i])} (request {i})",
-                "local_computed_tokens",
-                local_computed_tokens=int(local[i]),
-                num_tokens=int(n[i]),
-            )
-    mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
-    mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
+    prompt, local, mnn, mlt = _lookup_args(
+        n, num_prompt_tokens, local_computed_tokens, max_num_new_tokens, max_load_tokens
+    )
     held = _stored_matrices(geom, off, stored, size)
     views = {og.index: _Held(held[og.index], og.hashes_per_chunk) for og in off.groups}
     return _lookup_views(geom, off, n, prompt, local, mlt, mnn, views)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvgeom.batch import I64, Bools, Hits, _int_or_array, _ints, _lookup_views, _offload, _prompt_tokens, _same_length
+from kvgeom.batch import I64, Bools, Hits, _ints, _lookup_args, _lookup_views, _offload, _same_length
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.residency import Residency
@@ -216,20 +216,9 @@ def lookup_resident(
             tmp.update(i, chain)
         ids, row_of = tmp.ids, np.arange(len(chains), dtype=np.int64)
     _same_length("chains", row_of, size)
-    prompt = _prompt_tokens(num_prompt_tokens, n)
-    if local_computed_tokens is None:
-        local = np.zeros(size, dtype=np.int64)
-    else:
-        local = _int_or_array("local_computed_tokens", local_computed_tokens, size)
-        if (local > n).any():
-            i = int(np.argmax(local > n))
-            raise QueryError.single(
-                "local_past_request",
-                f"local_computed_tokens={int(local[i])} exceeds num_tokens={int(n[i])} (request {i})",
-                "local_computed_tokens", local_computed_tokens=int(local[i]), num_tokens=int(n[i]),
-            )
-    mnn = None if max_num_new_tokens is None else _int_or_array("max_num_new_tokens", max_num_new_tokens, size)
-    mlt = None if max_load_tokens is None else _int_or_array("max_load_tokens", max_load_tokens, size)
+    prompt, local, mnn, mlt = _lookup_args(
+        n, num_prompt_tokens, local_computed_tokens, max_num_new_tokens, max_load_tokens
+    )
     views = {
         og.index: _ResidentView(ids, row_of, residency.held_array(og.index, holder), og.hashes_per_chunk)
         for og in off.groups
