@@ -44,6 +44,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.request import Request
 
 from kvgeom.geometry import Geometry
+from kvgeom.speculative import engine_block_size
 
 for _name in ("vllm", "vllm.v1", "vllm.distributed"):
     logging.getLogger(_name).setLevel(logging.ERROR)
@@ -77,7 +78,7 @@ def vllm_config(geom: Geometry) -> Any:
     p = cfg.parallel
     modes = {g.mamba_mode for g in geom.groups if g.mamba_mode is not None}
     cache = CacheConfig(
-        block_size=min(g.block_size for g in geom.groups if g.family != "mamba"),
+        block_size=engine_block_size(geom),  # what vLLM's engine core sets
         enable_prefix_caching=True,
         prefix_match_unit=cfg.cache.prefix_match_unit,
         prefix_cache_retention_interval=cfg.cache.retention_interval,

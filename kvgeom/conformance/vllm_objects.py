@@ -93,7 +93,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.request import Request
 
 from kvgeom.geometry import Geometry
-from kvgeom.specs import AnySpec, UniformSpec, is_prefix_cacheable
+from kvgeom.specs import AnySpec, UniformSpec
+from kvgeom.speculative import engine_block_size
 
 __all__ = [
     "NUM_GPU_BLOCKS",
@@ -212,11 +213,6 @@ def build_kv_cache_config(geom: Geometry, *, scheduler_view: bool = True) -> KVC
     return generate_scheduler_kv_cache_config([cfg]) if scheduler_view else cfg
 
 
-def _engine_block_size(geom: Geometry) -> int:
-    cacheable = [g.block_size for g in geom.groups if is_prefix_cacheable(g.spec)]
-    return min(cacheable or [g.block_size for g in geom.groups])
-
-
 def build_vllm_config(geom: Geometry) -> Any:
     """A stand-in ``VllmConfig`` for ``geom``: real ``CacheConfig``, ``ParallelConfig`` and
     ``KVTransferConfig`` (OffloadingConnector, when ``geom`` offloads), a small ``model_config``
@@ -225,7 +221,7 @@ def build_vllm_config(geom: Geometry) -> Any:
     p = cfg.parallel
     mamba_modes = {g.mamba_mode for g in geom.groups if g.mamba_mode is not None}
     cache = CacheConfig(
-        block_size=_engine_block_size(geom),
+        block_size=engine_block_size(geom),
         enable_prefix_caching=cfg.cache.prefix_caching,
         prefix_match_unit=cfg.cache.prefix_match_unit,
         prefix_cache_retention_interval=cfg.cache.retention_interval,
