@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -108,3 +109,19 @@ def prompt_tokens(num_prompt_tokens: Any, num_tokens: int) -> int:
             num_tokens=num_tokens,
         )
     return prompt
+
+
+def scenario(value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
+    """A JSON scenario checked for its shape: an object (``bad_scenario``) whose keys are all in
+    ``allowed`` (``unknown_key``; keys of any type, quoted with bounded length) and which has
+    ``num_tokens`` (``missing_field``). Shared by ``plan_hit``, ``prefix_hit`` and ``plan_request``."""
+    if not isinstance(value, Mapping):
+        raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(value).__name__}", "")
+    unknown = [k for k in value if not (isinstance(k, str) and k in allowed)]  # keys of any type, in order
+    if unknown:
+        raise QueryError.single(
+            "unknown_key", f"unknown scenario key(s) {show(unknown)}; allowed: {sorted(allowed)}", show(unknown[0], 60)
+        )
+    if "num_tokens" not in value:
+        raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    return value

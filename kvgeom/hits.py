@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kvgeom._check import nonneg, prompt_tokens
-from kvgeom._format import show
+from kvgeom._check import scenario as check_scenario
 from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
@@ -486,17 +486,8 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
     >>> plan_hit(g, {"num_tokens": 65, "stored": {"0": [32, 64], "1": [16, 32, 48, 64]}}).to_dict()["groups"][1]
     {'index': 1, 'load_keys': [64], 'block_entries': [3], 'state_block': 3}
     """
-    if not isinstance(scenario, Mapping):
-        raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(scenario).__name__}", "")
-    allowed = {"num_tokens", "num_prompt_tokens", "local_computed_tokens", "stored", "max_load_tokens",
-               "max_num_new_tokens"}
-    unknown = [k for k in scenario if not (isinstance(k, str) and k in allowed)]  # keys of any type, in order
-    if unknown:
-        raise QueryError.single(
-            "unknown_key", f"unknown scenario key(s) {show(unknown)}; allowed: {sorted(allowed)}", show(unknown[0], 60)
-        )
-    if "num_tokens" not in scenario:
-        raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    check_scenario(scenario, ("num_tokens", "num_prompt_tokens", "local_computed_tokens", "stored", "max_load_tokens",
+                              "max_num_new_tokens"))
     stored = scenario.get("stored", {})
     if isinstance(stored, Mapping):
         # the JSON contract checks every end token (lookup_hit reads a set value only where it probes)

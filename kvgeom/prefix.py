@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, assert_never
 
 from kvgeom._check import nonneg
+from kvgeom._check import scenario as check_scenario
 from kvgeom._math import cdiv
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
@@ -494,16 +495,7 @@ def prefix_hit_from_scenario(geom: Geometry, scenario: Mapping[str, Any]) -> Pre
     >>> prefix_hit_from_scenario(g, {"num_tokens": 65, "resident": {"0": [32], "1": [16, 32]}}).to_dict()
     {'hit_tokens': 32, 'groups': [{'index': 0, 'blocks': [32]}, {'index': 1, 'blocks': [32]}]}
     """
-    if not isinstance(scenario, Mapping):
-        raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(scenario).__name__}", "")
-    allowed = {"num_tokens", "resident", "max_hit_tokens"}
-    unknown = sorted(set(scenario) - allowed)
-    if unknown:
-        raise QueryError.single(
-            "unknown_key", f"unknown scenario key(s) {unknown}; allowed: {sorted(allowed)}", unknown[0]
-        )
-    if "num_tokens" not in scenario:
-        raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    check_scenario(scenario, ("num_tokens", "resident", "max_hit_tokens"))
     return prefix_hit(
         geom, scenario["num_tokens"], scenario.get("resident", {}), max_hit_tokens=scenario.get("max_hit_tokens")
     )

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgeom._check import scenario as check_scenario
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.hits import GroupLoad, Hit, lookup_hit, plan_load
@@ -72,15 +73,7 @@ def plan_request(geom: Geometry, scenario: Mapping[str, Any]) -> RequestPlan:
     >>> p = plan_request(g, sc).to_dict(); p["local_hit_tokens"], p["external_hit_tokens"]
     (32, 32)
     """
-    if not isinstance(scenario, Mapping):
-        raise QueryError.single("bad_scenario", f"a scenario is an object, got {type(scenario).__name__}", "")
-    unknown = sorted(set(scenario) - _ALLOWED)
-    if unknown:
-        raise QueryError.single(
-            "unknown_key", f"unknown scenario key(s) {unknown}; allowed: {sorted(_ALLOWED)}", unknown[0]
-        )
-    if "num_tokens" not in scenario:
-        raise QueryError.single("missing_field", "a scenario needs num_tokens", "num_tokens")
+    check_scenario(scenario, _ALLOWED)
     n = scenario["num_tokens"]
     local = prefix_hit(geom, n, scenario.get("resident", {}))
     if geom.offload is None:

@@ -196,3 +196,13 @@ def test_batch_prefix_hits_match_the_rows(name, cfg, drop, n, resident, hit, blo
                 m[0, e // H - 1] = m[2, e // H - 1] = True
         held[g.index] = m
     assert prefix_hits(geom, np.array([n, n, 0]), held).tolist() == [hit, prefix_hit(geom, n, {}).hit_tokens, 0]
+
+
+@pytest.mark.parametrize("method", ["plan_hit", "prefix_hit", "plan_request"])
+def test_scenario_keys_of_mixed_types_are_an_error_not_a_type_error(method):
+    # the three JSON scenario contracts check their keys in one place (kvgeom._check.scenario); prefix_hit and
+    # plan_request once sorted the unknown keys and raised TypeError on {1, "x"}
+    g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    with pytest.raises(kvgeom.QueryError) as info:
+        getattr(g, method)({"num_tokens": 1, 1: 2, "x": 3})
+    assert info.value.code == "unknown_key"
