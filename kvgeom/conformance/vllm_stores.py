@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -125,11 +126,13 @@ MAX_STEPS = 2000
 
 class RecordingTier(OffloadingManager):  # type: ignore[misc]
     """An offload tier holding ``keys`` (HIT for exactly them) that accepts every store: records every key
-    ``prepare_store`` is asked to store in ``stored`` and every key ``prepare_load`` loads in ``loaded``."""
+    ``prepare_store`` is asked to store in ``stored`` (and, in ``store_calls``, the connector function that
+    asked with its keys) and every key ``prepare_load`` loads in ``loaded``."""
 
     def __init__(self) -> None:
         self.keys: set[bytes] = set()
         self.stored: list[bytes] = []
+        self.store_calls: list[tuple[str, list[bytes]]] = []
         self.loaded: list[bytes] = []
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -142,6 +145,8 @@ class RecordingTier(OffloadingManager):  # type: ignore[misc]
     def prepare_store(self, keys: Any, req_context: ReqContext) -> PrepareStoreOutput:
         keys = list(keys)
         self.stored.extend(bytes(k) for k in keys)
+        # which store path asked (_build_store_jobs, _build_aligned_boundary_store_jobs, ...), for diagnosis
+        self.store_calls.append((sys._getframe(1).f_code.co_name, [bytes(k) for k in keys]))
         return PrepareStoreOutput(keys_to_store=keys, store_spec=LoadStoreSpec(), evicted_keys=[])
 
     def complete_store(self, keys: Any, req_context: ReqContext) -> None:
@@ -260,6 +265,13 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     stored_keys = list(tier_a.stored) if tier_a is not None else []
     out: dict[str, Any] = {"chunk_ends": chunk_ends, "stored": _ends(stored_keys, chain_a, H), "hit": None,
                            "loads": {}}
+    if tier_a is not None:
+        out["store_paths"] = {path: _ends(keys, chain_a, H) for path, keys in tier_a.store_calls}
+        paths: dict[str, dict[str, list[int]]] = {}
+        for path, keys in tier_a.store_calls:
+            for g, ends in _ends(keys, chain_a, H).items():
+                paths.setdefault(path, {}).setdefault(g, []).extend(ends)
+        out["store_paths"] = {p: {g: sorted(e) for g, e in sorted(d.items())} for p, d in paths.items()}
     if tier_a is None:
         return out
 
@@ -349,14 +361,81 @@ def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int
 
 # ------------------------------------------------------------------ classes of difference
 
-KNOWN_CLASSES: dict[str, str] = {}
-"""Difference classes :func:`classify` recognises (id: description); filled in below."""
+KNOWN_CLASSES: dict[str, str] = {
+    "partial-tail-store": "vLLM stores a key off the group's offload chunk grid (DCP 1, partial tails on): a "
+    "partial-tail store job (_build_partial_tail_store_jobs) kvgeom's plan_store does not model",
+    "mamba-last-cacheable-handoff": "vLLM's Mamba manager also hands the connector the state at the last "
+    "cacheable boundary (mamba_checkpoint(...).last_cacheable, a chunk end on cache_config.block_size's grid) "
+    "that kvgeom's Mamba store mask does not keep",
+    "mamba-block-not-engine-block": "an align Mamba group whose block differs from vLLM's cache_config.block_size "
+    "(kvgeom.speculative.engine_block_size): vLLM splits the prefill on the smaller grid and its Mamba slots "
+    "no longer follow the chunk ends, so the Mamba keys differ",
+    "mamba-store-off-alignment": "kvgeom stores an align Mamba state at a chunk end that is not a multiple of "
+    "the hit alignment A; vLLM's Mamba manager does not retain it",
+    "mtp-mamba-unfinalized": "multi-module MTP (P > 1): kvgeom stores an align Mamba state that vLLM never hands "
+    "off (the last P - 1 computed tokens are not finalized, KVCacheCoordinator.num_reprefillable_tokens)",
+    "realign-after-clamp": "kvgeom's lookup over vLLM's own stores differs because vLLM loads an align Mamba "
+    "state that ends past its hit (the registered deviation of kvgeom.deviations)",
+}
+"""Difference classes :func:`classify` recognises (id: description), each observed in the sweep."""
 
 
-def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any]]) -> str | None:
-    """The known class (:data:`KNOWN_CLASSES` id) of a non-empty :func:`differences` answer, or None for a
-    new finding."""
+def _store_class(geom: Geometry, n1: int, group: int, end: int, only_in_vllm: bool) -> str | None:
+    from kvgeom.speculative import engine_block_size, mamba_checkpoint
+
+    g = geom.groups[group]
+    off = geom.offload
+    assert off is not None
+    og = off.group(group)
+    sg = geom.speculative
+    wrong_block = g.is_align_mamba and g.block_size != engine_block_size(geom)
+    if only_in_vllm:
+        if off.supports_partial_tail and end % og.tokens_per_chunk:
+            return "partial-tail-store"
+        if wrong_block:
+            return "mamba-block-not-engine-block"
+        if g.is_align_mamba and end == mamba_checkpoint(geom, n1).last_cacheable:
+            return "mamba-last-cacheable-handoff"
+        return None
+    if wrong_block:
+        return "mamba-block-not-engine-block"
+    if g.is_align_mamba and sg is not None and sg.prefill_lookahead_tokens > 1:
+        return "mtp-mamba-unfinalized"
+    if g.is_align_mamba and end % geom.hit_alignment_tokens:
+        return "mamba-store-off-alignment"
     return None
+
+
+def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any]],
+             theirs: Mapping[str, Any]) -> str | None:
+    """The known classes (:data:`KNOWN_CLASSES` ids, ``+``-joined and sorted when several) that explain a
+    non-empty :func:`differences` answer ``diff`` for vLLM's answer ``theirs``, or None when any part of it
+    is unexplained (a new finding).
+
+    Every stored key one side has and the other lacks must fall in a store class; a ``hit`` / ``loads``
+    difference is explained by the store difference only when kvgeom's lookup over vLLM's stores agrees
+    with vLLM (no ``hit_on_vllm_stores`` entry), else it needs ``realign-after-clamp``; a ``chunk_ends``
+    difference is never explained."""
+    if not diff or "chunk_ends" in diff:
+        return None
+    classes: set[str] = set()
+    if "stored" in diff:
+        ours, vllm = diff["stored"]
+        for key in set(ours) | set(vllm):
+            a, b = set(ours.get(key, ())), set(vllm.get(key, ()))
+            for end, only_in_vllm in [*((e, True) for e in b - a), *((e, False) for e in a - b)]:
+                cls = _store_class(geom, n1, int(key), end, only_in_vllm)
+                if cls is None:
+                    return None
+                classes.add(cls)
+    if "hit_on_vllm_stores" in diff:
+        hit = theirs["hit"] or 0
+        if not any(geom.groups[int(g)].is_align_mamba and ends and ends[-1] > hit for g, ends in theirs["loads"].items()):
+            return None
+        classes.add("realign-after-clamp")
+    elif ("hit" in diff or "loads" in diff) and "stored" not in diff:
+        return None
+    return "+".join(sorted(classes)) or None
 
 
 # ------------------------------------------------------------------ the sweep
@@ -427,18 +506,18 @@ def summary(cfg: Mapping[str, Any]) -> str:
 def sweep(n: int, seed: int) -> dict[str, Any]:
     """Run ``n`` random cases (:func:`random_case`, seeded) through both sides: kvgeom refusals
     (:class:`kvgeom.KVGeomError`) skipped, vLLM refusals (any exception) recorded separately. Returns
-    ``{"cases", "kvgeom_refused", "vllm_refused": [...], "agree": {field: count}, "compared",
+    ``{"cases", "kvgeom_refused": Counter(code), "vllm_refused": [...], "agree": {field: count}, "compared",
     "differences": [(cfg, n1, n2, budget, diff, class)]}``."""
     rng = random.Random(seed)
-    report: dict[str, Any] = {"cases": n, "kvgeom_refused": 0, "vllm_refused": [], "compared": 0,
+    report: dict[str, Any] = {"cases": n, "kvgeom_refused": Counter(), "vllm_refused": [], "compared": 0,
                               "agree": Counter(), "differences": []}
     for _ in range(n):
         cfg, n1, n2, budget = random_case(rng)
         try:
             geom = kvgeom.resolve(cfg)
             kvgeom_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
-        except KVGeomError:
-            report["kvgeom_refused"] += 1
+        except KVGeomError as e:
+            report["kvgeom_refused"][e.code] += 1
             continue
         try:
             theirs = run_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
@@ -450,13 +529,14 @@ def sweep(n: int, seed: int) -> dict[str, Any]:
         for f in (*FIELDS, "hit_on_vllm_stores"):
             report["agree"][f] += f not in diff
         if diff:
-            report["differences"].append((cfg, n1, n2, budget, diff, classify(geom, n1, n2, diff)))
+            report["differences"].append((cfg, n1, n2, budget, diff, classify(geom, n1, n2, diff, theirs)))
     return report
 
 
 def _print_report(report: Mapping[str, Any]) -> None:
     c = report["compared"]
-    print(f"cases {report['cases']}: kvgeom refused {report['kvgeom_refused']}, vLLM refused "
+    refused = report["kvgeom_refused"]
+    print(f"cases {report['cases']}: kvgeom refused {sum(refused.values())} ({dict(refused)}), vLLM refused "
           f"{len(report['vllm_refused'])}, compared {c}")
     print("agree: " + ", ".join(f"{f} {report['agree'][f]}/{c}" for f in (*FIELDS, "hit_on_vllm_stores")))
     for cfg, n1, n2, budget, why in report["vllm_refused"]:
