@@ -33,9 +33,9 @@ What is built, and what is bypassed (nothing else is):
   ``SpeculativeConfig``'s own predicate functions (``use_eagle``, ``needs_eagle_block_drop``,
   ``use_eagle_block_drop``, ``use_multi_module_mtp``, ...); no draft model is loaded. The derived
   fields ``num_speculative_tokens``, ``num_lookahead_tokens``, ``num_prefill_lookahead_tokens`` and
-  ``num_hash_lookahead_tokens`` are vLLM's ``VllmConfig`` properties evaluated on the stand-in. ``cache_config.block_size`` is set as
-  vLLM's engine core sets it: the smallest per-rank block of the prefix-cacheable groups (all groups
-  when none is).
+  ``num_hash_lookahead_tokens`` are vLLM's ``VllmConfig`` properties evaluated on the stand-in.
+  ``cache_config.block_size`` is set as vLLM's engine core sets it: the smallest per-rank block of
+  the prefix-cacheable groups (all groups when none is).
 * **The offload tier**: :class:`ChosenTier`, an ``OffloadingManager`` whose ``lookup`` answers HIT
   for exactly the offload keys the caller chose, MISS otherwise, and which records the keys
   ``prepare_load`` is asked for. The real tiers (CPU, file system) would hold the same keys after the

@@ -233,14 +233,19 @@ def _worker_output(sched: Scheduler, output: Any, request: Request, token: int |
 def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
                           ) -> dict[str, Any]:
     """vLLM's answer (see the module docstring): ``{"chunk_ends": [...], "stored": {"<g>": [ends]},
-    "hit": int, "loads": {"<g>": [ends]}}``. vLLM's exceptions propagate; a prefill that never finishes
+    "hit": int, "loads": {"<g>": [ends]}}``, plus ``"store_paths"``: the stored end tokens per connector
+    function that asked ``prepare_store`` (for diagnosis; not compared). Without an offload section
+    ``stored`` is empty and ``hit`` None. vLLM's exceptions propagate; a prefill that never finishes
     raises RuntimeError.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
     ...                                {"kind": "mamba", "block_size": 16}], "offload": {}})
-    >>> run_store_then_lookup(g, 100, 100)
-    {'chunk_ends': [96, 100], 'stored': {'0': [16, 32, 48, 64, 80, 96], '1': [96]}, 'hit': 96, 'loads': {'0': [16, 32, 48, 64, 80, 96], '1': [96]}}
+    >>> out = run_store_then_lookup(g, 100, 100)
+    >>> out["chunk_ends"], out["stored"], out["hit"]
+    ([96, 100], {'0': [16, 32, 48, 64, 80, 96], '1': [96]}, 96)
+    >>> out["store_paths"]
+    {'_build_aligned_boundary_store_jobs': {'1': [96]}, '_build_store_jobs': {'0': [16, 32, 48, 64, 80, 96]}}
     """
     L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
     sched = _scheduler(geom, max_num_batched_tokens, L, H)
@@ -266,12 +271,11 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     out: dict[str, Any] = {"chunk_ends": chunk_ends, "stored": _ends(stored_keys, chain_a, H), "hit": None,
                            "loads": {}}
     if tier_a is not None:
-        out["store_paths"] = {path: _ends(keys, chain_a, H) for path, keys in tier_a.store_calls}
         paths: dict[str, dict[str, list[int]]] = {}
         for path, keys in tier_a.store_calls:
             for g, ends in _ends(keys, chain_a, H).items():
                 paths.setdefault(path, {}).setdefault(g, []).extend(ends)
-        out["store_paths"] = {p: {g: sorted(e) for g, e in sorted(d.items())} for p, d in paths.items()}
+        out["store_paths"] = {p: {g: sorted(e) for g, e in sorted(d.items())} for p, d in sorted(paths.items())}
     if tier_a is None:
         return out
 
@@ -430,7 +434,8 @@ def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any
                 classes.add(cls)
     if "hit_on_vllm_stores" in diff:
         hit = theirs["hit"] or 0
-        if not any(geom.groups[int(g)].is_align_mamba and ends and ends[-1] > hit for g, ends in theirs["loads"].items()):
+        loads = theirs["loads"].items()
+        if not any(geom.groups[int(g)].is_align_mamba and ends and ends[-1] > hit for g, ends in loads):
             return None
         classes.add("realign-after-clamp")
     elif ("hit" in diff or "loads" in diff) and "stored" not in diff:
@@ -521,7 +526,7 @@ def sweep(n: int, seed: int) -> dict[str, Any]:
             continue
         try:
             theirs = run_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
-        except Exception as e:  # noqa: BLE001 -- any vLLM exception is vLLM refusing the case
+        except Exception as e:  # any vLLM exception is vLLM refusing the case
             report["vllm_refused"].append((cfg, n1, n2, budget, f"{type(e).__name__}: {e}"[:160]))
             continue
         diff = differences(geom, n1, n2, max_num_batched_tokens=budget, theirs=theirs)
