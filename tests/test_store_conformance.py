@@ -170,7 +170,7 @@ def test_xfail_rows_are_classified(st, name, cfg, n1, n2, budget, cls):
 def test_seeded_sweep_differences_are_known_classes(st):
     """≈ 40 random deployments: the chunk ends always agree, and every other difference is in the explicit
     allow-list of known classes (``classify`` names each part of it)."""
-    report = st.sweep(40, 7)
+    report = st.sweep(40, 1)  # seed 1 reaches five of the known classes
     assert report["compared"] >= 30 and not report["vllm_refused"], report
     assert report["agree"]["chunk_ends"] == report["compared"]
     seen: Counter[str] = Counter()
@@ -179,4 +179,4 @@ def test_seeded_sweep_differences_are_known_classes(st):
         for part in cls.split("+"):
             assert part in st.KNOWN_CLASSES, (part, cfg, n1, n2, budget, diff)
             seen[part] += 1
-    assert report["agree"]["stored"] >= report["compared"] - len(report["differences"])
+    assert len(seen) >= 4, seen  # the sweep really meets differences, so the allow-list is exercised
