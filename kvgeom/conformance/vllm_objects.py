@@ -11,6 +11,13 @@ What is built, and what is bypassed (nothing else is):
   per-rank ``block_size``, ``dcp_sharded``, window / chunk / sink / Mamba-mode fields. Byte-shape
   fields that no geometry rule reads are fixed small values (1 KV head, head size 8, float16; a Mamba
   state of one ``(8,)`` float16 tensor) unless the kvgeom spec gives them.
+* **Drafter layers**: a layer (or group) marked ``drafter`` gets ``is_draft=True`` (what vLLM's model
+  runner sets for a drafter's layers); ``is_eagle_group`` is then set as
+  ``get_global_kv_cache_groups`` sets it (only under ``use_eagle_block_drop()``: any layer
+  ``is_draft``), and with a ``speculative`` section every sliding-window spec gets its
+  ``extra_retained_tokens = max(0, num_prefill_lookahead_tokens - 1)`` (vLLM overrides an explicit
+  value too). Mamba ``num_speculative_blocks`` is the kvgeom spec's (K by default,
+  :func:`kvgeom.speculative.apply_defaults`, as ``MambaBase.get_kv_cache_spec`` sets it).
 * **KVCacheConfig / KVCacheGroupSpec**: one group per kvgeom group, layer names ``layer.<g>.<i>``,
   ``num_blocks`` = :data:`NUM_GPU_BLOCKS`, no ``KVCacheTensor`` (nothing is allocated). The
   scheduler view replaces a uniform group by its first layer, as vLLM's
@@ -19,9 +26,16 @@ What is built, and what is bypassed (nothing else is):
   ``KVTransferConfig`` (``OffloadingConnector``) built from the kvgeom config; ``model_config`` is
   a small stand-in (model name ``"kvgeom-conformance"``, dtype float16, ``use_mla`` when an MLA group
   exists, ``max_model_len``), because a real ``ModelConfig`` loads a model from a hub;
-  ``speculative_config`` and ``kv_events_config`` are None. ``cache_config.block_size`` is set as
-  vLLM's engine core sets it: the smallest per-rank block of the prefix-cacheable groups (all groups
-  when none is).
+  ``kv_events_config`` is None. Without a ``speculative`` section ``speculative_config`` is None; with
+  one it is a stand-in carrying the fields vLLM's scheduler side reads (method, K,
+  ``disable_eagle_block_drop``, ``disable_lookahead_block_hashes``, a draft ``hf_config`` with
+  ``num_nextn_predict_layers`` = ``mtp_modules``, no parallel drafting, no per-batch-size K) and
+  ``SpeculativeConfig``'s own predicate functions (``use_eagle``, ``needs_eagle_block_drop``,
+  ``use_eagle_block_drop``, ``use_multi_module_mtp``, ...); no draft model is loaded. The derived
+  fields ``num_speculative_tokens``, ``num_lookahead_tokens``, ``num_prefill_lookahead_tokens`` and
+  ``num_hash_lookahead_tokens`` are vLLM's ``VllmConfig`` properties evaluated on the stand-in.
+  ``cache_config.block_size`` is set as vLLM's engine core sets it: the smallest per-rank block of
+  the prefix-cacheable groups (all groups when none is).
 * **The offload tier**: :class:`ChosenTier`, an ``OffloadingManager`` whose ``lookup`` answers HIT
   for exactly the offload keys the caller chose, MISS otherwise, and which records the keys
   ``prepare_load`` is asked for. The real tiers (CPU, file system) would hold the same keys after the
@@ -46,7 +60,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import torch
 import vllm
-from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig
+from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
     build_offloading_config,
 )
@@ -98,6 +112,7 @@ from kvgeom.speculative import engine_block_size
 
 __all__ = [
     "NUM_GPU_BLOCKS",
+    "SPECULATIVE_FIELDS",
     "VLLM_VERSION",
     "ChosenTier",
     "VllmObjects",
@@ -139,9 +154,14 @@ def _attention_args(spec: Any, dcp_sharded: bool) -> dict[str, Any]:
     return args
 
 
-def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None) -> KVCacheSpec:
+def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None, *, is_draft: bool = False,
+          extra_retained: int | None = None) -> KVCacheSpec:
     spec = spec.model_copy(update={"block_size": block_size})
     a = _attention_args(spec, dcp_sharded) if spec.kind != "mamba" else {}
+    if a:
+        a["is_draft"] = is_draft
+    if extra_retained is not None and spec.kind in ("sliding_window", "sliding_window_mla"):
+        spec = spec.model_copy(update={"extra_retained_tokens": extra_retained})
     match spec.kind:
         case "full_attention":
             return FullAttentionSpec(**a)
@@ -179,17 +199,30 @@ def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None)
     raise ValueError(f"kvgeom kind {spec.kind!r} has no vLLM spec class in this checker")
 
 
+def _extra_retained(geom: Geometry) -> int | None:
+    """With a drafter, vLLM's ``get_global_kv_cache_groups`` tags every sliding-window spec with
+    ``max(0, num_prefill_lookahead_tokens - 1)``; None (keep the spec's own value) without one."""
+    if geom.speculative is None:
+        return None
+    return max(0, int(_vllm_property("num_prefill_lookahead_tokens", build_vllm_config(geom))) - 1)
+
+
 def build_kv_cache_spec(geom: Geometry, index: int) -> KVCacheSpec:
-    """vLLM's spec object for group ``index`` of ``geom`` (a ``UniformTypeKVCacheSpecs`` for a uniform group)."""
+    """vLLM's spec object for group ``index`` of ``geom`` (a ``UniformTypeKVCacheSpecs`` for a uniform group).
+
+    A layer (or group) marked ``drafter`` gets ``is_draft=True``, as vLLM's model runner marks a drafter's
+    layers; with a ``speculative`` section every sliding-window layer gets vLLM's ``extra_retained_tokens``."""
     g = geom.group(index)
     spec: AnySpec = g.spec
+    extra = _extra_retained(geom)
     if isinstance(spec, UniformSpec):
         leaves = {
-            f"layer.{index}.{i}": _leaf(layer, g.block_size, g.dcp_sharded, g.mamba_mode)
+            f"layer.{index}.{i}": _leaf(layer, g.block_size, g.dcp_sharded, g.mamba_mode,
+                                        is_draft=bool(spec.drafter or layer.drafter), extra_retained=extra)
             for i, layer in enumerate(spec.layers)
         }
         return UniformTypeKVCacheSpecs(block_size=g.block_size, kv_cache_specs=leaves)
-    return _leaf(spec, g.block_size, g.dcp_sharded, g.mamba_mode)
+    return _leaf(spec, g.block_size, g.dcp_sharded, g.mamba_mode, is_draft=bool(spec.drafter), extra_retained=extra)
 
 
 def build_kv_cache_config(geom: Geometry, *, scheduler_view: bool = True) -> KVCacheConfig:
@@ -204,13 +237,77 @@ def build_kv_cache_config(geom: Geometry, *, scheduler_view: bool = True) -> KVC
         spec = build_kv_cache_spec(geom, g.index)
         names = list(spec.kv_cache_specs) if isinstance(spec, UniformTypeKVCacheSpecs) else [f"layer.{g.index}.0"]
         groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec))
+    # get_global_kv_cache_groups: only under use_eagle_block_drop() a group holding a draft layer is flagged
+    spec_config = _speculative_stand_in(geom)
+    if spec_config is not None and spec_config.use_eagle_block_drop():
+        for group in groups:
+            leaves = group.kv_cache_spec.kv_cache_specs.values() if isinstance(
+                group.kv_cache_spec, UniformTypeKVCacheSpecs) else (group.kv_cache_spec,)
+            group.is_eagle_group = any(leaf.is_draft for leaf in leaves)
     cfg = KVCacheConfig(
         num_blocks=NUM_GPU_BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=groups,
         prefix_cache_retention_interval=geom.config.cache.retention_interval,
     )
-    return generate_scheduler_kv_cache_config([cfg]) if scheduler_view else cfg
+    if not scheduler_view:
+        return cfg
+    out = generate_scheduler_kv_cache_config([cfg])
+    for view, full in zip(out.kv_cache_groups, cfg.kv_cache_groups, strict=True):
+        view.is_eagle_group = full.is_eagle_group
+    return out
+
+
+class _SpeculativeStandIn:
+    """The fields of vLLM's ``SpeculativeConfig`` its scheduler side reads, with vLLM's own predicates
+    (the methods are ``SpeculativeConfig``'s functions, called on this object)."""
+
+    use_eagle = SpeculativeConfig.use_eagle
+    needs_eagle_block_drop = SpeculativeConfig.needs_eagle_block_drop
+    use_eagle_block_drop = SpeculativeConfig.use_eagle_block_drop
+    use_multi_module_mtp = SpeculativeConfig.use_multi_module_mtp
+    use_dflash = SpeculativeConfig.use_dflash
+    use_dspark = SpeculativeConfig.use_dspark
+    uses_draft_model = SpeculativeConfig.uses_draft_model
+    use_ngram = SpeculativeConfig.use_ngram
+    max_num_new_slots_for_drafting = SpeculativeConfig.max_num_new_slots_for_drafting
+
+    def __init__(self, method: str, k: int, *, disable_eagle_block_drop: bool, disable_lookahead_block_hashes: bool,
+                 mtp_modules: int) -> None:
+        self.method = method
+        self.num_speculative_tokens = k
+        self.disable_eagle_block_drop = disable_eagle_block_drop
+        self.disable_lookahead_block_hashes = disable_lookahead_block_hashes
+        self.parallel_drafting = False
+        self.num_speculative_tokens_per_batch_size = None
+        self.draft_model_config = SimpleNamespace(hf_config=SimpleNamespace(num_nextn_predict_layers=mtp_modules))
+
+
+def _speculative_stand_in(geom: Geometry) -> _SpeculativeStandIn | None:
+    s = geom.config.speculative
+    if s is None:
+        return None
+    return _SpeculativeStandIn(
+        s.method,
+        s.num_speculative_tokens,
+        disable_eagle_block_drop=not s.eagle_block_drop,
+        disable_lookahead_block_hashes=not s.lookahead_hashes,
+        mtp_modules=s.mtp_modules,
+    )
+
+
+def _vllm_property(name: str, vllm_config: Any) -> Any:
+    """vLLM's own ``VllmConfig.<name>`` property, evaluated on the stand-in."""
+    return getattr(VllmConfig, name).fget(vllm_config)
+
+
+#: The derived speculative fields of ``VllmConfig`` the scheduler side reads (vLLM's properties).
+SPECULATIVE_FIELDS = (
+    "num_speculative_tokens",
+    "num_lookahead_tokens",
+    "num_prefill_lookahead_tokens",
+    "num_hash_lookahead_tokens",
+)
 
 
 def build_vllm_config(geom: Geometry) -> Any:
@@ -252,16 +349,20 @@ def build_vllm_config(geom: Geometry) -> Any:
         use_mla=any(g.kind == "mla" for g in geom.groups),
         get_total_num_kv_heads=lambda: _HEADS * p.tp,
     )
-    return SimpleNamespace(
+    vc = SimpleNamespace(
         cache_config=cache,
         parallel_config=parallel,
         kv_transfer_config=transfer,
         model_config=model,
         scheduler_config=SimpleNamespace(disable_chunked_mm_input=False),
-        speculative_config=None,
+        speculative_config=_speculative_stand_in(geom),
+        diffusion_config=None,
         kv_events_config=None,
         use_v2_model_runner=False,
     )
+    for name in SPECULATIVE_FIELDS:  # vLLM's own rules (config/vllm.py), on the stand-in's fields
+        setattr(vc, name, _vllm_property(name, vc))
+    return vc
 
 
 class ChosenTier(OffloadingManager):  # type: ignore[misc]
@@ -314,9 +415,11 @@ def build_scheduler(geom: Geometry, tier: ChosenTier, *, vllm_config: Any = None
     return OffloadingConnectorScheduler(_Spec(config, tier), vc, kcc)
 
 
-def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r0") -> Request:
+def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r0",
+                  hash_lookahead_tokens: int = 0) -> Request:
     """A real vLLM ``Request`` of ``num_tokens`` prompt tokens (ids ``0..n-1``), block hashes by vLLM's
-    own hasher every ``hash_block_size`` tokens."""
+    own hasher every ``hash_block_size`` tokens (with ``hash_lookahead_tokens``, vLLM's
+    ``num_hash_lookahead_tokens``: 0 keeps the legacy hashes)."""
     global _HASH_SEEDED
     if not _HASH_SEEDED:
         init_none_hash(sha256)
@@ -326,7 +429,7 @@ def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r
         prompt_token_ids=list(range(num_tokens)),
         sampling_params=SamplingParams(max_tokens=1),
         pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        block_hasher=get_request_block_hasher(hash_block_size, sha256, hash_lookahead_tokens),
     )
 
 
@@ -390,17 +493,22 @@ def build(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) ->
     vc = build_vllm_config(geom)
     kcc = build_kv_cache_config(geom)
     p = geom.config.parallel
+    spec = vc.speculative_config
+    # Scheduler.__init__: the drop unless lookahead hashes prove the boundary token
+    use_eagle = spec is not None and spec.use_eagle_block_drop() and not vc.num_hash_lookahead_tokens
     coordinator = get_kv_cache_coordinator(
         kcc,
         max_model_len=vc.model_config.max_model_len,
         max_in_flight_tokens=8192,
-        use_eagle=False,
+        use_eagle=use_eagle,
         enable_caching=geom.config.cache.prefix_caching,
         enable_kv_cache_events=False,
         dcp_world_size=p.dcp,
         pcp_world_size=p.pcp,
         scheduler_block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
+        num_prefill_lookahead=vc.num_prefill_lookahead_tokens,
+        num_hash_lookahead_tokens=vc.num_hash_lookahead_tokens,
     )
     objs = VllmObjects(geom, vc, kcc, coordinator=coordinator)
     if geom.offload is not None:

@@ -25,7 +25,7 @@ Stand-ins (everything else is vLLM's code, built by :mod:`kvgeom.conformance.vll
 * **VllmConfig**: :func:`kvgeom.conformance.vllm_objects.build_vllm_config`'s stand-in, plus what the
   Scheduler reads: a real ``SchedulerConfig`` (chunked prefill on, 8192 batched tokens, 16 sequences),
   a real ``ObservabilityConfig``, ``cache_config.num_gpu_blocks`` =
-  :data:`~kvgeom.conformance.vllm_objects.NUM_GPU_BLOCKS`, no LoRA / encoder / speculative / KV-events
+  :data:`~kvgeom.conformance.vllm_objects.NUM_GPU_BLOCKS`, no LoRA / encoder / KV-events
   configuration, one batch in flight, a text-only generate model.
 * **The GPU prefix cache**: entry *e* of group *g* is placed straight into vLLM's ``BlockPool``: a
   free block is taken, keyed by the request's chain hash at *e* tokens and group *g* (a full block
@@ -68,6 +68,7 @@ __all__ = [
     "differences",
     "kvgeom_admission",
     "scheduler_admits",
+    "scheduler_vllm_config",
 ]
 
 SPEC_NAME = "KvgeomChosenTierSpec"
@@ -92,7 +93,8 @@ if SPEC_NAME not in OffloadingSpecFactory._registry:
     OffloadingSpecFactory.register_spec(SPEC_NAME, __name__, "ChosenTierSpec")
 
 
-def _scheduler_vllm_config(geom: Geometry) -> Any:
+def scheduler_vllm_config(geom: Geometry) -> Any:
+    """The stand-in VllmConfig the Scheduler is built with (see the module docstring)."""
     vc = vo.build_vllm_config(geom)
     max_len = vc.model_config.max_model_len
     vc.scheduler_config = SchedulerConfig(
@@ -108,10 +110,6 @@ def _scheduler_vllm_config(geom: Geometry) -> Any:
     vc.ec_transfer_config = None
     vc.is_mm_encoder_only = False
     vc.max_concurrent_batches = 1
-    vc.num_speculative_tokens = 0
-    vc.num_lookahead_tokens = 0
-    vc.num_prefill_lookahead_tokens = 0
-    vc.num_hash_lookahead_tokens = 0
     vc.max_in_flight_tokens = 8192
     vc.ec_manager_config = SimpleNamespace(get_encoder_cache_manager_obj=lambda: None)
     vc.aux_output_config = SimpleNamespace(enabled=False)
@@ -131,7 +129,7 @@ def build_scheduler(geom: Geometry, *, scheduler_block_size: int, hash_block_siz
     """vLLM's v1 ``Scheduler`` for ``geom`` (see the module docstring for the stand-ins)."""
     from vllm.v1.structured_output import StructuredOutputManager
 
-    vc = _scheduler_vllm_config(geom)
+    vc = scheduler_vllm_config(geom)
     kcc = vo.build_kv_cache_config(geom)
     return Scheduler(
         vllm_config=vc,

@@ -1,0 +1,566 @@
+"""vLLM 0.33's real v1 ``Scheduler`` storing a prompt to an offload tier and a second request looking it
+up, speculative decoding included (needs an installed vLLM).
+
+:func:`run_store_then_lookup` answers "store a prompt of ``n1`` tokens, then look up a request of ``n2``
+tokens sharing it" with vLLM's own code, and :func:`kvgeom_store_then_lookup` with kvgeom's public API
+(:func:`kvgeom.prefill_chunk_ends`, :func:`kvgeom.hits.plan_store`, :meth:`kvgeom.Geometry.plan_hit`).
+
+vLLM's code (run, not restated): ``Scheduler.schedule`` / ``update_from_output``
+(``v1/core/sched/scheduler.py``: the chunked-prefill split, ``_mamba_block_aligned_split``,
+``_reserve_prefill_lookahead``, the eagle drop switch of ``Scheduler.__init__``), its
+``KVCacheManager`` and coordinator (the Mamba checkpoint shift, the boundary-state hand-offs), the real
+``OffloadingConnector`` with its ``OffloadingConnectorScheduler`` (``_build_store_jobs``,
+``_build_aligned_boundary_store_jobs``, ``_build_partial_tail_store_jobs``, ``request_finished``,
+``get_num_new_matched_tokens``, ``update_state_after_alloc``), ``SchedulerOffloadConfig.from_spec``
+(the connector's eagle groups), vLLM's block hasher, and vLLM's ``SpeculativeConfig`` predicates and
+``VllmConfig`` speculative properties evaluated on the stand-ins below. The numbers are read where
+vLLM hands them on:
+
+* ``chunk_ends``: request A's ``num_computed_tokens`` after each ``schedule()`` that scheduled it
+  (``SchedulerOutput.num_scheduled_tokens``), i.e. where each prefill chunk ended;
+* ``stored``: per group, the end tokens of every offload key the connector asks the tier's
+  ``prepare_store`` to store while A runs and after it finishes (each key's block hash located in A's
+  hash chain, as :func:`kvgeom.conformance.vllm_scheduler.scheduler_admits` does for loads);
+* ``hit``: the first value of the connector's ``get_num_new_matched_tokens`` answer for request B
+  (asked from the local prefix, 0 here: B runs in a fresh scheduler with an empty GPU cache);
+* ``loads``: per group, the end tokens of the keys ``update_state_after_alloc`` hands ``prepare_load``
+  for B.
+
+Stand-ins (everything else is vLLM's code):
+
+* **VllmConfig**: :func:`kvgeom.conformance.vllm_scheduler.build_scheduler`'s (itself
+  :func:`kvgeom.conformance.vllm_objects.build_vllm_config`'s stand-in), with the token budget
+  ``max_num_batched_tokens`` (None: 8192, more than any prompt here) in a real ``SchedulerConfig``,
+  ``max_in_flight_tokens`` = that budget (one batch in flight), and vLLM's
+  ``VllmConfig._set_max_num_scheduled_tokens`` run on it when a drafter is configured (its
+  ``max_num_batched_tokens <= num_lookahead_tokens`` refusal included).
+* **Speculative decoding**: ``speculative_config`` is
+  :mod:`~kvgeom.conformance.vllm_objects`' stand-in (method, K, ``disable_eagle_block_drop``,
+  ``disable_lookahead_block_hashes``, a draft ``hf_config`` whose ``num_nextn_predict_layers`` is
+  ``mtp_modules``; vLLM's own ``use_eagle`` / ``needs_eagle_block_drop`` / ``use_eagle_block_drop`` /
+  ``use_multi_module_mtp`` / ``max_num_new_slots_for_drafting``). ``num_speculative_tokens``,
+  ``num_lookahead_tokens``, ``num_prefill_lookahead_tokens`` and ``num_hash_lookahead_tokens`` are
+  vLLM's ``VllmConfig`` properties on it; ``is_draft`` / ``is_eagle_group`` / ``extra_retained_tokens``
+  are set as ``get_global_kv_cache_groups`` sets them, Mamba ``num_speculative_blocks`` is the kvgeom
+  spec's. **Bypassed**: no draft model is loaded and no draft tokens are ever proposed or verified
+  (``spec_token_ids`` stay empty; A has ``max_tokens`` 1 and finishes on the step its prefill ends, so
+  it never decodes); no ``SpeculativeConfig.__post_init__`` (method auto-detection, draft
+  parallel config).
+* **The offload tier**: :class:`RecordingTier`, an ``OffloadingManager`` that answers HIT for exactly
+  its ``keys``, accepts every key ``prepare_store`` is given (``keys_to_store`` = all of them, an empty
+  ``LoadStoreSpec`` as ``store_spec``, nothing evicted) and records them in order, and records
+  ``prepare_load``'s keys; ``complete_store`` adds the keys to ``keys``. Registered with vLLM's
+  ``OffloadingSpecFactory`` under :data:`SPEC_NAME`.
+* **The worker**: a minimal ``ModelRunnerOutput`` per step (vLLM's own class): A's sampled token
+  (id ``n1``) on the step its prefill completes, nothing before; its ``kv_connector_output`` reports
+  every store and load job of the step's connector metadata completed by all workers (an
+  ``OffloadingWorkerMetadata``), so the connector releases the blocks as a worker that finished the
+  transfers in one step would.
+* **Requests**: :func:`kvgeom.conformance.vllm_objects.build_request` (prompt ids ``0..n-1``,
+  ``max_tokens`` 1, hashed with ``num_hash_lookahead_tokens``: 0 whenever an offload section exists).
+
+Import this module only where vLLM is installed; ``import kvgeom`` never imports it. Run the sweep
+with ``python -m kvgeom.conformance.vllm_stores --cases N --seed S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.config import SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_offload.base import (
+    LoadStoreSpec,
+    LookupResult,
+    OffloadingManager,
+    OffloadingSpec,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+
+import kvgeom
+from kvgeom.conformance import vllm_objects as vo
+from kvgeom.conformance import vllm_scheduler as vs
+from kvgeom.errors import KVGeomError
+from kvgeom.geometry import Geometry
+from kvgeom.residency import split_offload_key
+
+__all__ = [
+    "FIELDS",
+    "KNOWN_CLASSES",
+    "SPEC_NAME",
+    "RecordingTier",
+    "RecordingTierSpec",
+    "classify",
+    "differences",
+    "kvgeom_store_then_lookup",
+    "random_case",
+    "run_store_then_lookup",
+    "sweep",
+]
+
+SPEC_NAME = "KvgeomRecordingTierSpec"
+"""Name of the offloading spec registered with vLLM's ``OffloadingSpecFactory`` (a :class:`RecordingTier`)."""
+
+FIELDS = ("chunk_ends", "stored", "hit", "loads")
+"""The compared entries of :func:`run_store_then_lookup` and :func:`kvgeom_store_then_lookup`."""
+
+UNBOUNDED_BUDGET = 8192
+"""The token budget standing for ``max_num_batched_tokens=None`` (more than any prompt the sweep draws)."""
+
+MAX_STEPS = 2000
+"""Steps after which request A counts as stalled (vLLM requeues it forever; raised as RuntimeError)."""
+
+
+class RecordingTier(OffloadingManager):  # type: ignore[misc]
+    """An offload tier holding ``keys`` (HIT for exactly them) that accepts every store: records every key
+    ``prepare_store`` is asked to store in ``stored`` (and, in ``store_calls``, the connector function that
+    asked with its keys) and every key ``prepare_load`` loads in ``loaded``."""
+
+    def __init__(self) -> None:
+        self.keys: set[bytes] = set()
+        self.stored: list[bytes] = []
+        self.store_calls: list[tuple[str, list[bytes]]] = []
+        self.loaded: list[bytes] = []
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return LookupResult.HIT if bytes(key) in self.keys else LookupResult.MISS
+
+    def prepare_load(self, keys: Any, req_context: ReqContext) -> LoadStoreSpec:
+        self.loaded.extend(bytes(k) for k in keys)
+        return LoadStoreSpec()
+
+    def prepare_store(self, keys: Any, req_context: ReqContext) -> PrepareStoreOutput:
+        keys = list(keys)
+        self.stored.extend(bytes(k) for k in keys)
+        # which store path asked (_build_store_jobs, _build_aligned_boundary_store_jobs, ...), for diagnosis
+        self.store_calls.append((sys._getframe(1).f_code.co_name, [bytes(k) for k in keys]))
+        return PrepareStoreOutput(keys_to_store=keys, store_spec=LoadStoreSpec(), evicted_keys=[])
+
+    def complete_store(self, keys: Any, req_context: ReqContext) -> None:
+        self.keys.update(bytes(k) for k in keys)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+
+class RecordingTierSpec(OffloadingSpec):  # type: ignore[misc]
+    """Offloading spec whose manager is a fresh :class:`RecordingTier`."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.tier = RecordingTier()
+
+    def get_manager(self) -> Any:
+        return self.tier
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        raise NotImplementedError("the store harness runs the scheduler side only")
+
+
+if SPEC_NAME not in OffloadingSpecFactory._registry:
+    OffloadingSpecFactory.register_spec(SPEC_NAME, __name__, "RecordingTierSpec")
+
+
+def _scheduler(geom: Geometry, budget: int | None, L: int, H: int) -> Scheduler:
+    """vLLM's Scheduler over a fresh :class:`RecordingTier` with the token budget ``budget``."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vc = vs.scheduler_vllm_config(geom)
+    tokens = UNBOUNDED_BUDGET if budget is None else budget
+    vc.scheduler_config = SchedulerConfig(
+        max_model_len=vc.model_config.max_model_len,
+        is_encoder_decoder=False,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=16,
+        enable_chunked_prefill=True,
+    )
+    vc.max_in_flight_tokens = tokens
+    if vc.speculative_config is not None:
+        VllmConfig._set_max_num_scheduled_tokens(vc)  # vLLM's own check and default
+    if vc.kv_transfer_config is not None:
+        vc.kv_transfer_config.kv_connector_extra_config["spec_name"] = SPEC_NAME
+    return Scheduler(
+        vllm_config=vc,
+        kv_cache_config=vo.build_kv_cache_config(geom),
+        structured_output_manager=StructuredOutputManager.__new__(StructuredOutputManager),
+        block_size=L,
+        hash_block_size=H,
+    )
+
+
+def _request(sched: Scheduler, n: int, H: int, request_id: str) -> Request:
+    return vo.build_request(n, H, request_id=request_id,
+                            hash_lookahead_tokens=sched.vllm_config.num_hash_lookahead_tokens)
+
+
+def _ends(keys: list[bytes], chain: Mapping[bytes, int], H: int) -> dict[str, list[int]]:
+    out: dict[int, set[int]] = {}
+    for key in keys:
+        block_hash, group = split_offload_key(key)
+        out.setdefault(group, set()).add((chain[block_hash] + 1) * H)
+    return {str(g): sorted(e) for g, e in sorted(out.items())}
+
+
+def _worker_output(sched: Scheduler, output: Any, request: Request, token: int | None) -> ModelRunnerOutput:
+    meta = output.kv_connector_metadata
+    jobs = [*getattr(meta, "store_jobs", {}), *getattr(meta, "load_jobs", {})]
+    workers = sched.connector.connector_scheduler.config.num_workers if sched.connector is not None else 1
+    connector = KVConnectorOutput(
+        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(jobs, workers))
+    ) if jobs else None
+    scheduled = request.request_id in output.num_scheduled_tokens
+    return ModelRunnerOutput(
+        req_ids=[request.request_id] if scheduled else [],
+        req_id_to_index={request.request_id: 0} if scheduled else {},
+        sampled_token_ids=[[token] if token is not None else []] if scheduled else [],
+        kv_connector_output=connector,
+    )
+
+
+def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
+                          ) -> dict[str, Any]:
+    """vLLM's answer (see the module docstring): ``{"chunk_ends": [...], "stored": {"<g>": [ends]},
+    "hit": int, "loads": {"<g>": [ends]}}``, plus ``"store_paths"``: the stored end tokens per connector
+    function that asked ``prepare_store`` (for diagnosis; not compared). Without an offload section
+    ``stored`` is empty and ``hit`` None. vLLM's exceptions propagate; a prefill that never finishes
+    raises RuntimeError.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "mamba", "block_size": 16}], "offload": {}})
+    >>> out = run_store_then_lookup(g, 100, 100)
+    >>> out["chunk_ends"], out["stored"], out["hit"]
+    ([96, 100], {'0': [16, 32, 48, 64, 80, 96], '1': [96]}, 96)
+    >>> out["store_paths"]
+    {'_build_aligned_boundary_store_jobs': {'1': [96]}, '_build_store_jobs': {'0': [16, 32, 48, 64, 80, 96]}}
+    """
+    L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
+    sched = _scheduler(geom, max_num_batched_tokens, L, H)
+    a = _request(sched, n1, H, "A")
+    tier_a: RecordingTier | None = sched.connector.connector_scheduler.manager if sched.connector else None
+    sched.add_request(a)
+    chunk_ends: list[int] = []
+    for _ in range(MAX_STEPS):
+        output = sched.schedule()
+        done = a.request_id in output.finished_req_ids
+        if a.request_id in output.num_scheduled_tokens:
+            chunk_ends.append(a.num_computed_tokens)
+        token = n1 if a.num_computed_tokens >= a.num_prompt_tokens else None
+        sched.update_from_output(output, _worker_output(sched, output, a, token))
+        if done and not sched.has_requests():
+            break
+    else:
+        raise RuntimeError(f"request A ({n1} tokens) did not finish in {MAX_STEPS} steps (computed "
+                           f"{a.num_computed_tokens}, chunk ends {chunk_ends[:8]}...)")
+    sched.schedule()  # the step after the finish builds its store jobs (finished_req_ids)
+    chain_a = {bytes(h): i for i, h in enumerate(a.block_hashes)}
+    stored_keys = list(tier_a.stored) if tier_a is not None else []
+    out: dict[str, Any] = {"chunk_ends": chunk_ends, "stored": _ends(stored_keys, chain_a, H), "hit": None,
+                           "loads": {}}
+    if tier_a is not None:
+        paths: dict[str, dict[str, list[int]]] = {}
+        for path, keys in tier_a.store_calls:
+            for g, ends in _ends(keys, chain_a, H).items():
+                paths.setdefault(path, {}).setdefault(g, []).extend(ends)
+        out["store_paths"] = {p: {g: sorted(e) for g, e in sorted(d.items())} for p, d in sorted(paths.items())}
+    if tier_a is None:
+        return out
+
+    sched_b = _scheduler(geom, max_num_batched_tokens, L, H)
+    tier_b: RecordingTier = sched_b.connector.connector_scheduler.manager
+    tier_b.keys = set(stored_keys)
+    b = _request(sched_b, n2, H, "B")
+    seen: dict[str, Any] = {}
+    conn = sched_b.connector
+    real_match = conn.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(req: Any, num_computed_tokens: int) -> Any:
+        answer = real_match(req, num_computed_tokens)
+        seen.setdefault("hit", answer[0])
+        return answer
+
+    conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+    sched_b.add_request(b)
+    sched_b.schedule()
+    out["hit"] = seen.get("hit")
+    out["loads"] = _ends(tier_b.loaded, {bytes(h): i for i, h in enumerate(b.block_hashes)}, H)
+    return out
+
+
+def _kvgeom_chunk_ends(geom: Geometry, n1: int, budget: int | None) -> list[int] | None:
+    if not any(g.is_align_mamba for g in geom.groups):
+        return None  # kvgeom models the chunk split only with an align Mamba group
+    return list(kvgeom.prefill_chunk_ends(geom, n1, max_num_batched_tokens=budget))
+
+
+def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
+                             ) -> dict[str, Any]:
+    """kvgeom's answer in :func:`run_store_then_lookup`'s shape.
+
+    ``chunk_ends``: :func:`kvgeom.prefill_chunk_ends` (None without an align Mamba group: kvgeom does not
+    model the split then). ``stored``: the union of :func:`kvgeom.hits.plan_store` over A's steps, as the
+    connector stores per step -- each prefill step ending at chunk end ``e`` (``num_tokens = n1``,
+    ``num_computed_tokens = e``, not finished), then the step after A finished with its sampled token
+    (``num_tokens = n1 + 1``, ``num_computed_tokens = n1``, ``finished=True``), all with
+    ``chunk_ends``. ``hit`` and ``loads``: :meth:`kvgeom.Geometry.plan_hit` of ``n2`` tokens over that
+    store, from local prefix 0 (the connector's ``get_num_new_matched_tokens`` in a fresh scheduler).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "mamba", "block_size": 16}], "offload": {}})
+    >>> kvgeom_store_then_lookup(g, 100, 100)["stored"]
+    {'0': [16, 32, 48, 64, 80, 96], '1': [96]}
+    """
+    from kvgeom.hits import plan_store
+
+    chunk_ends = _kvgeom_chunk_ends(geom, n1, max_num_batched_tokens)
+    steps = [(n1, e, False) for e in (chunk_ends or [n1])] + [(n1 + 1, n1, True)]
+    stored: dict[int, set[int]] = {}
+    for num_tokens, computed, finished in steps:
+        plan = plan_store(geom, num_tokens=num_tokens, num_computed_tokens=computed, num_prompt_tokens=n1,
+                          finished=finished, chunk_ends=chunk_ends)
+        for gs in plan.groups:
+            stored.setdefault(gs.index, set()).update(gs.end_tokens)
+    stored_out = {str(g): sorted(e) for g, e in sorted(stored.items()) if e}
+    hit = geom.plan_hit({"num_tokens": n2, "stored": stored_out})
+    return {
+        "chunk_ends": chunk_ends,
+        "stored": stored_out,
+        "hit": hit["hit_tokens"],
+        "loads": {str(g["index"]): list(g["load_keys"]) for g in hit["groups"] if g["load_keys"]},
+    }
+
+
+def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None,
+                theirs: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
+    """Entries where kvgeom and vLLM disagree: ``{name: (kvgeom, vllm)}`` over :data:`FIELDS` (empty when
+    they agree; ``chunk_ends`` is not compared when kvgeom gives None). One more entry,
+    ``hit_on_vllm_stores``, is kvgeom's hit over the keys *vLLM* stored (a lookup difference on its own,
+    separated from a store difference). ``theirs``: a :func:`run_store_then_lookup` answer already run."""
+    budget = max_num_batched_tokens
+    if theirs is None:
+        theirs = run_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
+    ours = kvgeom_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
+    out = {k: (ours[k], theirs[k]) for k in FIELDS if ours[k] != theirs[k]}
+    if "chunk_ends" in out and ours["chunk_ends"] is None:
+        del out["chunk_ends"]
+    on_theirs = geom.plan_hit({"num_tokens": n2, "stored": theirs["stored"]})["hit_tokens"]
+    if on_theirs != theirs["hit"]:
+        out["hit_on_vllm_stores"] = (on_theirs, theirs["hit"])
+    return out
+
+
+# ------------------------------------------------------------------ classes of difference
+
+KNOWN_CLASSES: dict[str, str] = {
+    "partial-tail-store": "vLLM stores a key off the group's offload chunk grid (DCP 1, partial tails on): a "
+    "partial-tail store job (_build_partial_tail_store_jobs) kvgeom's plan_store does not model",
+    "mamba-last-cacheable-handoff": "vLLM's Mamba manager also hands the connector the state at the last "
+    "cacheable boundary (mamba_checkpoint(...).last_cacheable, a chunk end on cache_config.block_size's grid) "
+    "that kvgeom's Mamba store mask does not keep",
+    "mamba-block-not-engine-block": "an align Mamba group whose block differs from vLLM's cache_config.block_size "
+    "(kvgeom.speculative.engine_block_size): vLLM splits the prefill on the smaller grid and its Mamba slots "
+    "no longer follow the chunk ends, so the Mamba keys differ",
+    "mamba-store-off-alignment": "kvgeom stores an align Mamba state at a chunk end that is not a multiple of "
+    "the hit alignment A; vLLM's Mamba manager does not retain it",
+    "mtp-mamba-unfinalized": "multi-module MTP (P > 1): kvgeom stores an align Mamba state that vLLM never hands "
+    "off (the last P - 1 computed tokens are not finalized, KVCacheCoordinator.num_reprefillable_tokens)",
+    "realign-after-clamp": "kvgeom's lookup over vLLM's own stores differs because vLLM loads an align Mamba "
+    "state that ends past its hit (the registered deviation of kvgeom.deviations)",
+}
+"""Difference classes :func:`classify` recognises (id: description), each observed in the sweep."""
+
+
+def _store_class(geom: Geometry, n1: int, group: int, end: int, only_in_vllm: bool) -> str | None:
+    from kvgeom.speculative import engine_block_size, mamba_checkpoint
+
+    g = geom.groups[group]
+    off = geom.offload
+    assert off is not None
+    og = off.group(group)
+    sg = geom.speculative
+    wrong_block = g.is_align_mamba and g.block_size != engine_block_size(geom)
+    if only_in_vllm:
+        if off.supports_partial_tail and end % og.tokens_per_chunk:
+            return "partial-tail-store"
+        if wrong_block:
+            return "mamba-block-not-engine-block"
+        if g.is_align_mamba and end == mamba_checkpoint(geom, n1).last_cacheable:
+            return "mamba-last-cacheable-handoff"
+        return None
+    if wrong_block:
+        return "mamba-block-not-engine-block"
+    if g.is_align_mamba and sg is not None and sg.prefill_lookahead_tokens > 1:
+        return "mtp-mamba-unfinalized"
+    if g.is_align_mamba and end % geom.hit_alignment_tokens:
+        return "mamba-store-off-alignment"
+    return None
+
+
+def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any]],
+             theirs: Mapping[str, Any]) -> str | None:
+    """The known classes (:data:`KNOWN_CLASSES` ids, ``+``-joined and sorted when several) that explain a
+    non-empty :func:`differences` answer ``diff`` for vLLM's answer ``theirs``, or None when any part of it
+    is unexplained (a new finding).
+
+    Every stored key one side has and the other lacks must fall in a store class; a ``hit`` / ``loads``
+    difference is explained by the store difference only when kvgeom's lookup over vLLM's stores agrees
+    with vLLM (no ``hit_on_vllm_stores`` entry), else it needs ``realign-after-clamp``; a ``chunk_ends``
+    difference is never explained."""
+    if not diff or "chunk_ends" in diff:
+        return None
+    classes: set[str] = set()
+    if "stored" in diff:
+        ours, vllm = diff["stored"]
+        for key in set(ours) | set(vllm):
+            a, b = set(ours.get(key, ())), set(vllm.get(key, ()))
+            for end, only_in_vllm in [*((e, True) for e in b - a), *((e, False) for e in a - b)]:
+                cls = _store_class(geom, n1, int(key), end, only_in_vllm)
+                if cls is None:
+                    return None
+                classes.add(cls)
+    if "hit_on_vllm_stores" in diff:
+        hit = theirs["hit"] or 0
+        loads = theirs["loads"].items()
+        if not any(geom.groups[int(g)].is_align_mamba and ends and ends[-1] > hit for g, ends in loads):
+            return None
+        classes.add("realign-after-clamp")
+    elif ("hit" in diff or "loads" in diff) and "stored" not in diff:
+        return None
+    return "+".join(sorted(classes)) or None
+
+
+# ------------------------------------------------------------------ the sweep
+
+
+def random_case(rng: random.Random) -> tuple[dict[str, Any], int, int, int | None]:
+    """One random deployment and request pair: ``(config, n1, n2, max_num_batched_tokens)``.
+
+    FA + align Mamba (blocks from {16, 32, 64}, the Mamba block equal or different), an optional drafter
+    (its own FA group with 4 KV heads, or the target FA group), DCP in {1, 2, 4, 8} (TP = DCP),
+    speculative None / eagle / eagle3 / mtp (K 1-3, sometimes ``eagle_block_drop: false``, MTP sometimes
+    with more modules), ``prefix_match_unit`` sometimes 16, retention 0 / 64 / None, offload ``{}`` or
+    ``{"blocks_per_chunk": 2}``, budget None or 64..512, ``n1`` in 20..300, ``n2`` in ``n1..n1+100``."""
+    fa = rng.choice([16, 32, 64])
+    mb = fa if rng.random() < 0.5 else rng.choice([16, 32, 64])
+    groups: list[dict[str, Any]] = [{"kind": "full_attention", "block_size": fa},
+                                    {"kind": "mamba", "block_size": mb, "mamba_cache_mode": "align"}]
+    dcp = rng.choice([1, 1, 2, 4, 8])
+    cfg: dict[str, Any] = {"groups": groups, "parallel": {"dcp": dcp, "tp": dcp}}
+    method = rng.choice([None, "eagle", "eagle3", "mtp"])
+    if method is not None:
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": rng.randint(1, 3)}
+        if rng.random() < 0.25:
+            spec["eagle_block_drop"] = False
+        if method == "mtp" and rng.random() < 0.5:
+            spec["mtp_modules"] = rng.randint(2, 3)
+        cfg["speculative"] = spec
+        where = rng.choice(["own", "own", "target", "none"])
+        if where == "own":
+            groups.append({"kind": "full_attention", "block_size": fa, "num_kv_heads": 4, "drafter": True})
+        elif where == "target":
+            groups[0]["drafter"] = True
+    cache: dict[str, Any] = {"retention_interval": rng.choice([0, 64, None])}
+    if rng.random() < 0.4:
+        cache["prefix_match_unit"] = 16
+    cfg["cache"] = cache
+    cfg["offload"] = rng.choice([{}, {"blocks_per_chunk": 2}])
+    budget = rng.choice([None, rng.randint(64, 512)])
+    n1 = rng.randint(20, 300)
+    return cfg, n1, rng.randint(n1, n1 + 100), budget
+
+
+def summary(cfg: Mapping[str, Any]) -> str:
+    """A compact one-line description of a :func:`random_case` config."""
+    parts = []
+    for g in cfg["groups"]:
+        tag = {"full_attention": "FA", "mamba": "M"}.get(g["kind"], g["kind"]) + str(g["block_size"])
+        if g.get("drafter"):
+            tag += "*d" + ("h4" if g.get("num_kv_heads") else "")
+        parts.append(tag)
+    s = cfg.get("speculative")
+    out = "+".join(parts) + f" dcp{cfg['parallel']['dcp']}"
+    if s:
+        out += f" {s['method']}K{s['num_speculative_tokens']}"
+        if s.get("eagle_block_drop") is False:
+            out += "-nodrop"
+        if s.get("mtp_modules", 1) > 1:
+            out += f"-mods{s['mtp_modules']}"
+    c = cfg.get("cache", {})
+    if c.get("prefix_match_unit"):
+        out += f" pmu{c['prefix_match_unit']}"
+    out += f" ret{c.get('retention_interval')}"
+    if cfg.get("offload", {}).get("blocks_per_chunk"):
+        out += f" k{cfg['offload']['blocks_per_chunk']}"
+    return out
+
+
+def sweep(n: int, seed: int) -> dict[str, Any]:
+    """Run ``n`` random cases (:func:`random_case`, seeded) through both sides: kvgeom refusals
+    (:class:`kvgeom.KVGeomError`) skipped, vLLM refusals (any exception) recorded separately. Returns
+    ``{"cases", "kvgeom_refused": Counter(code), "vllm_refused": [...], "agree": {field: count}, "compared",
+    "differences": [(cfg, n1, n2, budget, diff, class)]}``."""
+    rng = random.Random(seed)
+    report: dict[str, Any] = {"cases": n, "kvgeom_refused": Counter(), "vllm_refused": [], "compared": 0,
+                              "agree": Counter(), "differences": []}
+    for _ in range(n):
+        cfg, n1, n2, budget = random_case(rng)
+        try:
+            geom = kvgeom.resolve(cfg)
+            kvgeom_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
+        except KVGeomError as e:
+            report["kvgeom_refused"][e.code] += 1
+            continue
+        try:
+            theirs = run_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
+        except Exception as e:  # any vLLM exception is vLLM refusing the case
+            report["vllm_refused"].append((cfg, n1, n2, budget, f"{type(e).__name__}: {e}"[:160]))
+            continue
+        diff = differences(geom, n1, n2, max_num_batched_tokens=budget, theirs=theirs)
+        report["compared"] += 1
+        for f in (*FIELDS, "hit_on_vllm_stores"):
+            report["agree"][f] += f not in diff
+        if diff:
+            report["differences"].append((cfg, n1, n2, budget, diff, classify(geom, n1, n2, diff, theirs)))
+    return report
+
+
+def _print_report(report: Mapping[str, Any]) -> None:
+    c = report["compared"]
+    refused = report["kvgeom_refused"]
+    print(f"cases {report['cases']}: kvgeom refused {sum(refused.values())} ({dict(refused)}), vLLM refused "
+          f"{len(report['vllm_refused'])}, compared {c}")
+    print("agree: " + ", ".join(f"{f} {report['agree'][f]}/{c}" for f in (*FIELDS, "hit_on_vllm_stores")))
+    for cfg, n1, n2, budget, why in report["vllm_refused"]:
+        print(f"  vLLM refuses: {summary(cfg)} n1={n1} n2={n2} budget={budget}: {why}")
+    classes = Counter(cls for *_, cls in report["differences"])
+    print("difference classes: " + ", ".join(f"{k}: {v}" for k, v in sorted(classes.items(), key=str)))
+    for cfg, n1, n2, budget, diff, cls in report["differences"]:
+        fields = "; ".join(f"{k} kvgeom={a} vllm={b}" for k, (a, b) in diff.items())
+        print(f"  [{cls}] {summary(cfg)} n1={n1} n2={n2} budget={budget}: {fields}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    _print_report(sweep(args.cases, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
