@@ -29,6 +29,7 @@ from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
+from kvgeom.handoff import mamba_handoffs, partial_tail_boundary
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import _fits, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
@@ -36,14 +37,11 @@ from kvgeom.probes import Probe, as_probe
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 from kvgeom.speculative import (
-    default_chunk_filter,
     eagle_pair_held,
     eagle_pops,
     eagle_query_end,
-    mamba_store_points,
     partial_tail_key,
     partial_tail_max_boundary,
-    prefill_chunk_ends,
     store_holdback_chunks,
 )
 
@@ -508,13 +506,21 @@ def plan_hit(geom: Geometry, scenario: Mapping[str, Any]) -> HitPlan:
 
 @dataclass(frozen=True, slots=True)
 class GroupStore:
-    """What one group stores this step: chunk indices and their key end tokens."""
+    """What one group stores this step: chunk indices and their key end tokens, and a partial-tail key."""
 
     index: int
     chunks: tuple[int, ...]
     end_tokens: tuple[int, ...]
     block_entries: tuple[tuple[int, ...], ...]
     """Positional groups: the entries of each chunk. Align Mamba: the one state block per key."""
+    partial_tail: int | None = None
+    """End token of the group's partial-tail key (off the chunk grid; read from block-table entry
+    ``boundary // span``, the copied state for Mamba), or None (:func:`kvgeom.handoff.partial_tail_boundary`)."""
+
+    @property
+    def stored_end_tokens(self) -> tuple[int, ...]:
+        """Every key end token this step stores: the chunks' and the partial tail's."""
+        return self.end_tokens if self.partial_tail is None else (*self.end_tokens, self.partial_tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +537,7 @@ class StorePlan:
                     "chunks": list(g.chunks),
                     "end_tokens": list(g.end_tokens),
                     "block_entries": [list(e) for e in g.block_entries],
+                    "partial_tail": g.partial_tail,
                 }
                 for g in self.groups
             ],
@@ -550,6 +557,7 @@ def plan_store(
     max_offload_tokens: int | None = None,
     finished: bool = False,
     chunk_ends: Collection[int] | None = None,
+    loaded_from_offload: bool = False,
 ) -> StorePlan:
     """Chunks each offloaded group stores after a step (vLLM 0.33 `_build_store_jobs`).
 
@@ -572,18 +580,24 @@ def plan_store(
 
     With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
     chunk is held back while the request decodes and stored once it finishes
-    (:func:`kvgeom.speculative.store_holdback_chunks`), and an align Mamba group's
-    default reachable boundaries are the shifted prefill checkpoint plus, with the
-    GPU drop, the eagle replay boundaries a prefill chunk ends at
-    (:func:`kvgeom.speculative.mamba_store_points`).
+    (:func:`kvgeom.speculative.store_holdback_chunks`).
 
-    ``chunk_ends`` are the token counts at which the request's prefill chunks
-    ended (:func:`kvgeom.speculative.prefill_chunk_ends`, e.g. with the
-    deployment's ``max_num_batched_tokens``): vLLM 0.33 writes an align Mamba
-    state only where a chunk ends, so a Mamba key ending inside the prompt is
-    stored only at one of them (keys past the prompt are not filtered). None:
-    no filter, except under the GPU drop, where the unbounded-budget chunk ends
-    apply (:func:`kvgeom.speculative.default_chunk_filter`).
+    An align Mamba group's keys inside the prompt are the states its GPU manager
+    hands the connector (:func:`kvgeom.handoff.mamba_handoffs`): a prefill chunk
+    ended there, the prefix is cacheable there, and the store mask keeps the block
+    at the replay boundaries (or ``reachable``) or it is the prompt's H-grid
+    checkpoint. ``chunk_ends`` are the token counts at which the request's prefill
+    chunks ended (:func:`kvgeom.speculative.prefill_chunk_ends`, e.g. with the
+    deployment's ``max_num_batched_tokens``); None: the unbounded split under the
+    GPU drop, else a state at every Mamba block boundary
+    (:func:`kvgeom.handoff.state_ends`); ``num_computed_tokens`` below the prompt is
+    itself a chunk end. Mamba keys past the prompt (decode) follow the store mask
+    alone.
+
+    Partial tails (DCP 1, :func:`kvgeom.handoff.partial_tail_boundary`): once the
+    prefill passes the prompt's sub-block H-grid checkpoint, every group also
+    stores the key there (``GroupStore.partial_tail``); with an eagle proof margin
+    only for a request that ``loaded_from_offload``.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
@@ -609,11 +623,10 @@ def plan_store(
     if finished:
         offloadable = min(offloadable, max(prompt, n - 1))
     points = tuple(reachable) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
-    exists: frozenset[int] | None = None
-    if chunk_ends is not None:
-        exists = frozenset(nonneg("chunk_ends[]", e) for e in chunk_ends)
-    elif default_chunk_filter(geom):
-        exists = frozenset(prefill_chunk_ends(geom, prompt))
+    ends = None if chunk_ends is None else tuple(nonneg("chunk_ends[]", e) for e in chunk_ends)
+    tail = partial_tail_boundary(
+        geom, prompt, computed, ends, loaded_from_offload=loaded_from_offload, max_offload_tokens=max_offload_tokens
+    )
     out = []
     for og in off.groups:
         g = geom.groups[og.index]
@@ -625,22 +638,25 @@ def plan_store(
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
         _fits(storable - start)
-        group_points = points
-        if reachable is None and g.is_align_mamba:
-            shifted = mamba_store_points(geom, prompt, None if chunk_ends is None else exists)
-            group_points = points if shifted is None else shifted
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished
         )
         entries: tuple[tuple[int, ...], ...]
         if g.is_align_mamba:
-            mask = reachable_block_mask(geom, og.index, storable * k, first_block=start * k, reachable=group_points)
             # Boundary hand-off: the state after exactly (j+1)*C tokens lives in block (j+1)*C/B_m - 1.
+            handed = frozenset(
+                mamba_handoffs(geom, og.index, prompt, computed, ends, reachable=reachable, above=start * C,
+                               upto=storable * C)
+            )
+            decode = [j for j in range(max(start, prompt // C), storable) if (j + 1) * C > prompt]
+            mask = None
+            if decode:  # past the prompt: the store mask alone
+                mask = reachable_block_mask(geom, og.index, storable * k, first_block=decode[0] * k, reachable=points)
             states = {j: state_block_for_boundary(geom, og.index, (j + 1) * C) for j in range(start, storable)}
             chunks = tuple(
                 j for j, b in states.items()
-                if (mask is None or b in mask) and (exists is None or (j + 1) * C > prompt or (j + 1) * C in exists)
+                if ((j + 1) * C in handed) or ((j + 1) * C > prompt and (mask is None or b in mask))
             )
             entries = tuple((states[j],) for j in chunks)
         else:
@@ -657,7 +673,8 @@ def plan_store(
             if revisit < start:
                 chunks = _swa_revisited_chunks(geom, og, revisit, start, storable, prompt_chunks, points, mask) + chunks
             entries = tuple(tuple(range(j * k, (j + 1) * k)) for j in chunks)
-        out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries))
+        ptail = None if tail is None else partial_tail_key(og, tail)
+        out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries, ptail))
     return StorePlan(offloadable, tuple(out))
 
 

@@ -96,8 +96,8 @@ def reachable_block_mask(
     :data:`MAX_SCALAR_RESULT` blocks is refused with :class:`kvgeom.QueryError`
     ``result_too_large`` (use :mod:`kvgeom.batch`). Postcondition: every returned
     index is in ``[first_block, num_blocks)``, and for Mamba each kept block ``i`` ends on
-    a boundary ``(i+1)*B_m`` that is a multiple of R or an aligned reachable
-    boundary; for a sliding window each kept block ``i`` is among the last ``need`` blocks of its
+    a boundary ``(i+1)*B_m`` that is a multiple of R or the last block boundary at or below an
+    aligned reachable boundary; for a sliding window each kept block ``i`` is among the last ``need`` blocks of its
     segment, of the final segment, or before an aligned reachable boundary (``R`` not None).
 
     >>> import kvgeom
@@ -137,9 +137,11 @@ def reachable_block_mask(
                 _fits(max(n - first, 0) // step)
                 keep.update(range(first, n, step))
             for t in points:
-                b = rdown(t, align)
-                if b > 0 and b % span == 0 and lo <= b // span - 1 < n:
-                    keep.add(b // span - 1)
+                # the last block ending at or below the aligned boundary (vLLM 0.33
+                # MambaManager.reachable_block_mask floors a boundary that is off the block grid)
+                b = rdown(t, align) // span - 1
+                if lo <= b < n:
+                    keep.add(b)
             return frozenset(keep)
         case "sliding":
             if not align or align % span:

@@ -28,7 +28,6 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -64,7 +63,6 @@ __all__ = [
     "MambaCheckpoint",
     "apply_defaults",
     "check_drafters",
-    "default_chunk_filter",
     "eagle_pair_held",
     "eagle_pops",
     "eagle_proof_margin",
@@ -75,8 +73,6 @@ __all__ = [
     "is_drafter_group",
     "mamba_checkpoint",
     "mamba_checkpoint_position",
-    "mamba_store_boundary",
-    "mamba_store_points",
     "prefill_chunk_ends",
     "partial_tail_key",
     "partial_tail_max_boundary",
@@ -585,80 +581,6 @@ def prefill_chunk_ends(
     if budget is None:
         return tuple(accumulate(cp.prefill_chunks))
     return _chunk_ends(geom, prompt, prompt, engine_block_size(geom), drop, lookahead, budget)
-
-
-def _eagle_replay_boundaries(prompt: int, L: int) -> tuple[int, ...]:
-    """The positions a later request can resume an eagle prompt at: one scheduler block below the
-    resend cap and below the extension boundary (vLLM 0.33 ``kv_cache_coordinator.py::replay_boundaries``)."""
-    return tuple(sorted({max(rdown(prompt - 1, L) - L, 0), max(rdown(prompt, L) - L, 0)} - {0}))
-
-
-def mamba_store_points(
-    geom: Geometry, num_prompt_tokens: int, chunk_ends: Collection[int] | None = None
-) -> tuple[int, ...] | None:
-    """The reachable boundaries an align Mamba group's store mask keeps for a prompt under speculation;
-    None when speculation moves nothing (the caller keeps the replay boundary ``num_prompt - 1``).
-
-    The shifted checkpoint (:func:`mamba_store_boundary`) and, with the GPU drop, every eagle replay
-    boundary (one scheduler block below the resend cap and the extension boundary) at which a prefill
-    chunk ends (``chunk_ends``, default :func:`prefill_chunk_ends` with an unbounded budget): vLLM
-    0.33's Mamba manager keeps the states at its replay boundaries (``MambaManager.reachable_block_mask``)
-    and hands each one a chunk produced to the connector (``MambaManager.cache_blocks``,
-    ``boundary_state_offloads``); a boundary no chunk ends at has no state.
-
-    Postcondition: the first point is the checkpoint; every later one is a chunk end.
-
-    >>> import kvgeom
-    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
-    ...                   {"kind": "full_attention", "block_size": 64, "num_kv_heads": 4, "drafter": True}],
-    ...        "cache": {"prefix_match_unit": 16}, "offload": {},
-    ...        "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}
-    >>> mamba_store_points(kvgeom.resolve(cfg), 150)  # vLLM 0.33 run: Mamba stores 64 and 128
-    (128, 64)
-    """
-    shifted = mamba_store_boundary(geom, num_prompt_tokens)
-    sg = geom.speculative
-    if shifted is None or sg is None:
-        return None
-    if not sg.gpu_drop:
-        return (shifted,)
-    ends = set(prefill_chunk_ends(geom, num_prompt_tokens) if chunk_ends is None else chunk_ends)
-    replay = _eagle_replay_boundaries(num_prompt_tokens, geom.scheduler_block_size)
-    return (shifted, *(r for r in replay if r in ends and r != shifted))
-
-
-def default_chunk_filter(geom: Geometry) -> bool:
-    """Whether :func:`kvgeom.hits.plan_store` filters an align Mamba group's stores by the prompt's
-    :func:`prefill_chunk_ends` when the caller gives none: under the GPU drop (the case where vLLM 0.33's
-    split and its replay boundaries part from the shifted checkpoint).
-
-    >>> import kvgeom
-    >>> default_chunk_filter(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
-    False
-    """
-    sg = geom.speculative
-    return bool(sg is not None and sg.gpu_drop and any(g.is_align_mamba for g in geom.groups))
-
-
-def mamba_store_boundary(geom: Geometry, num_prompt_tokens: int) -> int | None:
-    """The reachable boundary an align Mamba group's store mask keeps for a prompt, when speculation moved
-    it: the shifted checkpoint (its state is the one the GPU manager cached); None when nothing moved, so
-    the caller keeps its default (the replay boundary ``num_prompt - 1``).
-    >>> import kvgeom
-    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
-    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
-    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
-    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
-    >>> geom = kvgeom.resolve(cfg)
-    >>> mamba_store_boundary(geom, 100)
-    80
-    """
-    sg = geom.speculative
-    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or num_prompt_tokens <= 0:
-        return None
-    if not any(g.is_align_mamba for g in geom.groups):
-        return None
-    return mamba_checkpoint(geom, num_prompt_tokens).position
 
 
 # ------------------------------------------------------------------ warnings

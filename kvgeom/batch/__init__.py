@@ -989,7 +989,7 @@ class GroupStores:
     repeats ``i`` for each of them, ``end_token = (chunk + 1) * C`` and
     ``block`` is the chunk's first block-table entry (positional groups,
     entries ``[block, block + blocks_per_chunk)``) or its state block (align
-    Mamba).
+    Mamba). ``partial_tail`` is each request's partial-tail key end token (``-1``: none).
     """
 
     index: int
@@ -1000,6 +1000,7 @@ class GroupStores:
     chunk: I64
     end_token: I64
     block: I64
+    partial_tail: I64
 
     def store(self, i: int) -> GroupStore:
         """Request ``i``'s entry as the scalar :class:`kvgeom.hits.GroupStore`."""
@@ -1011,7 +1012,9 @@ class GroupStores:
             if self.align_mamba
             else tuple(tuple(range(b, b + self.blocks_per_chunk)) for b in blocks)
         )
-        return GroupStore(self.index, chunks, tuple(int(e) for e in self.end_token[lo:hi]), entries)
+        tail = int(self.partial_tail[i])
+        ends = tuple(int(e) for e in self.end_token[lo:hi])
+        return GroupStore(self.index, chunks, ends, entries, None if tail < 0 else tail)
 
 
 @dataclass(frozen=True)
@@ -1052,6 +1055,7 @@ def plan_stores(
     max_offload_tokens: int | None = None,
     finished: Any = False,
     chunk_ends: Any = None,
+    loaded_from_offload: Any = False,
 ) -> StorePlans:
     """:func:`kvgeom.hits.plan_store` for many requests (one entry per request in each array).
 
@@ -1061,7 +1065,7 @@ def plan_stores(
     row of reachable boundaries per request, ``-1`` marking unused slots.
     ``finished`` is a bool or a per-request bool array. ``chunk_ends`` is None
     or a 2-D array with one row of prefill chunk ends per request (``-1``
-    padding). The sparsity masks of
+    padding); ``loaded_from_offload`` a bool or a per-request bool array. The sparsity masks of
     :mod:`kvgeom.masks` are evaluated per candidate chunk, vectorised.
     ``StorePlans.plan(i) == plan_store(...)`` for request ``i``.
 
@@ -1099,16 +1103,17 @@ def plan_stores(
     else:
         points = _ints("reachable", reachable, ndim=2, allow_minus_one=True)
         _same_length("reachable", points, size)
-    from kvgeom.batch.speculative import mamba_chunk_ends, mamba_store_points, store_holdback
+    from kvgeom.batch.handoff import mamba_handoff_matrix, partial_tail_boundaries
+    from kvgeom.batch.speculative import store_holdback
 
-    exists: I64 | None
+    exists: I64 | None = None
     if chunk_ends is not None:
         exists = _ints("chunk_ends", chunk_ends, ndim=2, allow_minus_one=True)
         _same_length("chunk_ends", exists, size)
-        shifted = mamba_store_points(geom, prompt, exists)
-    else:
-        exists = mamba_chunk_ends(geom, prompt)
-        shifted = mamba_store_points(geom, prompt)
+    mot = None if max_offload_tokens is None else _int_or_array("max_offload_tokens", max_offload_tokens, size)
+    tails = partial_tail_boundaries(
+        geom, prompt, computed, exists, _bools("loaded_from_offload", loaded_from_offload, size), mot
+    )
     H = geom.hash_block_size
     keyed_n = _div(n, H)
     groups = []
@@ -1129,8 +1134,6 @@ def plan_stores(
             start = np.zeros(size, dtype=np.int64)
         indptr = np.zeros(size + 1, dtype=np.int64)
         group_points = points
-        if reachable is None and g.is_align_mamba and shifted is not None:
-            group_points = shifted
         direct = _kept_from_points(geom, og, g, start, storable, group_points)
         if direct is not None:
             req, chunk = direct
@@ -1155,15 +1158,25 @@ def plan_stores(
             if keep is not None:
                 req, chunk = req[keep], chunk[keep]
                 np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
-        if g.is_align_mamba and exists is not None and exists.shape[1]:
-            # a Mamba state exists only where a prefill chunk ended (keys past the prompt: not filtered)
-            ends = (chunk + 1) * C
-            live = (ends > prompt[req]) | (exists[req] == ends[:, None]).any(axis=1)
-            req, chunk = req[live], chunk[live]
+        if g.is_align_mamba:
+            # inside the prompt: the states the GPU manager hands off; past it (decode): the mask alone
+            live = (chunk + 1) * C > prompt[req]
+            handed = mamba_handoff_matrix(
+                geom, og.index, prompt, computed, exists, None if reachable is None else points, start * C, storable * C
+            )
+            hrow = np.repeat(np.arange(size, dtype=np.int64), handed.shape[1])
+            hkey = handed.ravel()
+            hchunk = _div(np.maximum(hkey, 0), C) - 1
+            ok = (hkey > 0) & (hkey % C == 0) & (hchunk >= start[hrow]) & (hchunk < storable[hrow])
+            req = np.concatenate([req[live], hrow[ok]])
+            chunk = np.concatenate([chunk[live], hchunk[ok]])
+            order = np.lexsort((chunk, req))
+            req, chunk = req[order], chunk[order]
             np.cumsum(np.bincount(req, minlength=size), out=indptr[1:])
         end = (chunk + 1) * C
         block = _div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
-        groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block))
+        ptail = np.where(tails >= 0, tails + (og.proof_margin or 0), -1)
+        groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block, ptail))
     return StorePlans(offloadable, tuple(groups))
 
 
@@ -1221,8 +1234,8 @@ def _kept_from_points(
     lo: I64
     hi: I64
     if g.family == "mamba":
-        pblock = base // span - 1
-        ok = (points >= 0) & (base > 0) & (base % span == 0) & (pblock < num_blocks[:, None])
+        pblock = base // span - 1  # floored, as the scalar mask
+        ok = (points >= 0) & (pblock >= 0) & (pblock < num_blocks[:, None])
         if g.is_align_mamba:  # chunk j holds state block (j+1)*k - 1
             ok &= (pblock + 1) % k == 0
             lo = (pblock + 1) // k - 1
@@ -1296,8 +1309,8 @@ def _chunk_kept(
             if points.shape[1]:
                 # per request first: the block each reachable boundary keeps (-1: none), then one gather
                 b = _rdown(np.maximum(points, 0), align)
-                pblock = b // span - 1
-                ok = (points >= 0) & (b > 0) & (b % span == 0) & (pblock < num_blocks[:, None])
+                pblock = b // span - 1  # floored, as the scalar mask
+                ok = (points >= 0) & (pblock >= 0) & (pblock < num_blocks[:, None])
                 pblock = np.where(ok, pblock, -1)
                 for col in range(points.shape[1]):
                     pb = pblock[:, col][req]

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
-from kvgeom.speculative import default_chunk_filter
 
 if TYPE_CHECKING:
     from kvgeom.batch import I64, Bools
 
-__all__ = ["eagle_pair_held", "mamba_chunk_ends", "mamba_store_points", "partial_tail_top", "store_holdback"]
+__all__ = ["eagle_pair_held", "partial_tail_top", "store_holdback"]
 
 
 class _PairView:
@@ -52,49 +51,6 @@ def store_holdback(
         return storable
     held_back = np.maximum(offloadable // og.tokens_per_chunk - 1, 0)
     return np.where((offloadable > prompt) & ~finished, np.minimum(storable, held_back), storable)
-
-
-def _per_prompt(prompt: I64, rows: Any) -> I64:
-    """A ``-1``-padded matrix with ``rows(p)`` for each request's prompt ``p`` (computed once per distinct
-    prompt: the speculative Mamba rules are a handful of positions per prompt)."""
-    values, inverse = np.unique(prompt, return_inverse=True)
-    table = [tuple(rows(int(p))) if p > 0 else () for p in values]
-    width = max((len(t) for t in table), default=0)
-    out = np.full((len(values), max(width, 1)), -1, dtype=np.int64)
-    for i, t in enumerate(table):
-        out[i, : len(t)] = t
-    return out[inverse.reshape(-1)]
-
-
-def mamba_store_points(geom: Geometry, prompt: I64, chunk_ends: I64 | None = None) -> I64 | None:
-    """:func:`kvgeom.speculative.mamba_store_points` for many prompts, as a ``reachable`` matrix (``-1``
-    marks an unused slot or an empty prompt); None when speculation moves no checkpoint. ``chunk_ends``:
-    one ``-1``-padded row of prefill chunk ends per request (None: the unbounded split)."""
-    from kvgeom.speculative import mamba_store_points as scalar
-
-    sg = geom.speculative
-    if sg is None or not (sg.gpu_drop or sg.lookahead_hashes) or not any(g.is_align_mamba for g in geom.groups):
-        return None
-    if chunk_ends is None:
-        return _per_prompt(prompt, lambda p: scalar(geom, p) or ())
-    rows = [scalar(geom, int(p), [int(e) for e in row if e >= 0]) or () if p > 0 else ()
-            for p, row in zip(prompt, chunk_ends, strict=True)]
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
-
-
-def mamba_chunk_ends(geom: Geometry, prompt: I64) -> I64 | None:
-    """:func:`kvgeom.speculative.prefill_chunk_ends` (unbounded budget) for many prompts as a ``-1``-padded
-    matrix, when :func:`kvgeom.hits.plan_store` applies it by default (the GPU drop and an align Mamba
-    group); None otherwise."""
-    from kvgeom.speculative import prefill_chunk_ends
-
-    if not default_chunk_filter(geom):
-        return None
-    return _per_prompt(prompt, lambda p: prefill_chunk_ends(geom, p))
 
 
 def partial_tail_top(geom: Geometry, n: I64, prompt: I64, done: I64, limit: I64) -> I64:

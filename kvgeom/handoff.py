@@ -1,0 +1,281 @@
+"""Which align-mode Mamba states reach the offload tier: the GPU manager's boundary-state hand-off.
+
+An align Mamba group's offload keys are not chosen by the connector's chunk scan: vLLM 0.33's GPU Mamba
+manager hashes a state block when the prefix cache caches it and hands that block to the connector
+(``v1/core/single_type_kv_cache_manager.py::MambaManager.cache_blocks``, drained by
+``KVCacheManager.take_boundary_state_offloads``); the connector stores each hand-off whose boundary is
+a multiple of the group's offload chunk (``offloading/scheduler.py::_build_aligned_boundary_store_jobs``)
+and, with partial tails on, the prompt's sub-block checkpoint as a partial-tail job for every group
+(``_build_partial_tail_store_jobs``). So a Mamba key ending at ``e`` inside the prompt reaches the tier
+iff all of:
+
+* **a state exists at e**: a prefill chunk ended at ``e`` (:func:`kvgeom.speculative.prefill_chunk_ends`;
+  align mode writes a state only at chunk ends) and ``e`` is a multiple of the Mamba block;
+* **it is cacheable**: ``e <= mamba_cacheable_tokens(computed)`` -- the coordinator caches a prefix
+  rounded down to L unless partial hash hits are on, and an eagle Mamba manager (the coordinator's
+  all-groups fallback) keeps the last ``P - 1`` tokens of multi-module MTP and more than one block past the
+  aligned boundary out (``HybridKVCacheCoordinator.get_num_cacheable_tokens``);
+* **it is retained**: the Mamba store mask keeps its block
+  (:func:`kvgeom.masks.reachable_block_mask` at the replay boundaries of
+  :func:`replay_boundaries`), or ``e`` is the prompt's H-grid checkpoint, which the manager keys whatever
+  the mask says (``MambaManager._cache_partial_tail_block``).
+
+Invariants (property-tested in ``tests/property/test_store_plan_laws.py``):
+
+* every key :func:`mamba_handoffs` returns is a chunk end and a multiple of the Mamba block, so the block
+  ``e / B_m - 1`` holds the state after exactly ``e`` tokens -- never the state of an earlier chunk end
+  that shares the block (vLLM 0.33 keys such a block at its end when the Mamba block is not
+  ``cache_config.block_size``; ``docs/deviations.md``, ``mamba-state-keyed-past-chunk-end``);
+* a partial-tail boundary is a multiple of H below the prompt, not a multiple of the span, and a chunk
+  ended there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from kvgeom._check import nonneg
+from kvgeom._math import rdown
+from kvgeom.geometry import Geometry
+from kvgeom.masks import reachable_block_mask
+from kvgeom.speculative import gpu_dropping_groups, mamba_checkpoint_position, prefill_chunk_ends
+
+__all__ = [
+    "mamba_cacheable_tokens",
+    "mamba_handoffs",
+    "partial_tail_boundary",
+    "prompt_hash_checkpoint",
+    "replay_boundaries",
+    "state_ends",
+]
+
+
+def replay_boundaries(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]:
+    """Where a later request replaying the prompt can resume: the positions whose state the store masks
+    keep (vLLM 0.33 ``v1/core/kv_cache_coordinator.py::replay_boundaries``).
+
+    Without the GPU drop ``(num_prompt - 1,)``; with it, one scheduler block below the resend cap and below
+    the extension boundary, ``{rdown(n - 1, L) - L, rdown(n, L) - L}`` (each at least 0). Empty for an
+    empty prompt.
+
+    >>> import kvgeom
+    >>> replay_boundaries(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
+    (99,)
+    """
+    n = nonneg("num_prompt_tokens", num_prompt_tokens)
+    if n == 0:
+        return ()
+    sg = geom.speculative
+    if sg is None or not sg.gpu_drop:
+        return (n - 1,)
+    L = geom.scheduler_block_size
+    return tuple(sorted({max(rdown(n - 1, L) - L, 0), max(rdown(n, L) - L, 0)}))
+
+
+def _eagle_manager(geom: Geometry, group: int) -> bool:
+    """Whether the GPU manager of ``group`` runs with the eagle bit (it caches differently): the group is in
+    the coordinator's drop set, which holds every group -- Mamba too -- when none is flagged."""
+    sg = geom.speculative
+    return sg is not None and group in gpu_dropping_groups(list(geom.groups), sg)
+
+
+def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int) -> int:
+    """The prefix of ``num_computed_tokens`` the prefix cache may hash in ``group`` (vLLM 0.33
+    ``KVCacheCoordinator.get_num_cacheable_tokens`` and the hybrid coordinator's override).
+
+    One group (the unitary coordinator): ``c - (P - 1)``. Several: ``c`` with partial hash hits, else
+    ``rdown(c, L)``; a manager with the eagle bit (:func:`_eagle_manager`) then caches at most one block
+    past the aligned boundary of its finalized tokens ``c - (P - 1)``. ``P`` is the prefill lookahead
+    (``P - 1`` tokens of multi-module MTP may be re-prefilled). 0 with prefix caching off.
+
+    Postcondition: ``0 <= result <= num_computed_tokens``.
+
+    >>> import kvgeom
+    >>> mamba_cacheable_tokens(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, 100)  # H = 16 < L, partial hits on
+    100
+    """
+    c = nonneg("num_computed_tokens", num_computed_tokens)
+    if not geom.config.cache.prefix_caching:
+        return 0
+    sg = geom.speculative
+    reprefill = max(0, (sg.prefill_lookahead_tokens if sg is not None else 0) - 1)
+    if len(geom.groups) < 2:
+        return max(0, c - reprefill)
+
+    def align(x: int) -> int:
+        return x if geom.partial_hash_hits else rdown(x, geom.scheduler_block_size)
+
+    cached = align(c)
+    if cached > 0 and _eagle_manager(geom, group):
+        finalized = max(0, c - reprefill)
+        return min(finalized, align(finalized) + geom.groups[group].span)
+    return cached
+
+
+def prompt_hash_checkpoint(geom: Geometry, num_prompt_tokens: int) -> int:
+    """The prompt's checkpoint on the H grid, which the Mamba manager keys whatever the store mask says:
+    :func:`kvgeom.speculative.mamba_checkpoint_position` of the prompt with ``unit = H``, the GPU drop and
+    the lookahead hash tokens (``MambaManager._cache_partial_tail_block``). 0 for an empty prompt.
+
+    >>> import kvgeom
+    >>> prompt_hash_checkpoint(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
+    96
+    """
+    n = nonneg("num_prompt_tokens", num_prompt_tokens)
+    if n == 0:
+        return 0
+    sg = geom.speculative
+    drop = bool(sg and sg.gpu_drop)
+    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
+    return mamba_checkpoint_position(n, geom.hash_block_size, drop, lookahead)
+
+
+def state_ends(
+    geom: Geometry,
+    num_prompt_tokens: int,
+    num_computed_tokens: int,
+    chunk_ends: Collection[int] | None = None,
+    *,
+    above: int = 0,
+    upto: int | None = None,
+) -> tuple[int, ...]:
+    """The chunk ends at or below ``min(computed, prompt)`` -- the only positions inside the prompt where an
+    align Mamba state was written. Sorted, without 0; a ``num_computed_tokens`` below the prompt is itself a
+    chunk end (the step that stores ended there).
+
+    ``chunk_ends`` None: under the GPU drop, :func:`kvgeom.speculative.prefill_chunk_ends` with an unbounded
+    token budget (where the drop moves vLLM's split away from the block grid); otherwise no split is
+    assumed and every multiple of the (first) align Mamba block counts, as a prefill stopped at each one
+    would leave them, with the prompt's H-grid checkpoint when partial hash hits split the prefill there
+    (H below L) -- pass the deployment's split (``prefill_chunk_ends(geom, n,
+    max_num_batched_tokens=...)``) to get exactly the states vLLM 0.33 writes.
+
+    >>> import kvgeom
+    >>> state_ends(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100, 100, chunk_ends=(96, 100))
+    (96, 100)
+
+    Only ends in ``(above, upto]`` are listed (``upto`` None: no upper bound), so a caller that stores a
+    window of chunks never materialises the rest.
+    """
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    sg = geom.speculative
+    top = min(computed, prompt) if upto is None else min(computed, prompt, upto)
+    if chunk_ends is None and sg is not None and sg.gpu_drop:
+        ends = set(prefill_chunk_ends(geom, prompt)) if prompt else set()
+    elif chunk_ends is None:
+        B = next(g.block_size for g in geom.groups if g.is_align_mamba)
+        ends = {*range(rdown(above, B) + B, top + 1, B), prompt} if prompt else set()
+        if geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size:
+            ends.add(prompt_hash_checkpoint(geom, prompt))
+    else:
+        ends = {nonneg("chunk_ends[]", e) for e in chunk_ends}
+    if 0 < computed < prompt:
+        ends.add(computed)
+    return tuple(sorted(e for e in ends if max(above, 0) < e <= top))
+
+
+def _cached_exactly(
+    geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
+) -> bool:
+    """Whether some prefill step ended with exactly ``t`` tokens cacheable in ``group`` (a step ending at
+    ``e`` caches at least ``e - L - (P - 1)`` tokens, so only ends up to that far past ``t`` are read)."""
+    sg = geom.speculative
+    reach = geom.scheduler_block_size + (sg.prefill_lookahead_tokens if sg is not None else 0)
+    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)
+    return any(mamba_cacheable_tokens(geom, group, e) == t for e in ends)
+
+
+def mamba_handoffs(
+    geom: Geometry,
+    group: int,
+    num_prompt_tokens: int,
+    num_computed_tokens: int,
+    chunk_ends: Collection[int] | None = None,
+    *,
+    reachable: Iterable[int] | None = None,
+    above: int = 0,
+    upto: int | None = None,
+) -> tuple[int, ...]:
+    """End tokens of the states align Mamba group ``group`` hands the connector for a prompt prefilled
+    from 0 up to ``num_computed_tokens`` (see the module docstring for the three conditions).
+
+    ``chunk_ends``: where the prefill chunks ended (default: see :func:`state_ends`);
+    ``reachable``: the boundaries the store mask keeps (default: :func:`replay_boundaries`). Needs an
+    align Mamba group (:class:`kvgeom.QueryError` ``no_align_mamba`` from the default split otherwise).
+    Only keys in ``(above, upto]`` are listed.
+
+    Postcondition: sorted, each a chunk end, a multiple of the group's block and at most
+    :func:`mamba_cacheable_tokens` of ``min(computed, prompt)``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # FA 16 + Mamba 16, DCP 2, retention 0
+    >>> mamba_handoffs(g, 1, 100, 100, (96, 100))   # the replay boundary 99 keeps the chunk end 96
+    (96,)
+    """
+    g = geom.groups[group]
+    B = g.block_size
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    cap = mamba_cacheable_tokens(geom, group, min(computed, prompt))
+    top = cap if upto is None else min(cap, upto)
+    candidates = [e for e in state_ends(geom, prompt, computed, chunk_ends, above=above, upto=top) if e % B == 0]
+    if not candidates:
+        return ()
+    points = replay_boundaries(geom, prompt) if reachable is None else tuple(reachable)
+    mask = reachable_block_mask(
+        geom, group, candidates[-1] // B, first_block=candidates[0] // B - 1, reachable=points
+    )
+    checkpoint = prompt_hash_checkpoint(geom, prompt)
+    keyed = checkpoint in candidates and _cached_exactly(geom, group, prompt, computed, chunk_ends, checkpoint)
+    return tuple(e for e in candidates if mask is None or e // B - 1 in mask or (e == checkpoint and keyed))
+
+
+def partial_tail_boundary(
+    geom: Geometry,
+    num_prompt_tokens: int,
+    num_computed_tokens: int,
+    chunk_ends: Collection[int] | None = None,
+    *,
+    loaded_from_offload: bool = False,
+    max_offload_tokens: int | None = None,
+) -> int | None:
+    """The boundary of the partial-tail store job a prompt produces, or None (vLLM 0.33
+    ``_build_partial_tail_store_jobs``; partial tails need DCP 1, see ``OffloadGeometry.supports_partial_tail``).
+
+    The prompt's H-grid checkpoint ``t`` (:func:`prompt_hash_checkpoint`) when it is off the span grid, a
+    chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
+    manager copies the state out of the block the next chunk overwrites and hands the copy over then);
+    ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the
+    job runs only for a request that itself loaded from the tier, once ``t + m`` prompt tokens are
+    computed. Every offloaded group then stores its key at
+    :func:`kvgeom.speculative.partial_tail_key` of ``t``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {}})
+    >>> partial_tail_boundary(g, 228, 228)   # vLLM 0.33 run: FA and Mamba both store a key at 224
+    224
+    """
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    off = geom.offload
+    if off is None or not off.supports_partial_tail or not prompt:
+        return None
+    mamba = [g.index for g in geom.groups if g.is_align_mamba]
+    if not mamba:
+        return None
+    t = prompt_hash_checkpoint(geom, prompt)
+    span = off.groups[0].tokens_per_block
+    if t <= 0 or t % span == 0 or computed <= t:
+        return None
+    if max_offload_tokens is not None and t > nonneg("max_offload_tokens", max_offload_tokens):
+        return None
+    if t not in state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t):
+        return None
+    if not _cached_exactly(geom, mamba[0], prompt, computed, chunk_ends, t):
+        return None
+    margin = max((og.proof_margin or 0 for og in off.groups), default=0)
+    if margin and (not loaded_from_offload or min(computed, prompt) < t + margin):
+        return None
+    return t
