@@ -464,3 +464,38 @@ def test_batch_stores_agree_with_scalar_given_chunk_ends(geom, data):
     sp = batch.plan_stores(geom, num_tokens=prompts, num_computed_tokens=prompts, chunk_ends=matrix)
     for i, p in enumerate(prompts):
         assert sp.plan(i) == hits.plan_store(geom, num_tokens=p, num_computed_tokens=p, chunk_ends=rows[i])
+
+
+@example(  # vLLM 0.33 run: FA64 + Mamba64, H 16, DCP 1: a 228-token prompt stores FA and Mamba partial tails at 224
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+                    "cache": {"prefix_match_unit": 16}, "offload": {}}),
+    228, None,
+)
+@given(st.one_of(speculative_geometries(offload=True), tail_speculative_geometries()), st.integers(0, 400),
+       st.sampled_from([None, None, 24, 40, 100]))
+def test_mamba_handoffs_are_exact_states(geom, prompt, budget):
+    """kvgeom.handoff: every Mamba key handed off is a chunk end on the Mamba block grid within the cacheable
+    prefix (so block ``e / B_m - 1`` holds the state after exactly ``e``); a partial-tail boundary is an
+    H-grid chunk end below the prompt and off the span grid."""
+    from kvgeom.handoff import mamba_cacheable_tokens, mamba_handoffs, partial_tail_boundary
+
+    assume(any(g.is_align_mamba for g in geom.groups) and prompt > 0)
+    try:
+        ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
+    except kvgeom.QueryError:
+        return  # a stalling MTP prefill (warned separately)
+    for g in geom.groups:
+        if not g.is_align_mamba:
+            continue
+        keys = mamba_handoffs(geom, g.index, prompt, prompt, ends)
+        assert list(keys) == sorted(keys)
+        for e in keys:
+            assert e in ends and e % g.block_size == 0, (e, ends)
+            assert e <= mamba_cacheable_tokens(geom, g.index, prompt)
+    t = partial_tail_boundary(geom, prompt, prompt, ends)
+    if t is not None:
+        off = geom.offload
+        assert off is not None and off.supports_partial_tail
+        assert t in ends and 0 < t < prompt and t % geom.hash_block_size == 0
+        assert t % off.groups[0].tokens_per_block != 0
+        event("partial tail stored")
