@@ -109,6 +109,23 @@ def test_chunked_local_mixed_blocks():
     assert g.offload is not None and g.offload.group(1).window_chunks == 64 // 16
 
 
+def test_mamba_state_keyed_past_chunk_end():
+    # vLLM 0.33 (run): chunks end at 144 and 167, the Mamba block 4 (tokens 128..160, holding the state after
+    # 144) is stored as key 160 and a 254-token lookup hits 160; kvgeom stores no Mamba key and hits 0
+    from kvgeom.handoff import mamba_handoffs
+
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 32}],
+                        "parallel": {"tp": 2, "dcp": 2}, "cache": {"retention_interval": None}, "offload": {},
+                        "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+    ends = kvgeom.prefill_chunk_ends(g, 167, max_num_batched_tokens=490)
+    assert ends == (144, 167)
+    assert mamba_handoffs(g, 1, 167, 167, ends) == ()
+    plan = plan_store(g, num_tokens=167, num_computed_tokens=167, chunk_ends=ends)
+    stored = {s.index: list(s.stored_end_tokens) for s in plan.groups}
+    assert stored[1] == [] and stored[0] == [32, 64, 96, 128, 160]
+    assert lookup_hit(g, 254, stored=stored).hit_tokens == 0
+
+
 def test_swa_lookup_window_agrees_with_vllm():
     # Not a deviation: kvgeom's lookup asks, as vLLM 0.33's _sliding_window_lookup does, for at least the window
     # in chunks, max(cdiv(17, 16), cdiv(16, 16)) = 2, although the store keeps only the one chunk the window
