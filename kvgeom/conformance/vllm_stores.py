@@ -333,7 +333,7 @@ def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batche
         plan = plan_store(geom, num_tokens=num_tokens, num_computed_tokens=computed, num_prompt_tokens=n1,
                           finished=finished, chunk_ends=chunk_ends)
         for gs in plan.groups:
-            stored.setdefault(gs.index, set()).update(gs.end_tokens)
+            stored.setdefault(gs.index, set()).update(gs.stored_end_tokens)
     stored_out = {str(g): sorted(e) for g, e in sorted(stored.items()) if e}
     hit = geom.plan_hit({"num_tokens": n2, "stored": stored_out})
     return {
@@ -366,47 +366,25 @@ def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int
 # ------------------------------------------------------------------ classes of difference
 
 KNOWN_CLASSES: dict[str, str] = {
-    "partial-tail-store": "vLLM stores a key off the group's offload chunk grid (DCP 1, partial tails on): a "
-    "partial-tail store job (_build_partial_tail_store_jobs) kvgeom's plan_store does not model",
-    "mamba-last-cacheable-handoff": "vLLM's Mamba manager also hands the connector the state at the last "
-    "cacheable boundary (mamba_checkpoint(...).last_cacheable, a chunk end on cache_config.block_size's grid) "
-    "that kvgeom's Mamba store mask does not keep",
-    "mamba-block-not-engine-block": "an align Mamba group whose block differs from vLLM's cache_config.block_size "
-    "(kvgeom.speculative.engine_block_size): vLLM splits the prefill on the smaller grid and its Mamba slots "
-    "no longer follow the chunk ends, so the Mamba keys differ",
-    "mamba-store-off-alignment": "kvgeom stores an align Mamba state at a chunk end that is not a multiple of "
-    "the hit alignment A; vLLM's Mamba manager does not retain it",
-    "mtp-mamba-unfinalized": "multi-module MTP (P > 1): kvgeom stores an align Mamba state that vLLM never hands "
-    "off (the last P - 1 computed tokens are not finalized, KVCacheCoordinator.num_reprefillable_tokens)",
+    "mamba-state-keyed-past-chunk-end": "vLLM keys an align Mamba block at its end although no prefill chunk "
+    "ended there: a chunk ended inside the block (the Mamba block is not cache_config.block_size), so the block "
+    "holds the state after that earlier token (the registered deviation of kvgeom.deviations)",
     "realign-after-clamp": "kvgeom's lookup over vLLM's own stores differs because vLLM loads an align Mamba "
     "state that ends past its hit (the registered deviation of kvgeom.deviations)",
 }
-"""Difference classes :func:`classify` recognises (id: description), each observed in the sweep."""
+"""Difference classes :func:`classify` recognises (id: description), each a registered deviation
+(:data:`kvgeom.deviations.DEVIATIONS`)."""
 
 
-def _store_class(geom: Geometry, n1: int, group: int, end: int, only_in_vllm: bool) -> str | None:
-    from kvgeom.speculative import engine_block_size, mamba_checkpoint
-
+def _store_class(geom: Geometry, group: int, end: int, only_in_vllm: bool, chunk_ends: list[int]) -> str | None:
+    """``mamba-state-keyed-past-chunk-end`` for a Mamba key only vLLM stores, at the end of a block that a
+    chunk ended inside (and no chunk ended at ``end``); None (a new finding) otherwise."""
     g = geom.groups[group]
-    off = geom.offload
-    assert off is not None
-    og = off.group(group)
-    sg = geom.speculative
-    wrong_block = g.is_align_mamba and g.block_size != engine_block_size(geom)
-    if only_in_vllm:
-        if off.supports_partial_tail and end % og.tokens_per_chunk:
-            return "partial-tail-store"
-        if wrong_block:
-            return "mamba-block-not-engine-block"
-        if g.is_align_mamba and end == mamba_checkpoint(geom, n1).last_cacheable:
-            return "mamba-last-cacheable-handoff"
+    if not (only_in_vllm and g.is_align_mamba) or end in chunk_ends:
         return None
-    if wrong_block:
-        return "mamba-block-not-engine-block"
-    if g.is_align_mamba and sg is not None and sg.prefill_lookahead_tokens > 1:
-        return "mtp-mamba-unfinalized"
-    if g.is_align_mamba and end % geom.hit_alignment_tokens:
-        return "mamba-store-off-alignment"
+    B = g.block_size
+    if any(e % B and -(-e // B) * B == end for e in chunk_ends):
+        return "mamba-state-keyed-past-chunk-end"
     return None
 
 
@@ -428,7 +406,7 @@ def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any
         for key in set(ours) | set(vllm):
             a, b = set(ours.get(key, ())), set(vllm.get(key, ()))
             for end, only_in_vllm in [*((e, True) for e in b - a), *((e, False) for e in a - b)]:
-                cls = _store_class(geom, n1, int(key), end, only_in_vllm)
+                cls = _store_class(geom, int(key), end, only_in_vllm, list(theirs["chunk_ends"]))
                 if cls is None:
                     return None
                 classes.add(cls)
