@@ -38,13 +38,12 @@ from kvgeom._check import nonneg
 from kvgeom._math import rdown
 from kvgeom.geometry import Geometry
 from kvgeom.masks import reachable_block_mask
-from kvgeom.speculative import gpu_dropping_groups, mamba_checkpoint_position, prefill_chunk_ends
+from kvgeom.speculative import gpu_dropping_groups, prefill_chunk_ends, prefill_tail_stop, prompt_hash_checkpoint
 
 __all__ = [
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
-    "prompt_hash_checkpoint",
     "replay_boundaries",
     "state_ends",
 ]
@@ -112,24 +111,6 @@ def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int)
     return cached
 
 
-def prompt_hash_checkpoint(geom: Geometry, num_prompt_tokens: int) -> int:
-    """The prompt's checkpoint on the H grid, which the Mamba manager keys whatever the store mask says:
-    :func:`kvgeom.speculative.mamba_checkpoint_position` of the prompt with ``unit = H``, the GPU drop and
-    the lookahead hash tokens (``MambaManager._cache_partial_tail_block``). 0 for an empty prompt.
-
-    >>> import kvgeom
-    >>> prompt_hash_checkpoint(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
-    96
-    """
-    n = nonneg("num_prompt_tokens", num_prompt_tokens)
-    if n == 0:
-        return 0
-    sg = geom.speculative
-    drop = bool(sg and sg.gpu_drop)
-    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
-    return mamba_checkpoint_position(n, geom.hash_block_size, drop, lookahead)
-
-
 def state_ends(
     geom: Geometry,
     num_prompt_tokens: int,
@@ -165,9 +146,7 @@ def state_ends(
         ends = set(prefill_chunk_ends(geom, prompt)) if prompt else set()
     elif chunk_ends is None:
         B = next(g.block_size for g in geom.groups if g.is_align_mamba)
-        ends = {*range(rdown(above, B) + B, top + 1, B), prompt} if prompt else set()
-        if geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size:
-            ends.add(prompt_hash_checkpoint(geom, prompt))
+        ends = {*range(rdown(above, B) + B, top + 1, B), prompt, prefill_tail_stop(geom, prompt)} if prompt else set()
     else:
         ends = {nonneg("chunk_ends[]", e) for e in chunk_ends}
     if 0 < computed < prompt:
@@ -243,7 +222,8 @@ def partial_tail_boundary(
     """The boundary of the partial-tail store job a prompt produces, or None (vLLM 0.33
     ``_build_partial_tail_store_jobs``; partial tails need DCP 1, see ``OffloadGeometry.supports_partial_tail``).
 
-    The prompt's H-grid checkpoint ``t`` (:func:`prompt_hash_checkpoint`) when it is off the span grid, a
+    The prompt's H-grid checkpoint ``t`` (:func:`kvgeom.speculative.prompt_hash_checkpoint`) when it is off
+    the span grid, a
     chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
     manager copies the state out of the block the next chunk overwrites and hands the copy over then);
     ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the

@@ -73,7 +73,10 @@ __all__ = [
     "is_drafter_group",
     "mamba_checkpoint",
     "mamba_checkpoint_position",
+    "checkpoint_settings",
     "prefill_chunk_ends",
+    "prefill_tail_stop",
+    "prompt_hash_checkpoint",
     "partial_tail_key",
     "partial_tail_max_boundary",
     "prefill_lookahead_tokens",
@@ -391,6 +394,49 @@ def mamba_checkpoint_position(num_tokens: int, unit: int, drop: bool, lookahead_
     return max(rdown(num_tokens - max(1, lookahead_tokens), unit), 0)
 
 
+def checkpoint_settings(geom: Geometry) -> tuple[bool, int]:
+    """``(drop, lookahead)`` every Mamba checkpoint rule of a geometry uses: the GPU drop
+    (``Geometry.speculative.gpu_drop``) and the lookahead hash tokens (P under lookahead hashes, else 0),
+    as vLLM 0.33's scheduler and Mamba manager pass them to ``get_mamba_prefill_checkpoint_position``.
+
+    >>> import kvgeom
+    >>> checkpoint_settings(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    (False, 0)
+    """
+    sg = geom.speculative
+    return bool(sg and sg.gpu_drop), (sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0)
+
+
+def prompt_hash_checkpoint(geom: Geometry, num_prompt_tokens: int) -> int:
+    """The prompt's checkpoint on the H grid: :func:`mamba_checkpoint_position` of the prompt with
+    ``unit = H`` and :func:`checkpoint_settings` (vLLM 0.33 ``MambaManager._cache_partial_tail_block``
+    keys the state there; ``Scheduler._mamba_block_aligned_split`` stops a chunk there when
+    :func:`prefill_tail_stop` says so). 0 for an empty prompt; a multiple of H below the prompt.
+
+    >>> import kvgeom
+    >>> prompt_hash_checkpoint(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
+    96
+    """
+    n = nonneg("num_prompt_tokens", num_prompt_tokens)
+    if n == 0:
+        return 0
+    return mamba_checkpoint_position(n, geom.hash_block_size, *checkpoint_settings(geom))
+
+
+def prefill_tail_stop(geom: Geometry, num_prompt_tokens: int) -> int:
+    """Where the prefill also stops for the prompt's H-grid checkpoint: :func:`prompt_hash_checkpoint`
+    when partial hash hits split the prefill there (vLLM 0.33 ``Scheduler.mamba_partial_cache_hit``:
+    align Mamba, partial hash hits on, H below the scheduler block), else 0.
+
+    >>> import kvgeom
+    >>> prefill_tail_stop(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
+    96
+    """
+    if not (geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size):
+        return 0
+    return prompt_hash_checkpoint(geom, num_prompt_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class MambaCheckpoint:
     """Where a prompt's reusable Mamba state is checkpointed, and how the prefill is split to reach it."""
@@ -452,16 +498,14 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
             "with mamba_cache_mode='align' (the default with prefix caching)",
             "group",
         )
-    sg = geom.speculative
-    drop = bool(sg and sg.gpu_drop)
-    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
+    drop, lookahead = checkpoint_settings(geom)
     unit = geom.hit_alignment_tokens
     end = max(prompt, n - 1)
     position = mamba_checkpoint_position(end, unit, drop, lookahead) if end else 0
     plain = mamba_checkpoint_position(end, unit, False) if end else 0
     block = engine_block_size(geom)
     last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
-    ends = _chunk_ends(geom, n, prompt, block, drop, lookahead)
+    ends = _chunk_ends(geom, n, prompt)
     chunks = tuple(b - a for a, b in zip((0, *ends), ends, strict=False))
     return MambaCheckpoint(
         position, unit, plain - position, last, chunks, _checkpoint_state_block(geom, mamba[0].index, position)
@@ -482,24 +526,16 @@ def engine_block_size(geom: Geometry) -> int:
     return min(cacheable or [g.block_size for g in geom.groups])
 
 
-def _partial_tail_split(geom: Geometry) -> bool:
-    """vLLM 0.33 ``Scheduler.mamba_partial_cache_hit``: align Mamba, H below the scheduler block, partial
-    hash hits on -- the prefill then also stops at the prompt's H-grid checkpoint."""
-    return geom.partial_hash_hits and geom.hash_block_size < geom.scheduler_block_size
-
-
-def _chunk_ends(
-    geom: Geometry, n: int, prompt: int, block: int, drop: bool, lookahead: int, budget: int | None = None
-) -> tuple[int, ...]:
-    """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`); ``block`` is
-    :func:`engine_block_size`, ``budget`` the per-step token budget (None: unbounded; a stall that
+def _chunk_ends(geom: Geometry, n: int, prompt: int, budget: int | None = None) -> tuple[int, ...]:
+    """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`) on the grid of
+    :func:`engine_block_size`; ``budget`` the per-step token budget (None: unbounded; a stall that
     the multi-module MTP reserve would cause is then left to the ``speculative_mtp_prefill_stall``
     warning and the chunk kept, so :class:`MambaCheckpoint` stays total)."""
     if prompt <= 0:
         return ()
-    last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
-    H = geom.hash_block_size
-    tail = mamba_checkpoint_position(prompt, H, drop, lookahead) if _partial_tail_split(geom) else 0
+    block = engine_block_size(geom)
+    last = mamba_checkpoint_position(n, block, *checkpoint_settings(geom)) if n else 0
+    tail = prefill_tail_stop(geom, prompt)
     sg = geom.speculative
     reserve = sg.prefill_lookahead_tokens if sg is not None else 0
     ends: list[int] = []
@@ -575,12 +611,9 @@ def prefill_chunk_ends(
                 max_num_batched_tokens=0,
             )
     cp = mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
-    sg = geom.speculative
-    drop = bool(sg and sg.gpu_drop)
-    lookahead = sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0
     if budget is None:
         return tuple(accumulate(cp.prefill_chunks))
-    return _chunk_ends(geom, prompt, prompt, engine_block_size(geom), drop, lookahead, budget)
+    return _chunk_ends(geom, prompt, prompt, budget)
 
 
 # ------------------------------------------------------------------ warnings
