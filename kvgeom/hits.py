@@ -649,10 +649,10 @@ def plan_store(
                 mamba_handoffs(geom, og.index, prompt, computed, ends, reachable=reachable, above=start * C,
                                upto=storable * C)
             )
-            decode = [j for j in range(max(start, prompt // C), storable) if (j + 1) * C > prompt]
+            decode = max(start, prompt // C)  # the first chunk ending past the prompt
             mask = None
-            if decode:  # past the prompt: the store mask alone
-                mask = reachable_block_mask(geom, og.index, storable * k, first_block=decode[0] * k, reachable=points)
+            if decode < storable:  # past the prompt: the store mask alone
+                mask = reachable_block_mask(geom, og.index, storable * k, first_block=decode * k, reachable=points)
             states = {j: state_block_for_boundary(geom, og.index, (j + 1) * C) for j in range(start, storable)}
             chunks = tuple(
                 j for j, b in states.items()

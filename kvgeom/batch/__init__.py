@@ -1089,8 +1089,8 @@ def plan_stores(
         _same_length("num_prompt_tokens", prompt, size)
     offloadable = np.minimum(computed, n)
     prompt_offloadable = np.minimum(prompt, n)
-    if max_offload_tokens is not None:
-        mot = _int_or_array("max_offload_tokens", max_offload_tokens, size)
+    mot = None if max_offload_tokens is None else _int_or_array("max_offload_tokens", max_offload_tokens, size)
+    if mot is not None:
         offloadable = np.minimum(offloadable, mot)
         prompt_offloadable = np.minimum(prompt_offloadable, mot)
     if offload_prompt_only:
@@ -1110,7 +1110,6 @@ def plan_stores(
     if chunk_ends is not None:
         exists = _ints("chunk_ends", chunk_ends, ndim=2, allow_minus_one=True)
         _same_length("chunk_ends", exists, size)
-    mot = None if max_offload_tokens is None else _int_or_array("max_offload_tokens", max_offload_tokens, size)
     tails = partial_tail_boundaries(
         geom, prompt, computed, exists, _bools("loaded_from_offload", loaded_from_offload, size), mot
     )
