@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from vllm.config import ObservabilityConfig, SchedulerConfig
+from vllm.config import ObservabilityConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_offload.base import OffloadingSpec
@@ -76,11 +76,14 @@ SPEC_NAME = "KvgeomChosenTierSpec"
 
 
 class ChosenTierSpec(OffloadingSpec):  # type: ignore[misc]
-    """Offloading spec whose manager is a fresh :class:`~kvgeom.conformance.vllm_objects.ChosenTier`."""
+    """Offloading spec whose manager is a fresh ``tier_class`` (a
+    :class:`~kvgeom.conformance.vllm_objects.ChosenTier`; a subclass names another tier class)."""
+
+    tier_class: type[vo.ChosenTier] = vo.ChosenTier
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.tier = vo.ChosenTier()
+        self.tier = self.tier_class()
 
     def get_manager(self) -> Any:
         return self.tier
@@ -93,14 +96,17 @@ if SPEC_NAME not in OffloadingSpecFactory._registry:
     OffloadingSpecFactory.register_spec(SPEC_NAME, __name__, "ChosenTierSpec")
 
 
-def scheduler_vllm_config(geom: Geometry) -> Any:
-    """The stand-in VllmConfig the Scheduler is built with (see the module docstring)."""
+def scheduler_vllm_config(geom: Geometry, *, max_num_batched_tokens: int = 8192, spec_name: str = SPEC_NAME) -> Any:
+    """The stand-in VllmConfig the Scheduler is built with (see the module docstring): a token budget of
+    ``max_num_batched_tokens`` (also the tokens in flight), the offload tier of the offloading spec
+    registered as ``spec_name``; with a drafter, vLLM's own ``VllmConfig._set_max_num_scheduled_tokens``
+    (its ``max_num_batched_tokens <= num_lookahead_tokens`` refusal included)."""
     vc = vo.build_vllm_config(geom)
     max_len = vc.model_config.max_model_len
     vc.scheduler_config = SchedulerConfig(
         max_model_len=max_len,
         is_encoder_decoder=False,
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=16,
         enable_chunked_prefill=True,
     )
@@ -110,7 +116,9 @@ def scheduler_vllm_config(geom: Geometry) -> Any:
     vc.ec_transfer_config = None
     vc.is_mm_encoder_only = False
     vc.max_concurrent_batches = 1
-    vc.max_in_flight_tokens = 8192
+    vc.max_in_flight_tokens = max_num_batched_tokens
+    if vc.speculative_config is not None:
+        VllmConfig._set_max_num_scheduled_tokens(vc)
     vc.ec_manager_config = SimpleNamespace(get_encoder_cache_manager_obj=lambda: None)
     vc.aux_output_config = SimpleNamespace(enabled=False)
     m = vc.model_config
@@ -121,15 +129,17 @@ def scheduler_vllm_config(geom: Geometry) -> Any:
     m.supports_multimodal_inputs = False
     m.return_sampling_mask = False
     if vc.kv_transfer_config is not None:
-        vc.kv_transfer_config.kv_connector_extra_config["spec_name"] = SPEC_NAME
+        vc.kv_transfer_config.kv_connector_extra_config["spec_name"] = spec_name
     return vc
 
 
-def build_scheduler(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) -> Scheduler:
-    """vLLM's v1 ``Scheduler`` for ``geom`` (see the module docstring for the stand-ins)."""
+def build_scheduler(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int,
+                    max_num_batched_tokens: int = 8192, spec_name: str = SPEC_NAME) -> Scheduler:
+    """vLLM's v1 ``Scheduler`` for ``geom`` (see the module docstring for the stand-ins; the budget and
+    the tier's spec as :func:`scheduler_vllm_config` takes them)."""
     from vllm.v1.structured_output import StructuredOutputManager
 
-    vc = scheduler_vllm_config(geom)
+    vc = scheduler_vllm_config(geom, max_num_batched_tokens=max_num_batched_tokens, spec_name=spec_name)
     kcc = vo.build_kv_cache_config(geom)
     return Scheduler(
         vllm_config=vc,

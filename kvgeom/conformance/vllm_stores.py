@@ -72,19 +72,13 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from vllm.config import SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
-    LookupResult,
-    OffloadingManager,
-    OffloadingSpec,
-    OffloadKey,
     PrepareStoreOutput,
     ReqContext,
-    RequestOffloadingContext,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -124,23 +118,16 @@ MAX_STEPS = 2000
 """Steps after which request A counts as stalled (vLLM requeues it forever; raised as RuntimeError)."""
 
 
-class RecordingTier(OffloadingManager):  # type: ignore[misc]
-    """An offload tier holding ``keys`` (HIT for exactly them) that accepts every store: records every key
-    ``prepare_store`` is asked to store in ``stored`` (and, in ``store_calls``, the connector function that
-    asked with its keys) and every key ``prepare_load`` loads in ``loaded``."""
+class RecordingTier(vo.ChosenTier):
+    """A :class:`~kvgeom.conformance.vllm_objects.ChosenTier` (HIT for exactly ``keys``, ``prepare_load``'s
+    keys in ``loaded``) that accepts every store: records every key ``prepare_store`` is asked to store in
+    ``stored`` (and, in ``store_calls``, the connector function that asked with its keys); a completed
+    store joins ``keys``."""
 
     def __init__(self) -> None:
-        self.keys: set[bytes] = set()
+        super().__init__()
         self.stored: list[bytes] = []
         self.store_calls: list[tuple[str, list[bytes]]] = []
-        self.loaded: list[bytes] = []
-
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return LookupResult.HIT if bytes(key) in self.keys else LookupResult.MISS
-
-    def prepare_load(self, keys: Any, req_context: ReqContext) -> LoadStoreSpec:
-        self.loaded.extend(bytes(k) for k in keys)
-        return LoadStoreSpec()
 
     def prepare_store(self, keys: Any, req_context: ReqContext) -> PrepareStoreOutput:
         keys = list(keys)
@@ -152,22 +139,11 @@ class RecordingTier(OffloadingManager):  # type: ignore[misc]
     def complete_store(self, keys: Any, req_context: ReqContext) -> None:
         self.keys.update(bytes(k) for k in keys)
 
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext()
 
-
-class RecordingTierSpec(OffloadingSpec):  # type: ignore[misc]
+class RecordingTierSpec(vs.ChosenTierSpec):
     """Offloading spec whose manager is a fresh :class:`RecordingTier`."""
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.tier = RecordingTier()
-
-    def get_manager(self) -> Any:
-        return self.tier
-
-    def get_worker(self, kv_caches: Any) -> Any:
-        raise NotImplementedError("the store harness runs the scheduler side only")
+    tier_class = RecordingTier
 
 
 if SPEC_NAME not in OffloadingSpecFactory._registry:
@@ -176,29 +152,9 @@ if SPEC_NAME not in OffloadingSpecFactory._registry:
 
 def _scheduler(geom: Geometry, budget: int | None, L: int, H: int) -> Scheduler:
     """vLLM's Scheduler over a fresh :class:`RecordingTier` with the token budget ``budget``."""
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    vc = vs.scheduler_vllm_config(geom)
     tokens = UNBOUNDED_BUDGET if budget is None else budget
-    vc.scheduler_config = SchedulerConfig(
-        max_model_len=vc.model_config.max_model_len,
-        is_encoder_decoder=False,
-        max_num_batched_tokens=tokens,
-        max_num_seqs=16,
-        enable_chunked_prefill=True,
-    )
-    vc.max_in_flight_tokens = tokens
-    if vc.speculative_config is not None:
-        VllmConfig._set_max_num_scheduled_tokens(vc)  # vLLM's own check and default
-    if vc.kv_transfer_config is not None:
-        vc.kv_transfer_config.kv_connector_extra_config["spec_name"] = SPEC_NAME
-    return Scheduler(
-        vllm_config=vc,
-        kv_cache_config=vo.build_kv_cache_config(geom),
-        structured_output_manager=StructuredOutputManager.__new__(StructuredOutputManager),
-        block_size=L,
-        hash_block_size=H,
-    )
+    return vs.build_scheduler(geom, scheduler_block_size=L, hash_block_size=H, max_num_batched_tokens=tokens,
+                              spec_name=SPEC_NAME)
 
 
 def _request(sched: Scheduler, n: int, H: int, request_id: str) -> Request:
