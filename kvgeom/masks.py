@@ -12,7 +12,8 @@ replicated under DCP.
   boundaries; ``R > 0`` one state per R tokens (blocks ``R/B_m - 1``,
   ``2R/B_m - 1``, ...; dense when ``R <= B_m``), plus the reachable
   boundaries. A reachable boundary t (the replay boundary ``num_prompt - 1``,
-  a shared-prefix junction) keeps block ``rdown(t, alignment)/B_m - 1``;
+  a shared-prefix junction) keeps block ``rdown(t, alignment) // B_m - 1``, the last block ending at or
+  below the aligned boundary (vLLM 0.33 floors a boundary off the block grid);
 * sliding window (the connector's store mask, vLLM 0.33
   ``SlidingWindowManager.reachable_block_mask`` as ``_reachable_store_block_mask`` calls it): a
   hit at an aligned boundary needs the ``need = cdiv(sliding_window - 1 + extra_retained_tokens, S)``

@@ -2,9 +2,9 @@
 
 Each answer is worked out by hand from the rule in the docstring: an align-mode Mamba block ``i`` holds the
 state after ``(i+1)*B_m`` tokens and is kept when that boundary is a multiple of the retention interval R or
-an aligned reachable boundary; ``None`` means every block. Rows found by mutation testing (docs/mutation.md):
-the explicit ``retention``/``alignment``/``first_block`` arguments and the families that store densely were
-only covered by doctests.
+the last block boundary at or below an aligned reachable boundary; ``None`` means every block. Rows found
+by mutation testing (docs/mutation.md): the explicit ``retention``/``alignment``/``first_block`` arguments
+and the families that store densely were only covered by doctests.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import kvgeom
 from kvgeom.masks import reachable_block_mask
 
 SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # group 1: align Mamba 16; config R = 0, hit alignment 16
+WIDE_MAMBA = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                            "parallel": {"tp": 2, "dcp": 2}, "cache": {"prefix_match_unit": 16}, "offload": {}})
 CROSS = kvgeom.resolve(
     {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "cross_attention", "block_size": 16}]}
 )
@@ -65,6 +68,12 @@ ROWS = [
     (SEED, 1, 4, {"retention": 16, "alignment": 16}, None),
     # R off the block grid (24 over 16-token blocks): stays dense
     (SEED, 1, 4, {"retention": 24, "alignment": 16}, None),
+    # a reachable boundary off the Mamba block grid keeps the last block at or below it (vLLM 0.33
+    # MambaManager.reachable_block_mask floors): FA64 + Mamba64 under DCP 2, A = 16, boundary 177 ->
+    # rdown(177, 16) = 176 -> block 176 // 64 - 1 = 1 (the state at 128; vLLM run: Mamba 128 is stored)
+    (WIDE_MAMBA, 1, 4, {"reachable": (177,)}, {1}),
+    # a boundary below the first block keeps nothing
+    (WIDE_MAMBA, 1, 4, {"reachable": (63,)}, set()),
     # no retention interval: dense
     (SEED, 1, 4, {"retention": None}, None),
     # no alignment to thin against: dense
