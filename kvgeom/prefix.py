@@ -58,15 +58,18 @@ from kvgeom._check import scenario as check_scenario
 from kvgeom._math import cdiv
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
-from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.specs import Family, attention_chunk_size_of, sliding_window_of
 
 __all__ = [
     "Contains",
     "GroupPrefixHit",
+    "LookupGroup",
     "PrefixHit",
     "Resident",
     "prefix_hit",
     "prefix_hit_from_scenario",
+    "lookup_groups",
+    "refuse_unlookable",
     "resident_sets",
     "scheduler_keeps_load",
 ]
@@ -292,15 +295,43 @@ def _mamba(
 
 
 @dataclass(frozen=True, slots=True)
-class _SpecGroup:
-    members: tuple[int, ...]
-    g: GroupGeometry
-    margin: int | None
-    """The speculative proof margin when the spec group drops (any member drops), else None."""
+class LookupGroup:
+    """Groups that vLLM 0.33's KV cache coordinator looks up together: equal specs, one manager.
+
+    The one home of this question for every GPU prefix-cache path (:func:`prefix_hit`, its batch twin
+    ``kvgeom.batch.prefix.prefix_hits`` and the router's ``kvgeom.router.replica_hits`` /
+    ``score_replicas``), so the grouping, the order and the refusals cannot drift apart.
+
+    ``group_ids`` are the members (ascending); ``group`` is the first member's geometry (every member has
+    its spec). ``full_attention`` is vLLM's ``isinstance(spec, FullAttentionSpec)`` on the scheduler's view
+    (full attention, MLA, sink attention, and uniform containers of those): ``family == "full"``. Such a
+    group is looked up first and only once. ``window`` is the sliding window in tokens, ``chunk`` the
+    attention chunk of a chunked-local group, ``proof_margin`` the speculative margin when the group drops
+    (a non-Mamba member has ``GroupGeometry.proof_margin``), else None.
+    """
+
+    group_ids: tuple[int, ...]
+    group: GroupGeometry
+    family: Family
+    span: int
+    full_attention: bool
+    window: int | None
+    chunk: int | None
+    proof_margin: int | None
 
 
-def _spec_groups(geom: Geometry) -> list[_SpecGroup]:
-    """Prefix-cacheable groups merged by equal spec (looked up together), full attention first."""
+def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
+    """The prefix-cacheable groups of ``geom`` as vLLM 0.33's coordinator looks them up: groups with
+    equal specs merged (``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``), full attention
+    first, stable order otherwise.
+
+    Postconditions: every prefix-cacheable group is in exactly one lookup group, no other group is;
+    members of a lookup group have equal specs; full-attention lookup groups come first.
+
+    >>> import kvgeom
+    >>> [(lg.family, lg.group_ids) for lg in lookup_groups(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))]
+    [('full', (0,)), ('mamba', (1,))]
+    """
     merged: list[list[GroupGeometry]] = []
     for g in geom.groups:
         if not g.prefix_cacheable:
@@ -313,46 +344,47 @@ def _spec_groups(geom: Geometry) -> list[_SpecGroup]:
             merged.append([g])
     out = []
     for bucket in merged:
+        first = bucket[0]
         margins = [m.proof_margin for m in bucket if m.proof_margin is not None]
-        margin = margins[0] if margins and bucket[0].family != "mamba" else None
-        out.append(_SpecGroup(tuple(m.index for m in bucket), bucket[0], margin))
-    out.sort(key=lambda sg: sg.g.family != "full")
-    return out
+        window = sliding_window_of(first.spec)
+        out.append(
+            LookupGroup(
+                group_ids=tuple(m.index for m in bucket),
+                group=first,
+                family=first.family,
+                span=first.span,
+                full_attention=first.family == "full",
+                window=window[0] if window else None,
+                chunk=attention_chunk_size_of(first.spec),
+                proof_margin=margins[0] if margins and first.family != "mamba" else None,
+            )
+        )
+    return tuple(sorted(out, key=lambda lg: not lg.full_attention))
 
 
-def _lookup(sg: _SpecGroup, contains: Contains, A: int, max_len: int, chain: int, drop: bool) -> _Found:
-    g = sg.g
-    S = g.span
-    match g.family:
-        case "full":
-            return _full(contains, sg.members, S, A, max_len, chain, drop)
-        case "sliding":
-            window = sliding_window_of(g.spec)
-            assert window is not None
-            return _sliding(contains, sg.members, S, A, window[0], max_len, drop)
-        case "chunked":
-            size = attention_chunk_size_of(g.spec)
-            assert size is not None
-            if drop:
-                raise QueryError.single(
-                    "drop_on_chunked_local",
-                    f"group {g.index} (chunked_local) would take the speculative drop; vLLM 0.33 has no "
-                    "prefix-cache lookup for that (it disables the hybrid allocator instead): turn the drop off",
-                    f"groups[{g.index}]",
-                )
-            if S != A:
-                raise QueryError.single(
-                    "chunked_local_span_not_alignment",
-                    f"group {g.index} (chunked_local) has span {S} but hits align to A={A}; vLLM 0.33's "
-                    "chunked-local lookup needs them equal: give every group the same span",
-                    f"groups[{g.index}].block_size",
-                    span=S,
-                    hit_alignment_tokens=A,
-                )
-            return _chunked(contains, sg.members, S, size, max_len)
-        case "mamba":
-            return _mamba(contains, sg.members, S, A, max_len, chain)
-        case "cross":
+def refuse_unlookable(geom: Geometry, groups: Collection[LookupGroup]) -> None:
+    """Raise the :class:`QueryError` of the first lookup group vLLM 0.33 cannot look up, whatever the request.
+
+    vLLM's coordinator asks every group's manager even for an empty hit (a request of 0 or 1 tokens), so a
+    geometry with such a group fails every lookup, not only the long ones (found by ``kvgeom conform``:
+    chunked local beside a wider full-attention span, ``num_tokens`` 0). The refusals, in lookup order:
+    prefix-cacheable cross attention (``CrossAttentionManager`` has no lookup); chunked local taking the
+    speculative drop; chunked local whose span is not the hit alignment A in a hybrid geometry (the
+    chunked-local manager asserts ``block_size == alignment``). A ring buffer is never prefix-cacheable
+    (:func:`kvgeom.resolve` refuses it), so it never reaches here.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "cross_attention", "block_size": 16}]})
+    >>> try:
+    ...     refuse_unlookable(g, lookup_groups(g))
+    ... except kvgeom.QueryError as e:
+    ...     print(e.problems[0].code, e.problems[0].field)
+    cross_attention_prefix_cache groups[0].prefix_cacheable
+    """
+    A = geom.hit_alignment_tokens
+    for lg in groups:
+        g = lg.group
+        if lg.family == "cross":
             raise QueryError.single(
                 "cross_attention_prefix_cache",
                 f"group {g.index} (cross_attention) is prefix-cacheable, but vLLM 0.33's cross-attention "
@@ -360,10 +392,44 @@ def _lookup(sg: _SpecGroup, contains: Contains, A: int, max_len: int, chain: int
                 "prefix_cacheable=false on the group or cache.prefix_caching=false",
                 f"groups[{g.index}].prefix_cacheable",
             )
-        case "circular":  # never cacheable: resolve() rejects prefix_cacheable=true on a ring
+        if lg.family != "chunked":
+            continue
+        if lg.proof_margin is not None:
+            raise QueryError.single(
+                "drop_on_chunked_local",
+                f"group {g.index} (chunked_local) would take the speculative drop; vLLM 0.33 has no "
+                "prefix-cache lookup for that (it disables the hybrid allocator instead): turn the drop off",
+                f"groups[{g.index}]",
+            )
+        if len(geom.groups) > 1 and lg.span != A:
+            raise QueryError.single(
+                "chunked_local_span_not_alignment",
+                f"group {g.index} (chunked_local) has span {lg.span} but hits align to A={A}; vLLM 0.33's "
+                "chunked-local lookup needs them equal: give every group the same span",
+                f"groups[{g.index}].block_size",
+                span=lg.span,
+                hit_alignment_tokens=A,
+            )
+
+
+def _lookup(lg: LookupGroup, contains: Contains, A: int, max_len: int, chain: int, drop: bool) -> _Found:
+    """One lookup group's hit (the groups :func:`refuse_unlookable` refuses never get here)."""
+    S = lg.span
+    match lg.family:
+        case "full":
+            return _full(contains, lg.group_ids, S, A, max_len, chain, drop)
+        case "sliding":
+            assert lg.window is not None  # a sliding family always has a window (specs.sliding_window_of)
+            return _sliding(contains, lg.group_ids, S, A, lg.window, max_len, drop)
+        case "chunked":
+            assert lg.chunk is not None  # a chunked family always has an attention chunk
+            return _chunked(contains, lg.group_ids, S, lg.chunk, max_len)
+        case "mamba":
+            return _mamba(contains, lg.group_ids, S, A, max_len, chain)
+        case "cross" | "circular":  # refused by refuse_unlookable / never prefix-cacheable
             return _Found(0, ())
         case _:
-            assert_never(g.family)
+            assert_never(lg.family)
 
 
 def _query_limit(candidate: int, margin: int | None, drop: bool, chain: int) -> int:
@@ -413,49 +479,38 @@ def prefix_hit(
     empty = tuple(GroupPrefixHit(g.index, (), ()) for g in geom.groups)
     if not geom.config.cache.prefix_caching:
         return PrefixHit(0, n, empty)
-    specs = _spec_groups(geom)
+    specs = lookup_groups(geom)
     if not specs:
         return PrefixHit(0, n, empty)
-    _check_lookups(geom, specs, contains, chain)
+    refuse_unlookable(geom, specs)
     if cap <= 0:
         return PrefixHit(0, n, empty)
     found: dict[int, _Found] = {}
     if len(geom.groups) == 1:
         # UnitaryKVCacheCoordinator: alignment is the span, no widening.
         sg = specs[0]
-        found[0] = _lookup(sg, contains, sg.g.span, cap, chain, sg.margin is not None)
+        found[0] = _lookup(sg, contains, sg.span, cap, chain, sg.proof_margin is not None)
         return _result(geom, n, found[0].hit, specs, found)
     hit = _converge(specs, contains, geom.hit_alignment_tokens, cap, chain, found)
     return _result(geom, n, hit, specs, found)
 
 
-def _check_lookups(geom: Geometry, specs: list[_SpecGroup], contains: Contains, chain: int) -> None:
-    """Raise the :class:`QueryError` of a group vLLM 0.33 cannot look up, whatever the request:
-    its coordinator asks every group's manager even for an empty hit (a request of 0 or 1 tokens),
-    so a geometry with such a group fails every lookup, not only the long ones (found by
-    ``kvgeom conform``: chunked local beside a wider full-attention span, ``num_tokens`` 0)."""
-    unitary = len(geom.groups) == 1
-    for sg in specs:
-        A = sg.g.span if unitary else geom.hit_alignment_tokens
-        _lookup(sg, contains, A, 0, chain, sg.margin is not None)
-
-
 def _converge(
-    specs: list[_SpecGroup], contains: Contains, A: int, cap: int, chain: int, found: dict[int, _Found]
+    specs: tuple[LookupGroup, ...], contains: Contains, A: int, cap: int, chain: int, found: dict[int, _Found]
 ) -> int:
     """vLLM 0.33's fixed point: each spec group accepts or lowers the candidate; full attention is
     looked up once and then only trimmed; one pass for one full-attention group plus one other."""
-    simple = len(specs) == 2 and specs[0].g.family == "full"
+    simple = len(specs) == 2 and specs[0].full_attention
     hit = cap
     verified: set[int] = set()
     while True:
         curr = hit
         for idx, sg in enumerate(specs):
-            if sg.g.family == "full" and idx in found:
+            if sg.full_attention and idx in found:
                 curr = min(curr, found[idx].hit)
                 continue
-            drop = sg.margin is not None and idx not in verified
-            f = _lookup(sg, contains, A, _query_limit(curr, sg.margin, drop, chain), chain, drop)
+            drop = sg.proof_margin is not None and idx not in verified
+            f = _lookup(sg, contains, A, _query_limit(curr, sg.proof_margin, drop, chain), chain, drop)
             if drop:
                 verified.add(idx)
             elif f.hit < curr:
@@ -470,14 +525,16 @@ def _converge(
             return hit
 
 
-def _result(geom: Geometry, n: int, hit: int, specs: list[_SpecGroup], found: Mapping[int, _Found]) -> PrefixHit:
+def _result(
+    geom: Geometry, n: int, hit: int, specs: tuple[LookupGroup, ...], found: Mapping[int, _Found]
+) -> PrefixHit:
     per: dict[int, tuple[int, ...]] = {}
     for idx, f in found.items():
         sg = specs[idx]
         ends = f.ends
-        if sg.g.family == "full":
-            ends = ends[: cdiv(hit, sg.g.span)]
-        for m in sg.members:
+        if sg.full_attention:
+            ends = ends[: cdiv(hit, sg.span)]
+        for m in sg.group_ids:
             per[m] = ends
     groups = []
     for g in geom.groups:

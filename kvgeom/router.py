@@ -66,16 +66,8 @@ import numpy.typing as npt
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv
 from kvgeom.errors import QueryError
+from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
 from kvgeom.residency import Residency
-from kvgeom.specs import (
-    FullAttentionSpec,
-    MLASpec,
-    SinkFullAttentionSpec,
-    UniformSpec,
-    attention_chunk_size_of,
-    scheduler_view,
-    sliding_window_of,
-)
 
 if TYPE_CHECKING:
     from kvgeom.events import KVEventReader
@@ -85,70 +77,6 @@ __all__ = ["LookupGroup", "RouterScores", "chain_matrix", "lookup_groups", "repl
 
 BoolMatrix = npt.NDArray[np.bool_]
 IntVector = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True, slots=True)
-class LookupGroup:
-    """Groups that vLLM 0.33 looks up together (equal specs, one manager): a ``SpecGroup``.
-
-    ``full_attention`` is vLLM's ``isinstance(spec, FullAttentionSpec)`` (full attention, MLA, sink
-    attention): such a group is looked up first and only once. ``window`` is the sliding window,
-    ``chunk`` the attention chunk of a chunked-local group.
-    """
-
-    family: str
-    group_ids: tuple[int, ...]
-    span: int
-    full_attention: bool
-    window: int | None
-    chunk: int | None
-
-
-def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
-    """The prefix-cacheable groups of ``geom`` as vLLM 0.33's coordinator looks them up: equal specs
-    merged, full attention first (stable order otherwise).
-
-    >>> import kvgeom
-    >>> [(lg.family, lg.group_ids) for lg in lookup_groups(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))]
-    [('full', (0,)), ('mamba', (1,))]
-    """
-    merged: list[tuple[Any, list[int]]] = []
-    for g in geom.groups:
-        if not g.prefix_cacheable:
-            continue
-        for spec, ids in merged:
-            if spec == g.spec:
-                ids.append(g.index)
-                break
-        else:
-            merged.append((g.spec, [g.index]))
-    out = []
-    for spec, ids in merged:
-        g = geom.groups[ids[0]]
-        if g.family in ("cross", "circular"):  # the same refusal as the scalar kvgeom.prefix.prefix_hit
-            raise QueryError.single(
-                "cross_attention_prefix_cache",
-                f"group {g.index} ({g.kind}) is prefix-cacheable, but vLLM 0.33 has no prefix-cache lookup for it "
-                "(CrossAttentionManager.find_longest_cache_hit raises): set prefix_cacheable=false on the group",
-                f"groups[{g.index}].prefix_cacheable", group=g.index)
-        if g.family == "chunked" and g.span != geom.hit_alignment_tokens and len(geom.groups) > 1:
-            raise QueryError.single(
-                "chunked_local_span_not_alignment",
-                f"group {g.index} (chunked_local) has span {g.span} but hits align to A={geom.hit_alignment_tokens}; "
-                "vLLM 0.33's chunked-local lookup needs them equal: give every group the same span",
-                f"groups[{g.index}].block_size", span=g.span, hit_alignment_tokens=geom.hit_alignment_tokens)
-        window = sliding_window_of(spec)
-        view = scheduler_view(spec)
-        out.append(LookupGroup(
-            family=g.family,
-            group_ids=tuple(ids),
-            span=g.span,
-            full_attention=isinstance(view if isinstance(spec, UniformSpec) else spec,
-                                      FullAttentionSpec | MLASpec | SinkFullAttentionSpec),
-            window=window[0] if window else None,
-            chunk=attention_chunk_size_of(spec),
-        ))
-    return tuple(sorted(out, key=lambda lg: not lg.full_attention))
 
 
 # -- the held matrix ---------------------------------------------------------------------------------
@@ -375,6 +303,7 @@ def replica_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int
     """
     n_tokens = nonneg("num_tokens", num_tokens)
     plan = lookup_groups(geom)
+    refuse_unlookable(geom, plan)
     shapes = {np.shape(held[g]) for lg in plan for g in lg.group_ids if g in held}
     missing = [g for lg in plan for g in lg.group_ids if g not in held]
     if missing or len(shapes) > 1:
@@ -684,6 +613,7 @@ def score_replicas(
                 "num_tokens")
     H = geom.hash_block_size
     plan = lookup_groups(geom)
+    refuse_unlookable(geom, plan)
     groups = [g for lg in plan for g in lg.group_ids]
     A = geom.hit_alignment_tokens
     everyone = (1 << R) - 1

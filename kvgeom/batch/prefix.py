@@ -23,7 +23,7 @@ until every row has settled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 import numpy.typing as npt
@@ -31,8 +31,7 @@ import numpy.typing as npt
 from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
-from kvgeom.prefix import _spec_groups, _SpecGroup
-from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
 
 __all__ = ["prefix_hits"]
 
@@ -110,11 +109,10 @@ def _run_down(blocks: B) -> I64:
 class _Lookup:
     """The per-kind lookups of one spec group over all rows."""
 
-    def __init__(self, sg: _SpecGroup, held: dict[int, B], H: int, A: int, rows: int, cols: int) -> None:
-        g = sg.g
-        self.sg, self.S, self.H, self.A = sg, g.span, H, A
+    def __init__(self, sg: LookupGroup, held: dict[int, B], H: int, A: int, rows: int, cols: int) -> None:
+        self.sg, self.S, self.H, self.A = sg, sg.span, H, A
         cells = np.ones((rows, cols), np.bool_)
-        for m in sg.members:
+        for m in sg.group_ids:
             cells &= held.get(m, np.zeros((rows, cols), np.bool_))
         self.cells = cells  # entry ending at (i+1)*H held by every member
         r = self.S // H
@@ -161,9 +159,8 @@ class _Lookup:
 
     def sliding(self, lim: I64, drop: B) -> I64:
         S, A = self.S, self.A
-        window = sliding_window_of(self.sg.g.spec)
-        assert window is not None
-        base = -(-(window[0] - 1) // S)
+        assert self.sg.window is not None  # a sliding family always has a window
+        base = -(-(self.sg.window - 1) // S)
         need = base + drop.astype(np.int64)
         top = lim // S - 1  # highest block the scan starts at
         idx = np.arange(self.nb, dtype=np.int64)
@@ -197,7 +194,7 @@ class _Lookup:
         return out
 
     def __call__(self, lim: I64, chain: I64, drop: B) -> I64:
-        match self.sg.g.family:
+        match self.sg.family:
             case "full":
                 return self.full(lim, chain, drop)
             case "mamba":
@@ -205,25 +202,12 @@ class _Lookup:
             case "sliding":
                 return self.sliding(lim, drop)
             case "chunked":
-                size = attention_chunk_size_of(self.sg.g.spec)
-                assert size is not None
-                if self.S != self.A or drop.any():
-                    raise QueryError.single(
-                        "chunked_local_span_not_alignment" if self.S != self.A else "drop_on_chunked_local",
-                        f"group {self.sg.g.index} (chunked_local): vLLM 0.33 has no lookup for this "
-                        "(see kvgeom.prefix.prefix_hit)",
-                        f"groups[{self.sg.g.index}]",
-                    )
-                return self.chunked(lim, size)
-            case "cross":
-                raise QueryError.single(
-                    "cross_attention_prefix_cache",
-                    f"group {self.sg.g.index} (cross_attention) is prefix-cacheable, but vLLM 0.33's "
-                    "cross-attention manager has no prefix-cache lookup: set prefix_cacheable=false",
-                    f"groups[{self.sg.g.index}].prefix_cacheable",
-                )
-            case _:
+                assert self.sg.chunk is not None  # a chunked family always has an attention chunk
+                return self.chunked(lim, self.sg.chunk)
+            case "cross" | "circular":  # refused by kvgeom.prefix.refuse_unlookable / never prefix-cacheable
                 return np.zeros(lim.shape[0], np.int64)
+            case _:
+                assert_never(self.sg.family)
 
 
 def _upto(mask: B, limit: I64) -> I64:
@@ -269,22 +253,18 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     out = np.zeros(rows, np.int64)
     if rows == 0 or not geom.config.cache.prefix_caching:
         return out
-    specs = _spec_groups(geom)
+    specs = lookup_groups(geom)
     if not specs:
         return out
-    zero = np.zeros(rows, np.int64)
-    for sg in specs:  # like the scalar _check_lookups: an unsupported group fails every row
-        _Lookup(sg, cells, H, sg.g.span if len(geom.groups) == 1 else geom.hit_alignment_tokens, rows, cols)(
-            zero, chain, np.full(rows, sg.margin is not None)
-        )
+    refuse_unlookable(geom, specs)  # as the scalar prefix_hit: an unsupported group fails every row
     if len(geom.groups) == 1:
         sg = specs[0]
-        look = _Lookup(sg, cells, H, sg.g.span, rows, cols)
-        drop = np.full(rows, sg.margin is not None)
+        look = _Lookup(sg, cells, H, sg.span, rows, cols)
+        drop = np.full(rows, sg.proof_margin is not None)
         return np.where(cap > 0, look(cap, chain, drop), 0).astype(np.int64)
     A = geom.hit_alignment_tokens
     looks = [_Lookup(sg, cells, H, A, rows, cols) for sg in specs]
-    simple = len(specs) == 2 and specs[0].g.family == "full"
+    simple = len(specs) == 2 and specs[0].full_attention
     hit = cap.copy()
     active = cap > 0
     verified = np.zeros((len(specs), rows), np.bool_)
@@ -292,17 +272,17 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     while active.any():
         curr = hit.copy()
         for idx, (sg, look) in enumerate(zip(specs, looks, strict=True)):
-            if sg.g.family == "full" and idx in full_hits:
+            if sg.full_attention and idx in full_hits:
                 curr = np.minimum(curr, full_hits[idx])
                 continue
-            drop = np.full(rows, sg.margin is not None) & ~verified[idx]
-            lim = np.where(drop, np.minimum(curr + (sg.margin or 0), chain), curr)
+            drop = np.full(rows, sg.proof_margin is not None) & ~verified[idx]
+            lim = np.where(drop, np.minimum(curr + (sg.proof_margin or 0), chain), curr)
             new = look(lim, chain, drop)
             lowered = ~drop & (new < curr)
             verified[:, lowered] = False
             verified[idx] |= drop
             curr = new
-            if sg.g.family == "full":
+            if sg.full_attention:
                 full_hits[idx] = new
         done = active & (curr >= hit)
         out = np.where(done, curr, out)
