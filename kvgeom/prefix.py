@@ -292,14 +292,16 @@ def _mamba(
 
 
 @dataclass(frozen=True, slots=True)
-class _SpecGroup:
+class SpecGroup:
+    """Prefix-cacheable groups with one spec, looked up together (see :func:`spec_groups`)."""
+
     members: tuple[int, ...]
     g: GroupGeometry
     margin: int | None
     """The speculative proof margin when the spec group drops (any member drops), else None."""
 
 
-def _spec_groups(geom: Geometry) -> list[_SpecGroup]:
+def spec_groups(geom: Geometry) -> list[SpecGroup]:
     """Prefix-cacheable groups merged by equal spec (looked up together), full attention first."""
     merged: list[list[GroupGeometry]] = []
     for g in geom.groups:
@@ -315,12 +317,12 @@ def _spec_groups(geom: Geometry) -> list[_SpecGroup]:
     for bucket in merged:
         margins = [m.proof_margin for m in bucket if m.proof_margin is not None]
         margin = margins[0] if margins and bucket[0].family != "mamba" else None
-        out.append(_SpecGroup(tuple(m.index for m in bucket), bucket[0], margin))
+        out.append(SpecGroup(tuple(m.index for m in bucket), bucket[0], margin))
     out.sort(key=lambda sg: sg.g.family != "full")
     return out
 
 
-def _lookup(sg: _SpecGroup, contains: Contains, A: int, max_len: int, chain: int, drop: bool) -> _Found:
+def _lookup(sg: SpecGroup, contains: Contains, A: int, max_len: int, chain: int, drop: bool) -> _Found:
     g = sg.g
     S = g.span
     match g.family:
@@ -413,7 +415,7 @@ def prefix_hit(
     empty = tuple(GroupPrefixHit(g.index, (), ()) for g in geom.groups)
     if not geom.config.cache.prefix_caching:
         return PrefixHit(0, n, empty)
-    specs = _spec_groups(geom)
+    specs = spec_groups(geom)
     if not specs:
         return PrefixHit(0, n, empty)
     _check_lookups(geom, specs, contains, chain)
@@ -429,7 +431,7 @@ def prefix_hit(
     return _result(geom, n, hit, specs, found)
 
 
-def _check_lookups(geom: Geometry, specs: list[_SpecGroup], contains: Contains, chain: int) -> None:
+def _check_lookups(geom: Geometry, specs: list[SpecGroup], contains: Contains, chain: int) -> None:
     """Raise the :class:`QueryError` of a group vLLM 0.33 cannot look up, whatever the request:
     its coordinator asks every group's manager even for an empty hit (a request of 0 or 1 tokens),
     so a geometry with such a group fails every lookup, not only the long ones (found by
@@ -441,7 +443,7 @@ def _check_lookups(geom: Geometry, specs: list[_SpecGroup], contains: Contains, 
 
 
 def _converge(
-    specs: list[_SpecGroup], contains: Contains, A: int, cap: int, chain: int, found: dict[int, _Found]
+    specs: list[SpecGroup], contains: Contains, A: int, cap: int, chain: int, found: dict[int, _Found]
 ) -> int:
     """vLLM 0.33's fixed point: each spec group accepts or lowers the candidate; full attention is
     looked up once and then only trimmed; one pass for one full-attention group plus one other."""
@@ -470,7 +472,7 @@ def _converge(
             return hit
 
 
-def _result(geom: Geometry, n: int, hit: int, specs: list[_SpecGroup], found: Mapping[int, _Found]) -> PrefixHit:
+def _result(geom: Geometry, n: int, hit: int, specs: list[SpecGroup], found: Mapping[int, _Found]) -> PrefixHit:
     per: dict[int, tuple[int, ...]] = {}
     for idx, f in found.items():
         sg = specs[idx]

@@ -65,12 +65,12 @@ import numpy.typing as npt
 
 from kvgeom._format import show
 from kvgeom._math import INT64_MAX
-from kvgeom.boundaries import _mamba
+from kvgeom.boundaries import mamba_group
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 from kvgeom.keys import offload_group, positional_blocks_per_chunk
-from kvgeom.masks import _swa_store_need, default_alignment
+from kvgeom.masks import default_alignment, swa_store_need
 from kvgeom.probes import stored_group_index
 from kvgeom.ranks import slot_mapped_group
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
@@ -770,7 +770,7 @@ def state_block_for_boundary(geom: Geometry, group: int, boundaries: Any) -> I64
     >>> state_block_for_boundary(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, [16, 64]).tolist()
     [0, 3]
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     b = _positive("boundary", boundaries)
     q, r = np.divmod(b, g.block_size)
     if r.any():
@@ -793,7 +793,7 @@ def restore_read_block(geom: Geometry, group: int, num_computed_tokens: Any) -> 
     >>> restore_read_block(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, [1, 64, 65]).tolist()
     [0, 3, 4]
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     n = _positive("num_computed_tokens", num_computed_tokens)
     return _div(n - 1, g.block_size)
 
@@ -808,7 +808,7 @@ def running_state_block(geom: Geometry, group: int, num_computed_tokens: Any, nu
     >>> running_state_block(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, [32, 0], [5, 1]).tolist()
     [2, 0]
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     a = _ints("num_computed_tokens", num_computed_tokens)
     s = _ints("num_scheduled_tokens", num_scheduled_tokens)
     _same_length("num_scheduled_tokens", s, a.shape[0])
@@ -830,7 +830,7 @@ def is_restorable(geom: Geometry, group: int, num_tokens: Any, *, partial_tail: 
     >>> is_restorable(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, [0, 40, 48]).tolist()
     [False, False, True]
     """
-    _mamba(geom, group)
+    mamba_group(geom, group)
     from kvgeom.boundaries import mamba_chunk_tokens
 
     chunk = mamba_chunk_tokens(geom, group)
@@ -849,7 +849,7 @@ def max_restorable_tokens(geom: Geometry, group: int, num_tokens: Any) -> I64:
     >>> max_restorable_tokens(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, [0, 64, 65]).tolist()
     [0, 48, 64]
     """
-    _mamba(geom, group)
+    mamba_group(geom, group)
     from kvgeom.boundaries import mamba_chunk_tokens
 
     chunk = mamba_chunk_tokens(geom, group)
@@ -1242,7 +1242,7 @@ def _kept_from_points(
             lo = np.where(pblock >= 0, pblock // k, -1)
         hi = lo + 1
     else:
-        tail = _swa_store_need(g, span)
+        tail = swa_store_need(g, span)
         if tail == 0:
             return empty
         stop = np.minimum(base // span, num_blocks[:, None])
@@ -1321,7 +1321,7 @@ def _chunk_kept(
         case "sliding":
             if not align or align % span:
                 return None
-            need = _swa_store_need(g, span)
+            need = swa_store_need(g, span)
             segment = align if R is None else (R or None)
             keep = np.zeros(chunk.shape, dtype=np.bool_)
             lo = chunk * k
@@ -1460,10 +1460,10 @@ def _scan_windows(
     window, the state before chunk ``i`` follows from the last miss before it,
     so the first position where ``needed <= run`` is found with a prefix max.
     """
-    from kvgeom.hits import _need_tokens
+    from kvgeom.hits import window_need_tokens
 
     C = og.tokens_per_chunk
-    w = _need_tokens(g)
+    w = window_need_tokens(g)
     window = og.window_chunks or 1
 
     def need(at: I64) -> I64:

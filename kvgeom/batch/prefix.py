@@ -31,7 +31,7 @@ import numpy.typing as npt
 from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
-from kvgeom.prefix import _spec_groups, _SpecGroup
+from kvgeom.prefix import SpecGroup, spec_groups
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = ["prefix_hits"]
@@ -110,7 +110,7 @@ def _run_down(blocks: B) -> I64:
 class _Lookup:
     """The per-kind lookups of one spec group over all rows."""
 
-    def __init__(self, sg: _SpecGroup, held: dict[int, B], H: int, A: int, rows: int, cols: int) -> None:
+    def __init__(self, sg: SpecGroup, held: dict[int, B], H: int, A: int, rows: int, cols: int) -> None:
         g = sg.g
         self.sg, self.S, self.H, self.A = sg, g.span, H, A
         cells = np.ones((rows, cols), np.bool_)
@@ -269,7 +269,7 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     out = np.zeros(rows, np.int64)
     if rows == 0 or not geom.config.cache.prefix_caching:
         return out
-    specs = _spec_groups(geom)
+    specs = spec_groups(geom)
     if not specs:
         return out
     zero = np.zeros(rows, np.int64)
