@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/profile_slots.py [--reuse]``
 
-Replays the numpy calls of ``kvgeom.batch._slots_blocked`` block by block over the benchmark's
+Replays the numpy calls of ``kvgeom.batch.ranks._slots_blocked`` block by block over the benchmark's
 positions (requests of 4096 tokens, per-rank block 16) and times each call separately; each step's
 figure is its best over the runs, in ns per position. ``--reuse`` writes into one preallocated output
 (``slot_mapping(..., out=)``) instead of a fresh array per run. numpy ufunc calls are invisible to

@@ -26,7 +26,9 @@ __all__ = [
 ]
 
 
-def _mamba(geom: Geometry, group: int) -> GroupGeometry:
+def mamba_group(geom: Geometry, group: int) -> GroupGeometry:
+    """Group ``group`` when it is an align-mode Mamba group (the only groups with state boundaries), else the
+    :class:`kvgeom.QueryError` ``not_align_mamba``; the one check every boundary rule and its batch twin makes."""
     g = geom.group(group)
     if not g.is_align_mamba:
         raise QueryError.single(
@@ -49,7 +51,7 @@ def mamba_chunk_tokens(geom: Geometry, group: int) -> int:
     >>> mamba_chunk_tokens(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1)
     16
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     if geom.offload is not None:
         return geom.offload.group(group).tokens_per_chunk
     return g.span
@@ -66,7 +68,7 @@ def state_block_for_boundary(geom: Geometry, group: int, boundary: int) -> int:
     >>> [state_block_for_boundary(g, 1, b) for b in (16, 32, 48, 64)]
     [0, 1, 2, 3]
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     b = positive("boundary", boundary)
     if b % g.block_size:
         raise QueryError.single(
@@ -87,7 +89,7 @@ def restore_read_block(geom: Geometry, group: int, num_computed_tokens: int) -> 
     >>> restore_read_block(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, 64)
     3
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     n = positive("num_computed_tokens", num_computed_tokens)
     return (n - 1) // g.block_size
 
@@ -99,7 +101,7 @@ def running_state_block(geom: Geometry, group: int, num_computed_tokens: int, nu
     >>> running_state_block(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, 32, 5)
     2
     """
-    g = _mamba(geom, group)
+    g = mamba_group(geom, group)
     total = result(
         "computed + scheduled tokens",
         nonneg("num_computed_tokens", num_computed_tokens) + nonneg("num_scheduled_tokens", num_scheduled_tokens),
@@ -125,7 +127,7 @@ def is_restorable(geom: Geometry, group: int, num_tokens: int, *, partial_tail: 
     >>> is_restorable(g, 1, 48), is_restorable(g, 1, 40)
     (True, False)
     """
-    _mamba(geom, group)
+    mamba_group(geom, group)
     n = nonneg("num_tokens", num_tokens)
     if n == 0:
         return False
@@ -152,7 +154,7 @@ def max_restorable_tokens(geom: Geometry, group: int, num_tokens: int) -> int:
     >>> max_restorable_tokens(g, 1, 64), max_restorable_tokens(g, 1, 65)
     (48, 64)
     """
-    _mamba(geom, group)
+    mamba_group(geom, group)
     n = nonneg("num_tokens", num_tokens)
     if n == 0:
         return 0

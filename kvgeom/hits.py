@@ -115,7 +115,7 @@ def _offload(geom: Geometry) -> OffloadGeometry:
     return geom.offload
 
 
-def _need_tokens(g: GroupGeometry) -> int | None:
+def window_need_tokens(g: GroupGeometry) -> int | None:
     """Positions before a hit end that a windowed group must hold (None: Mamba, one key)."""
     window = sliding_window_of(g.spec)
     if window is not None:
@@ -142,7 +142,7 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     ``end - 1`` downwards, and the scan stops as soon as the run is long enough.
     """
     C = og.tokens_per_chunk
-    w = _need_tokens(g)
+    w = window_need_tokens(g)
     window = og.window_chunks or 1
     contains, index = probe.contains, og.index
 

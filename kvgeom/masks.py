@@ -148,12 +148,12 @@ def reachable_block_mask(
             if not align or align % span:
                 return None
             return _sliding_window_kept(
-                lo, n, span, _swa_store_need(g, span), align, R, points, final_segment_end_block
+                lo, n, span, swa_store_need(g, span), align, R, points, final_segment_end_block
             )
     assert_never(g.family)
 
 
-def _swa_store_need(g: GroupGeometry, span: int) -> int:
+def swa_store_need(g: GroupGeometry, span: int) -> int:
     """Contiguous blocks a sliding-window hit needs before its boundary, on the connector's store side.
 
     ``cdiv(sliding_window - 1 + extra_retained_tokens, span)``: vLLM 0.33's offloading scheduler

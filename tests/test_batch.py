@@ -119,7 +119,7 @@ def test_slot_mapping_bad_index_in_a_late_block_is_the_whole_input_error(where, 
         batch.slot_mapping(g, 0, args["positions"], np.array([[1, 2]]), args["request_index"])
     # the same problem, numbers included, that a check of the whole input before the kernel raises
     with pytest.raises(kvgeom.QueryError) as whole:
-        batch._check_slot_indices(g.groups[0], args["positions"], args["request_index"], 1, 2)
+        batch.ranks._check_slot_indices(g.groups[0], args["positions"], args["request_index"], 1, 2)
     assert e.value.code == code and e.value.problems == whole.value.problems
 
 
@@ -404,7 +404,7 @@ def test_slot_mapping_blocked_kernel_spans_several_blocks(block, dcp, interleave
     req = rng.integers(0, rows, size=n)
     pos = rng.integers(0, width * g.groups[0].span, size=n)
     got = batch.slot_mapping(g, 0, pos, table, req, rank=rank)
-    assert got.tolist() == batch._slots_checked(g, g.groups[0], pos, req, table, rank).tolist()
+    assert got.tolist() == batch.ranks._slots_checked(g, g.groups[0], pos, req, table, rank).tolist()
     for i in range(0, n, 97):
         owner, slot = ranks.dcp_slot(g, 0, int(pos[i]), table[req[i]].tolist())
         assert got[i] == (slot if rank is None or owner is None or owner == rank else -1)

@@ -4,22 +4,19 @@ prefill hands the offload connector.
 The hand-off is a handful of positions per prompt, decided by the prompt, the computed tokens and the
 prefill's chunk ends; each distinct combination is answered once by the scalar rule and scattered back, so
 ``tests/property/test_batch_agrees_with_scalar.py`` compares the batch store plans with the scalar ones
-element by element.
+element by element. :func:`partial_tail_top` is the closed form of the highest partial-tail boundary a
+batch lookup probes (:func:`kvgeom.speculative.partial_tail_max_boundary`), per request.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from kvgeom.batch._arrays import I64, Bools
 from kvgeom.geometry import Geometry
 from kvgeom.handoff import mamba_handoffs, partial_tail_boundary
 
-if TYPE_CHECKING:
-    from kvgeom.batch import I64, Bools
-
-__all__ = ["mamba_handoff_matrix", "partial_tail_boundaries"]
+__all__ = ["mamba_handoff_matrix", "partial_tail_boundaries", "partial_tail_top"]
 
 
 def _row(m: I64 | None, i: int) -> tuple[int, ...] | None:
@@ -79,3 +76,18 @@ def partial_tail_boundaries(
         t = memo[key]
         out[i] = -1 if t is None else t
     return out
+
+
+def partial_tail_top(geom: Geometry, n: I64, prompt: I64, done: I64, limit: I64) -> I64:
+    """:func:`kvgeom.speculative.partial_tail_max_boundary` for many requests."""
+    off = geom.offload
+    assert off is not None
+    H = geom.hash_block_size
+    span = off.groups[0].tokens_per_block
+    margin = max((og.proof_margin or 0 for og in off.groups), default=0)
+    reach = (2 if margin else 1) * span - 1
+    top = done + np.minimum(np.minimum(prompt - 1 - done, reach), limit - done)
+    if margin:
+        top = np.minimum(top, n - n % H - margin)
+    top = np.maximum(top, 0)
+    return np.where(prompt > 0, top - top % H, 0)

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from kvgeom.batch import I64, Bools, Hits, _ints, _lookup_args, _lookup_views, _offload, _same_length
+from kvgeom.batch._arrays import I64, Bools, ints, lookup_args, offload_of, same_length
+from kvgeom.batch.hits import Hits, lookup_views
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.residency import Residency
@@ -192,12 +193,12 @@ def lookup_resident(
     >>> lookup_resident(g, r, [chain, chain[:2], [b"x", b"y", b"z"]], [65, 40, 48]).end_token.tolist()
     [64, 32, 0]
     """
-    off = _offload(geom)
+    off = offload_of(geom)
     if not isinstance(residency, Residency):
         raise QueryError.single(
             "bad_residency", f"lookup_resident reads a kvgeom.Residency, got {type(residency).__name__}", "residency"
         )
-    n = _ints("num_tokens", num_tokens)
+    n = ints("num_tokens", num_tokens)
     size = n.shape[0]
     if isinstance(chains, ChainRows):
         if chains.chains.residency is not residency:
@@ -215,12 +216,12 @@ def lookup_resident(
         for i, chain in enumerate(chains):
             tmp.update(i, chain)
         ids, row_of = tmp.ids, np.arange(len(chains), dtype=np.int64)
-    _same_length("chains", row_of, size)
-    prompt, local, mnn, mlt = _lookup_args(
+    same_length("chains", row_of, size)
+    prompt, local, mnn, mlt = lookup_args(
         n, num_prompt_tokens, local_computed_tokens, max_num_new_tokens, max_load_tokens
     )
     views = {
         og.index: _ResidentView(ids, row_of, residency.held_array(og.index, holder), og.hashes_per_chunk)
         for og in off.groups
     }
-    return _lookup_views(geom, off, n, prompt, local, mlt, mnn, views)
+    return lookup_views(geom, off, n, prompt, local, mlt, mnn, views)
