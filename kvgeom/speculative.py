@@ -25,7 +25,7 @@ The query-time rules a drafter touches live beside their callers, and this modul
 under their old names: the Scheduler's prefill split and the Mamba checkpoint in :mod:`kvgeom.prefill`
 (it applies without a drafter too; its invariants are stated there), the eagle pop and the store
 hold-back in :mod:`kvgeom.hits`, the eagle pair probe in :mod:`kvgeom.probes`, the partial-tail helpers
-in :mod:`kvgeom.handoff`. Import them from those homes.
+in :mod:`kvgeom.handoff` and the explain text in :mod:`kvgeom.report`. Import them from those homes.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ from kvgeom.prefill import (
     prompt_hash_checkpoint,
 )
 from kvgeom.probes import eagle_pair_held
+from kvgeom.report import explain_lines
 
 if TYPE_CHECKING:
     from kvgeom.config import KVGeomConfig
     from kvgeom.geometry import (
-        Geometry,
         GeometryWarning,
         GroupGeometry,
         OffloadGeometry,
@@ -484,54 +484,3 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
             )
         )
     return out
-
-
-# ------------------------------------------------------------------ explain
-
-
-def explain_lines(geom: Geometry) -> list[str]:
-    """The ``kvgeom explain`` section of a drafter: effective settings, each group's lane (target or drafter,
-    eagle or not), the GPU proof margins, the connector's pop and tail margins, and the Mamba checkpoint shift.
-    Empty without a ``speculative`` section.
-
-    >>> import kvgeom
-    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True}], "offload": {},
-    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
-    >>> explain_lines(kvgeom.resolve(cfg))[0]
-    'speculative: method=eagle K=2 block_drop=on lookahead_hashes=off gpu_drop=on P=1'
-    """
-    sg = geom.speculative
-    if sg is None:
-        return []
-
-    def onoff(flag: bool) -> str:
-        return "on" if flag else "off"
-
-    lines = [
-        f"speculative: method={sg.method} K={sg.num_speculative_tokens} block_drop={onoff(sg.block_drop)} "
-        f"lookahead_hashes={onoff(sg.lookahead_hashes)} gpu_drop={onoff(sg.gpu_drop)} P={sg.prefill_lookahead_tokens}"
-    ]
-    off = geom.offload
-    for g in geom.groups:
-        lane = "drafter" if is_drafter_group(g.spec) else "target"
-        notes = [f"{lane} lane"]
-        if g.eagle_group:
-            notes.append("eagle group")
-        if g.proof_margin is not None:
-            notes.append(f"GPU lookup matches {g.proof_margin} tokens past a hit and drops them")
-        elif g.is_align_mamba and sg.gpu_drop:
-            notes.append(f"no drop; its prefill checkpoint moves down one A={geom.hit_alignment_tokens}")
-        if off is not None and g.index in {og.index for og in off.groups}:
-            og = off.group(g.index)
-            if og.eagle_group:
-                notes.append(f"offload: queries one extra chunk of {og.tokens_per_chunk} and pops it")
-            if og.proof_margin is not None:
-                notes.append(f"offload tail key at boundary + {og.proof_margin}")
-        lines.append(f"  group {g.index} ({g.kind}): " + "; ".join(notes))
-    if sg.block_drop and not any(g.eagle_group for g in geom.groups):
-        lines.append(
-            "  no group is marked drafter: the GPU prefix cache drops for every group, the offload connector for none"
-            if sg.gpu_drop
-            else "  no group is marked drafter"
-        )
-    return lines
