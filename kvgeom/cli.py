@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from kvgeom._format import one_line, show
-from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
+from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, load_config, read_file
 from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, resolve
 from kvgeom.presets import load_preset, preset_description, preset_names
@@ -245,7 +245,7 @@ def _shown(label: str) -> str:
 def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     geom = _resolve_arg(args.config)
     try:
-        scenario = _read_file(Path(args.scenario))
+        scenario = read_file(Path(args.scenario))
         plan = geom.plan_hit(scenario)
     except KVGeomError as e:
         label = _label(args.config if e.code == "no_offload" else args.scenario)

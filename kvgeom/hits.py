@@ -34,7 +34,7 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.handoff import mamba_handoffs, partial_tail_boundary, partial_tail_key, partial_tail_max_boundary
 from kvgeom.keys import num_keys, offload_group
-from kvgeom.masks import _fits, reachable_block_mask, swa_store_horizon
+from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
 from kvgeom.probes import Probe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
@@ -705,7 +705,7 @@ def plan_store(
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
-        _fits(storable - start)
+        check_result_size(storable - start)
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished

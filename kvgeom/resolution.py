@@ -354,9 +354,9 @@ def _load(source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str]) ->
         return source
     data: Any = source
     if isinstance(source, str | os.PathLike):
-        from kvgeom.config import _read_file
+        from kvgeom.config import read_file
 
-        data = _read_file(Path(source))
+        data = read_file(Path(source))
     if not isinstance(data, Mapping):
         raise ConfigError.single(
             "not_a_table", f"a layered config is a table/object with a 'model' key, got {type(data).__name__}"
