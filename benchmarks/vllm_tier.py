@@ -44,7 +44,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.request import Request
 
 from kvgeom.geometry import Geometry
-from kvgeom.speculative import engine_block_size
+from kvgeom.prefill import engine_block_size
 
 for _name in ("vllm", "vllm.v1", "vllm.distributed"):
     logging.getLogger(_name).setLevel(logging.ERROR)

@@ -31,6 +31,7 @@ from kvgeom.geometry import (
     resolve,
 )
 from kvgeom.parallel import ParallelConfig
+from kvgeom.prefill import MambaCheckpoint, mamba_checkpoint, prefill_chunk_ends
 from kvgeom.presets import load_preset, preset_names
 from kvgeom.residency import Residency, make_offload_key, split_offload_key
 from kvgeom.specs import (
@@ -48,7 +49,6 @@ from kvgeom.specs import (
     is_dcp_sharded,
     is_prefix_cacheable,
 )
-from kvgeom.speculative import MambaCheckpoint, mamba_checkpoint, prefill_chunk_ends
 from kvgeom.speculative_config import SpeculativeConfig
 
 # isort: split
@@ -88,7 +88,14 @@ if TYPE_CHECKING:
     from kvgeom.router import RouterScores, score_replicas
 
 
+#: Submodules reachable as attributes before anything imports them: ``kvgeom.speculative`` is a face
+#: re-exporting rules from several modules, so it loads them on first use, not on ``import kvgeom``.
+_LAZY_SUBMODULES = frozenset({"speculative"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"kvgeom.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kvgeom' has no attribute {name!r}")

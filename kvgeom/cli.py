@@ -41,17 +41,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO, assert_never
+from typing import Any, NoReturn, TextIO
 
 from kvgeom._format import one_line, show
-from kvgeom._math import cdiv
-from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
+from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, load_config, read_file
 from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
-from kvgeom.geometry import Geometry, GroupGeometry, resolve
-from kvgeom.prefix import hit_landing_lines
+from kvgeom.geometry import Geometry, resolve
 from kvgeom.presets import load_preset, preset_description, preset_names
-from kvgeom.ranks import dcp_placement, rank_lengths
-from kvgeom.specs import attention_chunk_size_of, iter_leaves, sliding_window_of
+from kvgeom.report import explain_text
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -204,252 +201,6 @@ def _gh(level: str, file: str, code: str, message: str) -> str:
 # ------------------------------------------------------------------- explain
 
 
-def _kind_label(g: GroupGeometry) -> str:
-    leaves = list(iter_leaves(g.spec))
-    if g.kind != "uniform":
-        return g.kind
-    names = []
-    for leaf in leaves:
-        role = getattr(leaf, "cache_role", None)
-        names.append(f"{leaf.kind}:{role}" if role else leaf.kind)
-    return f"uniform({', '.join(names)})"
-
-
-def _window_label(g: GroupGeometry) -> str:
-    window = sliding_window_of(g.spec)
-    if window is not None:
-        return f"{window[0]} tokens"
-    size = attention_chunk_size_of(g.spec)
-    if size is not None:
-        return f"chunks of {size}"
-    match g.family:
-        case "full" | "sliding" | "chunked":
-            return "full"
-        case "cross":
-            return "encoder"
-        case "mamba":
-            return f"state ({g.mamba_mode})"
-        case "circular":
-            return "ring"
-        case _:
-            assert_never(g.family)
-
-
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        lines.append("  " + "  ".join(cells).rstrip())
-    return lines
-
-
-def _onoff(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
-def explain_text(geom: Geometry, label: str, prefix: int | None = None) -> str:
-    """The ``kvgeom explain`` text for a resolved geometry (and the keys of a ``prefix``-token prompt).
-
-    >>> import kvgeom
-    >>> text = explain_text(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), "default")
-    >>> "L  scheduler block  32 tokens  (lcm of the spans)" in text
-    True
-    """
-    cfg = geom.config
-    par = cfg.parallel
-    off = geom.offload
-    lines = [f"kvgeom geometry of {label}", ""]
-    lines.append(
-        f"parallel: tp={par.tp} dcp={par.dcp} pcp={par.pcp} pp={par.pp} cp_interleave={par.cp_interleave}"
-        + (" pcp_shards_kv=true" if par.pcp_shards_kv else "")
-        + f"  (sharded groups are dealt over {geom.kv_shards} rank{'s' if geom.kv_shards != 1 else ''})"
-    )
-    cache = cfg.cache
-    retention = "dense" if cache.retention_interval is None else str(cache.retention_interval)
-    lines.append(
-        f"cache: prefix_caching={_onoff(cache.prefix_caching)} retention_interval={retention} "
-        f"max_model_len={cache.max_model_len if cache.max_model_len is not None else '-'}"
-    )
-    lines.append("")
-    chunks = {og.index: og.tokens_per_chunk for og in off.groups} if off is not None else {}
-    show_rows = any(g.row_width is not None for g in geom.groups)
-    header = ["group", "kind", "block", "sharded", "span", "chunk", "window", "cacheable"]
-    if show_rows:
-        header.append("row")
-    rows = [header]
-    for g in geom.groups:
-        row = [
-            str(g.index),
-            _kind_label(g),
-            str(g.block_size),
-            "yes" if g.dcp_sharded else "no",
-            str(g.span),
-            str(chunks[g.index]) if g.index in chunks else "-",
-            _window_label(g),
-            "yes" if g.prefix_cacheable else "no",
-        ]
-        if show_rows:
-            row.append(str(g.row_width) if g.row_width is not None else "-")
-        rows.append(row)
-    lines.extend(_table(rows, right={2, 4, 5, 8}))
-    lines.append("")
-    if geom.speculative is not None:
-        from kvgeom.speculative import explain_lines
-
-        lines.extend([*explain_lines(geom), ""])
-    lines.extend(
-        _table(
-            [
-                ["L", "scheduler block", f"{geom.scheduler_block_size} tokens", "(lcm of the spans)"],
-                ["H", "hash unit", f"{geom.hash_block_size} tokens", "(request hashes chain every H tokens)"],
-                [
-                    "A",
-                    "hit alignment",
-                    f"{geom.hit_alignment_tokens} tokens",
-                    f"(prefix hits land on multiples of A; partial hash hits {_onoff(geom.partial_hash_hits)})",
-                ],
-            ],
-            right={2},
-        )
-    )
-    lines.append("")
-    lines.extend(hit_landing_lines(geom))
-    lines.append("")
-    lines.append(f"layout fingerprint: {geom.fingerprint()}  (equal fingerprints: offloaded keys are interchangeable)")
-    lines.append("")
-    if off is None:
-        lines.append('offload: none (no offloading connector; add an "offload" section, {} means k = 1)')
-    else:
-        lines.append(
-            f"offload: blocks_per_chunk={off.blocks_per_chunk} tokens_per_hash={off.tokens_per_hash} "
-            f"alignment_tokens={off.alignment_tokens if off.alignment_tokens is not None else '-'} "
-            f"mamba_align_size={off.mamba_align_size if off.mamba_align_size is not None else '-'} "
-            f"partial tails {_onoff(off.supports_partial_tail)}"
-        )
-        orows = [["group", "tokens_per_block", "tokens_per_chunk", "hashes_per_chunk", "window_chunks"]]
-        for og in off.groups:
-            orows.append(
-                [
-                    str(og.index),
-                    str(og.tokens_per_block),
-                    str(og.tokens_per_chunk),
-                    str(og.hashes_per_chunk),
-                    str(og.window_chunks) if og.window_chunks is not None else "-",
-                ]
-            )
-        lines.extend(_table(orows, right={1, 2, 3, 4}))
-    lines.append("")
-    if geom.warnings:
-        lines.append("warnings:")
-        lines.extend(f"  [{w.code}] {w.message}" for w in geom.warnings)
-    else:
-        lines.append("warnings: none")
-    if prefix is not None:
-        lines.append("")
-        lines.extend(_keys_text(geom, prefix))
-        lines.append("")
-        lines.extend(_axis_text(geom, prefix))
-    return "\n".join(lines) + "\n"
-
-
-def _keys_text(geom: Geometry, prefix: int) -> list[str]:
-    if geom.offload is None:
-        return [
-            f"keys: none for the {prefix}-token prefix: this config has no offload section, so it has no "
-            'offload keys; add "offload": {} (k = 1) to see them'
-        ]
-    km = geom.key_map(prefix)
-    lines = [f"keys of the complete offload chunks within the first {prefix} tokens:"]
-    for item in km["groups"][:_MAX_GROUPS_DRAWN]:
-        g = geom.groups[item["index"]]
-        if "rank_lengths" in item:
-            ranks = f"dealt over {geom.kv_shards} DCP ranks, per-rank lengths {show(item['rank_lengths'])}"
-        else:
-            lengths = rank_lengths(geom, g.index, prefix)
-            ranks = f"replicated, every rank holds {lengths[0]} tokens" if len(lengths) > 1 else f"{lengths[0]} tokens"
-        lines.append(
-            f"  group {g.index} ({g.kind}), {geom.offload.group(g.index).tokens_per_chunk}-token chunks, {ranks}:"
-        )
-        if not item["keys"]:
-            lines.append("    (no complete chunk yet)")
-        shown = item["keys"][:_MAX_KEYS_SHOWN]
-        for k in shown:
-            where = f"state block {k['state_block']}" if "state_block" in k else f"block entries {k['block_entries']}"
-            lines.append(f"    chunk {k['chunk']:>3}  key h{k['hash_index']:<5} prefix [0, {k['end_token']})  {where}")
-        if len(item["keys"]) > len(shown):
-            lines.append(f"    ... and {len(item['keys']) - len(shown)} more keys (kvgeom explain --json lists all)")
-    if len(km["groups"]) > _MAX_GROUPS_DRAWN:
-        lines.append(f"  ... and {len(km['groups']) - _MAX_GROUPS_DRAWN} more groups (kvgeom explain --json lists all)")
-    return lines
-
-
-_AXIS_WIDTH = 64
-_DIVISOR_SEARCH = 1 << 16
-_MAX_KEYS_SHOWN = 24
-#: Groups whose keys and token axis ``explain --prefix`` shows (the group table lists every group).
-_MAX_GROUPS_DRAWN = 64
-
-
-def _tokens_per_cell(unit: int, total: int, max_cells: int) -> int:
-    """The smallest divisor or multiple of ``unit`` that draws ``total`` tokens in at most ``max_cells`` cells,
-    so that cells line up with the hash grid."""
-    small: set[int] = {unit}
-    d = 1
-    while d * d <= unit and d <= _DIVISOR_SEARCH:  # bounded: H may be near 2**63; `unit` is always a candidate
-        if unit % d == 0:
-            small.update((d, unit // d))
-        d += 1
-    for p in sorted(small):
-        if cdiv(total, p) <= max_cells:
-            return p
-    return int(cdiv(cdiv(total, max_cells), unit)) * unit
-
-
-def _axis_text(geom: Geometry, prefix: int) -> list[str]:
-    """A text picture of the token axis: blocks, key ends and DCP owners per group."""
-    if prefix == 0:
-        return ["token axis: empty prefix"]
-    per_char = _tokens_per_cell(geom.hash_block_size, prefix, _AXIS_WIDTH)
-    cells = cdiv(prefix, per_char)
-    lines = [
-        f"token axis, 1 char = {per_char} token{'s' if per_char > 1 else ''}; "
-        "| starts a block (= and - alternate), ^ ends a key, digits: owning DCP rank"
-    ]
-    pad = 16
-    lines.append(" " * pad + "0".ljust(cells - len(str(prefix))) + str(prefix))
-    ends: dict[int, list[int]] = {}
-    if geom.offload is not None:
-        for item in geom.key_map(prefix)["groups"]:
-            ends[item["index"]] = [k["end_token"] for k in item["keys"]]
-    interleave = geom.config.parallel.cp_interleave
-    for g in geom.groups[:_MAX_GROUPS_DRAWN]:
-        blocks = []
-        prev = None
-        for c in range(cells):
-            col = dcp_placement(geom, g.index, c * per_char).column
-            blocks.append("|" if col != prev else ("=" if col % 2 == 0 else "-"))
-            prev = col
-        lines.append(f"  g{g.index} blocks".ljust(pad) + "".join(blocks))
-        if g.index in ends:
-            marks = [" "] * cells
-            for e in ends[g.index]:
-                marks[(e - 1) // per_char] = "^"
-            lines.append(f"  g{g.index} keys".ljust(pad) + "".join(marks).rstrip())
-        if g.dealt:
-            if interleave % per_char == 0:
-                owners = "".join(str(dcp_placement(geom, g.index, c * per_char).rank) for c in range(cells))
-                lines.append(f"  g{g.index} ranks".ljust(pad) + owners)
-            else:
-                lines.append(
-                    f"  g{g.index} ranks".ljust(pad)
-                    + f"(dealt in runs of {interleave} over {geom.kv_shards} ranks; too fine to draw here)"
-                )
-    if len(geom.groups) > _MAX_GROUPS_DRAWN:
-        lines.append(f"  ... and {len(geom.groups) - _MAX_GROUPS_DRAWN} more groups (not drawn)")
-    return lines
-
-
 def _pick_source(args: argparse.Namespace) -> KVGeomConfig | dict[str, Any]:
     if args.config is not None and args.preset is not None:
         raise _Fail(EXIT_USAGE, ["kvgeom explain: give CONFIG or --preset NAME, not both (see kvgeom explain --help)"])
@@ -494,7 +245,7 @@ def _shown(label: str) -> str:
 def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     geom = _resolve_arg(args.config)
     try:
-        scenario = _read_file(Path(args.scenario))
+        scenario = read_file(Path(args.scenario))
         plan = geom.plan_hit(scenario)
     except KVGeomError as e:
         label = _label(args.config if e.code == "no_offload" else args.scenario)

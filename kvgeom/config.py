@@ -31,6 +31,7 @@ __all__ = [
     "KVGeomConfig",
     "OffloadConfig",
     "load_config",
+    "read_file",
 ]
 
 
@@ -219,9 +220,18 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
                 stack.append((child, depth + 1, (*path, key)))
 
 
-def _read_file(path: Path) -> Any:
+def read_file(path: Path) -> Any:
     """Parse a ``.json``/``.toml`` file (at most :data:`MAX_FILE_BYTES`, no duplicate keys, nesting at most
-    :data:`MAX_NESTING`); every failure is a :class:`ConfigError`."""
+    :data:`MAX_NESTING`); every failure is a :class:`ConfigError`. The one reader of config, layered-config
+    and scenario files (:func:`load_config`, :func:`kvgeom.resolve_block_sizes`, ``kvgeom hit``).
+
+    >>> import pathlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = pathlib.Path(d, "scenario.json")
+    ...     _ = path.write_text('{"num_tokens": 64}')
+    ...     read_file(path)
+    {'num_tokens': 64}
+    """
     suffix = path.suffix.lower()
     name = show(str(path))
     if suffix not in {".json", ".toml"}:
@@ -303,7 +313,7 @@ def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str
         return source
     data: Any
     if isinstance(source, str | os.PathLike):
-        data = _read_file(Path(source))
+        data = read_file(Path(source))
     else:
         data = source
     if not isinstance(data, Mapping):

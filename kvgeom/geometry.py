@@ -17,6 +17,12 @@ Invariants (property-tested in ``tests/property``):
 * row widths: sharded attention ``cdiv(max_model_len, S_g)``, Mamba
   ``cdiv(max_model_len, block_size) + num_speculative_blocks``, never divided by
   DCP (#50287).
+
+One door upward: ``Geometry``'s query methods (``key_map``, ``plan_hit``, ``prefix_hit``,
+``plan_request``, ``fingerprint``, ``to_report``) are thin conveniences. Each does one call-time
+import from :mod:`kvgeom.report` (a consumer floor above the rule modules) and forwards to it, so this
+value type imports none of its consumers at load time; the free functions (:func:`kvgeom.keys.key_map`,
+:func:`kvgeom.hits.plan_hit`, ...) are the rules.
 """
 
 from __future__ import annotations
@@ -258,9 +264,9 @@ class Geometry:
         >>> [k["block_entries"] for k in km["groups"][0]["keys"]], [k["state_block"] for k in km["groups"][1]["keys"]]
         ([[0], [1]], [0, 1, 2, 3])
         """
-        from kvgeom.keys import key_map
+        from kvgeom.report import key_map_dict
 
-        return key_map(self, prefix_tokens)
+        return key_map_dict(self, prefix_tokens)
 
     def plan_hit(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
         """Hit length and load plan for a scenario (see :func:`kvgeom.hits.plan_hit`), as the contract dict
@@ -271,9 +277,9 @@ class Geometry:
         >>> resolve(DEFAULT_CONFIG).plan_hit(scenario)["hit_tokens"]
         48
         """
-        from kvgeom.hits import plan_hit
+        from kvgeom.report import plan_hit_dict
 
-        return plan_hit(self, scenario).to_dict()
+        return plan_hit_dict(self, scenario)
 
     def prefix_hit(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
         """The GPU prefix-cache hit for ``{"num_tokens": N, "resident": {"<group>": [end tokens]}}`` (see
@@ -283,9 +289,9 @@ class Geometry:
         >>> resolve(DEFAULT_CONFIG).prefix_hit({"num_tokens": 65, "resident": {"0": [32, 64], "1": [48]}})["hit_tokens"]
         48
         """
-        from kvgeom.prefix import prefix_hit_from_scenario
+        from kvgeom.report import prefix_hit_dict
 
-        return prefix_hit_from_scenario(self, scenario).to_dict()
+        return prefix_hit_dict(self, scenario)
 
     def plan_request(self, scenario: Mapping[str, Any]) -> dict[str, Any]:
         """GPU hit then connector hit, as the Scheduler admits a request (see :func:`kvgeom.request.plan_request`):
@@ -296,9 +302,9 @@ class Geometry:
         >>> p = resolve(DEFAULT_CONFIG).plan_request(sc); p["local_hit_tokens"], p["external_hit_tokens"]
         (48, 0)
         """
-        from kvgeom.request import plan_request
+        from kvgeom.report import plan_request_dict
 
-        return plan_request(self, scenario).to_dict()
+        return plan_request_dict(self, scenario)
 
     def fingerprint(self) -> str:
         """A short, versioned, stable digest of everything behind an offload key's bytes.
@@ -310,7 +316,7 @@ class Geometry:
         >>> resolve(DEFAULT_CONFIG).fingerprint().startswith("kvg2-")
         True
         """
-        from kvgeom.fingerprint import fingerprint
+        from kvgeom.report import fingerprint
 
         return fingerprint(self)
 
@@ -325,65 +331,9 @@ class Geometry:
         >>> [g["span"] for g in r["groups"]], r["scheduler_block_size"], r["hash_block_size"]
         ([32, 16], 32, 16)
         """
-        if vllm_names:
-            from kvgeom.glossary import add_vllm_names
+        from kvgeom.report import to_report
 
-            return add_vllm_names(self.to_report())
-        off = self.offload
-        return {
-            "groups": [
-                {
-                    "index": g.index,
-                    "kind": g.kind,
-                    "block_size": g.block_size,
-                    "dcp_sharded": g.dcp_sharded,
-                    "prefix_cacheable": g.prefix_cacheable,
-                    "span": g.span,
-                    "row_width": g.row_width,
-                    "eagle_group": g.eagle_group,
-                    "proof_margin": g.proof_margin,
-                }
-                for g in self.groups
-            ],
-            "scheduler_block_size": self.scheduler_block_size,
-            "hash_block_size": self.hash_block_size,
-            "hit_alignment_tokens": self.hit_alignment_tokens,
-            "partial_hash_hits": self.partial_hash_hits,
-            "offload": None
-            if off is None
-            else {
-                "blocks_per_chunk": off.blocks_per_chunk,
-                "tokens_per_hash": off.tokens_per_hash,
-                "alignment_tokens": off.alignment_tokens,
-                "mamba_align_size": off.mamba_align_size,
-                "retention_interval": off.retention_interval,
-                "supports_partial_tail": off.supports_partial_tail,
-                "groups": [
-                    {
-                        "index": og.index,
-                        "tokens_per_block": og.tokens_per_block,
-                        "tokens_per_chunk": og.tokens_per_chunk,
-                        "hashes_per_chunk": og.hashes_per_chunk,
-                        "window_chunks": og.window_chunks,
-                        "eagle_group": og.eagle_group,
-                        "proof_margin": og.proof_margin,
-                    }
-                    for og in off.groups
-                ],
-            },
-            "speculative": None
-            if self.speculative is None
-            else {
-                "method": self.speculative.method,
-                "num_speculative_tokens": self.speculative.num_speculative_tokens,
-                "block_drop": self.speculative.block_drop,
-                "lookahead_hashes": self.speculative.lookahead_hashes,
-                "gpu_drop": self.speculative.gpu_drop,
-                "prefill_lookahead_tokens": self.speculative.prefill_lookahead_tokens,
-            },
-            "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
-            "fingerprint": self.fingerprint(),
-        }
+        return to_report(self, vllm_names=vllm_names)
 
 
 def _span_words(g: GroupGeometry, shards: int) -> str:

@@ -9,7 +9,7 @@ and, with partial tails on, the prompt's sub-block checkpoint as a partial-tail 
 (``_build_partial_tail_store_jobs``). So a Mamba key ending at ``e`` inside the prompt reaches the tier
 iff all of:
 
-* **a state exists at e**: a prefill chunk ended at ``e`` (:func:`kvgeom.speculative.prefill_chunk_ends`;
+* **a state exists at e**: a prefill chunk ended at ``e`` (:func:`kvgeom.prefill.prefill_chunk_ends`;
   align mode writes a state only at chunk ends) and ``e`` is a multiple of the Mamba block;
 * **it is cacheable**: ``e <= mamba_cacheable_tokens(computed)`` -- the coordinator caches a prefix
   rounded down to L unless partial hash hits are on, and an eagle Mamba manager (the coordinator's
@@ -19,6 +19,11 @@ iff all of:
   (:func:`kvgeom.masks.reachable_block_mask` at the replay boundaries of
   :func:`replay_boundaries`), or ``e`` is the prompt's H-grid checkpoint, which the manager keys whatever
   the mask says (``MambaManager._cache_partial_tail_block``).
+
+All partial-tail helpers live here: the boundary a prompt's partial-tail store job keys
+(:func:`partial_tail_boundary`), the key end of a group's tail at a boundary, ``b + proof_margin`` for an
+eagle group (:func:`partial_tail_key`), and the highest boundary an offload lookup tries
+(:func:`partial_tail_max_boundary`).
 
 Invariants (property-tested in ``tests/property/test_store_plan_laws.py``):
 
@@ -36,14 +41,16 @@ from collections.abc import Collection, Iterable
 
 from kvgeom._check import nonneg
 from kvgeom._math import rdown
-from kvgeom.geometry import Geometry
+from kvgeom.geometry import Geometry, OffloadGroupGeometry
 from kvgeom.masks import reachable_block_mask
-from kvgeom.speculative import gpu_dropping_groups, prefill_chunk_ends, prefill_tail_stop, prompt_hash_checkpoint
+from kvgeom.prefill import prefill_chunk_ends, prefill_tail_stop, prompt_hash_checkpoint
 
 __all__ = [
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
+    "partial_tail_key",
+    "partial_tail_max_boundary",
     "replay_boundaries",
     "state_ends",
 ]
@@ -74,6 +81,10 @@ def replay_boundaries(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]
 def _eagle_manager(geom: Geometry, group: int) -> bool:
     """Whether the GPU manager of ``group`` runs with the eagle bit (it caches differently): the group is in
     the coordinator's drop set, which holds every group -- Mamba too -- when none is flagged."""
+    # at call time: the drop set is still decided in kvgeom.speculative (which re-exports this module's
+    # partial-tail helpers); the resolved field Geometry.gpu_drop_groups replaces this import
+    from kvgeom.speculative import gpu_dropping_groups
+
     sg = geom.speculative
     return sg is not None and group in gpu_dropping_groups(list(geom.groups), sg)
 
@@ -124,7 +135,7 @@ def state_ends(
     align Mamba state was written. Sorted, without 0; a ``num_computed_tokens`` below the prompt is itself a
     chunk end (the step that stores ended there).
 
-    ``chunk_ends`` None: under the GPU drop, :func:`kvgeom.speculative.prefill_chunk_ends` with an unbounded
+    ``chunk_ends`` None: under the GPU drop, :func:`kvgeom.prefill.prefill_chunk_ends` with an unbounded
     token budget (where the drop moves vLLM's split away from the block grid); otherwise no split is
     assumed and every multiple of the (first) align Mamba block counts, as a prefill stopped at each one
     would leave them, with the prompt's H-grid checkpoint when partial hash hits split the prefill there
@@ -222,14 +233,14 @@ def partial_tail_boundary(
     """The boundary of the partial-tail store job a prompt produces, or None (vLLM 0.33
     ``_build_partial_tail_store_jobs``; partial tails need DCP 1, see ``OffloadGeometry.supports_partial_tail``).
 
-    The prompt's H-grid checkpoint ``t`` (:func:`kvgeom.speculative.prompt_hash_checkpoint`) when it is off
+    The prompt's H-grid checkpoint ``t`` (:func:`kvgeom.prefill.prompt_hash_checkpoint`) when it is off
     the span grid, a
     chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
     manager copies the state out of the block the next chunk overwrites and hands the copy over then);
     ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the
     job runs only for a request that itself loaded from the tier, once ``t + m`` prompt tokens are
     computed. Every offloaded group then stores its key at
-    :func:`kvgeom.speculative.partial_tail_key` of ``t``.
+    :func:`partial_tail_key` of ``t``.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
@@ -259,3 +270,46 @@ def partial_tail_boundary(
     if margin and (not loaded_from_offload or min(computed, prompt) < t + margin):
         return None
     return t
+
+
+def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:
+    """End token of the key holding a group's partial tail at ``boundary``: ``boundary + proof_margin`` for an
+    eagle group (``_partial_tail_key_tokens``), ``boundary`` otherwise.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> partial_tail_key(geom.offload.group(2), 80)
+    80
+    """
+    return boundary + (og.proof_margin or 0)
+
+
+def partial_tail_max_boundary(geom: Geometry, num_tokens: int, prompt: int, done: int, limit: int) -> int:
+    """The highest partial-tail boundary an offload lookup tries (``_lookup``).
+
+    ``rdown(min(prompt - 1, done + blocks * S - 1, limit, hashes * H - margin), H)`` where ``blocks`` is 2 when
+    some group has an eagle proof margin (a tail may lie in the block after the popped chunk), else 1, and the
+    last term (the proof key needs a hash past the boundary) applies only with a margin. 0 for an empty prompt.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+    ...     {"kind": "mamba", "block_size": 32}], "cache": {"prefix_match_unit": 8}, "offload": {},
+    ...     "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+    >>> partial_tail_max_boundary(geom, 100, 100, 32, 100)
+    88
+    """
+    off = geom.offload
+    assert off is not None
+    if not prompt:
+        return 0
+    H = geom.hash_block_size
+    span = off.groups[0].tokens_per_block
+    margin = max((og.proof_margin or 0 for og in off.groups), default=0)
+    top = min(prompt - 1, done + (2 if margin else 1) * span - 1, limit)
+    if margin:
+        top = min(top, (num_tokens // H) * H - margin)
+    return rdown(max(top, 0), H)
+

@@ -12,8 +12,11 @@ is the state after exactly the hit's end token N, and N < num_tokens (the last
 token is always recomputed, #44599), so N is a multiple of the Mamba chunk or
 an exact partial-tail boundary.
 
-Not modelled: EAGLE groups (their extra look-ahead chunk), look-ahead hash
-tokens, SimpleCPUOffloadConnector's lazy mode.
+With a drafter, an eagle group's lookup queries one chunk more and pops it
+(:func:`eagle_pops`, :func:`eagle_query_end`) and its store holds back the
+volatile last chunk while the request decodes (:func:`store_holdback_chunks`).
+
+Not modelled: look-ahead hash tokens, SimpleCPUOffloadConnector's lazy mode.
 """
 
 from __future__ import annotations
@@ -29,21 +32,13 @@ from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.handoff import mamba_handoffs, partial_tail_boundary
+from kvgeom.handoff import mamba_handoffs, partial_tail_boundary, partial_tail_key, partial_tail_max_boundary
 from kvgeom.keys import num_keys, offload_group
-from kvgeom.masks import _fits, reachable_block_mask, swa_store_horizon
+from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
-from kvgeom.probes import Probe, as_probe
+from kvgeom.probes import Probe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
-from kvgeom.speculative import (
-    eagle_pair_held,
-    eagle_pops,
-    eagle_query_end,
-    partial_tail_key,
-    partial_tail_max_boundary,
-    store_holdback_chunks,
-)
 
 __all__ = [
     "GroupLoad",
@@ -51,11 +46,14 @@ __all__ = [
     "Hit",
     "HitPlan",
     "StorePlan",
+    "eagle_pops",
+    "eagle_query_end",
     "lookup_hit",
     "plan_hit",
     "plan_load",
     "plan_store",
     "skipped_tokens",
+    "store_holdback_chunks",
 ]
 
 
@@ -384,6 +382,46 @@ def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: boo
     return _align_to_mamba_chunk(m, Cm)
 
 
+# ------------------------------------------------------------------ the eagle pop
+# vLLM 0.33 offloading/scheduler.py::OffloadingConnectorScheduler._lookup_complete_chunks and _lookup.
+
+
+def eagle_pops(og: OffloadGroupGeometry, verified: set[int]) -> int:
+    """1 when an offload lookup of ``og`` must query one extra chunk and then pop it (an eagle group not yet
+    verified at the current candidate), else 0; marks the group verified. A non-eagle group that lowers the
+    candidate clears ``verified`` (the caller does that), so the eagle group pops again.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> verified = set()
+    >>> eagle_pops(geom.offload.group(2), verified), eagle_pops(geom.offload.group(2), verified)
+    (1, 0)
+    """
+    if og.eagle_group and og.index not in verified:
+        verified.add(og.index)
+        return 1
+    return 0
+
+
+def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) -> int:
+    """How far a lookup of ``og`` queries for candidate ``m``: one chunk further when it pops, capped at the
+    group's keyed end; ``m`` otherwise.
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> eagle_query_end(geom.offload.group(2), 64, 96, 1), eagle_query_end(geom.offload.group(2), 64, 96, 0)
+    (96, 64)
+    """
+    return min(m + og.tokens_per_chunk, keyed_end) if pop else m
+
+
+
 def _group_end(
     geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed_hashes: int, verified: set[int]
 ) -> int | None:
@@ -392,7 +430,7 @@ def _group_end(
     changes what one group probes (an extra look-ahead chunk, say) changes only this function.
 
     An eagle group not yet verified at this candidate queries one chunk more and pops it
-    (:func:`kvgeom.speculative.eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
+    (:func:`eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
     if m - c < og.tokens_per_chunk:
         return None
     if og.eagle_group and eagle_pops(og, verified):
@@ -407,7 +445,7 @@ def _group_end(
 def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int) -> int | None:
     """An unverified eagle group: the run of held chunks up to one chunk past ``m`` (capped at the keyed
     chunks), minus the last one. A windowed group scans the chunks whose next chunk is held too
-    (:func:`kvgeom.speculative.eagle_pair_held`); None when nothing is left after the pop."""
+    (:func:`kvgeom.probes.eagle_pair_held`); None when nothing is left after the pop."""
     C = og.tokens_per_chunk
     query = eagle_query_end(og, m, keyed * C, 1)
     if og.window_chunks is None:
@@ -544,6 +582,36 @@ class StorePlan:
         }
 
 
+def store_holdback_chunks(
+    geom: Geometry, group: int, storable: int, offloadable_tokens: int, num_prompt_tokens: int, finished: bool
+) -> int:
+    """Storable chunks of a group after the eagle hold-back: an eagle group's last offloadable chunk is
+    volatile while the request decodes and is not stored until it finishes (vLLM 0.33
+    ``offloading/scheduler.py::RequestOffloadState.storable_chunks``, issue #52735). Other groups, prefill
+    steps and finished requests keep ``storable``.
+
+    Postcondition: ``storable - 1 <= result <= storable`` and ``result >= 0``.
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16},
+    ...                   {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+    ...        "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+    ...        "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+    >>> geom = kvgeom.resolve(cfg)
+    >>> store_holdback_chunks(geom, 2, 3, 100, 90, False), store_holdback_chunks(geom, 2, 3, 100, 90, True)
+    (2, 3)
+    """
+    off = geom.offload
+    if off is None or not off.group(group).eagle_group:
+        return storable
+    C = off.group(group).tokens_per_chunk
+    decoding = offloadable_tokens > num_prompt_tokens
+    if decoding and not finished:
+        return min(storable, max(0, offloadable_tokens // C - 1))
+    return storable
+
+
+
 def plan_store(
     geom: Geometry,
     *,
@@ -580,14 +648,14 @@ def plan_store(
 
     With a drafter (:mod:`kvgeom.speculative`): an eagle group's last offloadable
     chunk is held back while the request decodes and stored once it finishes
-    (:func:`kvgeom.speculative.store_holdback_chunks`).
+    (:func:`store_holdback_chunks`).
 
     An align Mamba group's keys inside the prompt are the states its GPU manager
     hands the connector (:func:`kvgeom.handoff.mamba_handoffs`): a prefill chunk
     ended there, the prefix is cacheable there, and the store mask keeps the block
     at the replay boundaries (or ``reachable``) or it is the prompt's H-grid
     checkpoint. ``chunk_ends`` are the token counts at which the request's prefill
-    chunks ended (:func:`kvgeom.speculative.prefill_chunk_ends`, e.g. with the
+    chunks ended (:func:`kvgeom.prefill.prefill_chunk_ends`, e.g. with the
     deployment's ``max_num_batched_tokens``); None: the unbounded split under the
     GPU drop, else a state at every Mamba block boundary
     (:func:`kvgeom.handoff.state_ends`); ``num_computed_tokens`` below the prompt is
@@ -637,7 +705,7 @@ def plan_store(
         if allocated_blocks is not None and og.index in allocated_blocks:
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
-        _fits(storable - start)
+        check_result_size(storable - start)
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished

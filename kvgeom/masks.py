@@ -43,7 +43,7 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.specs import sliding_window_of
 
-__all__ = ["MAX_SCALAR_RESULT", "default_alignment", "reachable_block_mask", "swa_store_horizon"]
+__all__ = ["MAX_SCALAR_RESULT", "check_result_size", "default_alignment", "reachable_block_mask", "swa_store_horizon"]
 
 _UNSET: Any = object()
 
@@ -53,7 +53,18 @@ _UNSET: Any = object()
 MAX_SCALAR_RESULT = 1 << 24
 
 
-def _fits(count: int) -> None:
+def check_result_size(count: int) -> None:
+    """Refuse a scalar answer that would list more than :data:`MAX_SCALAR_RESULT` blocks
+    (:class:`kvgeom.QueryError` ``result_too_large``, with ``count``); the bound itself is still built.
+    Shared by the masks here and the store plans of :mod:`kvgeom.hits`.
+
+    >>> check_result_size(MAX_SCALAR_RESULT)
+    >>> try:
+    ...     check_result_size(MAX_SCALAR_RESULT + 1)
+    ... except QueryError as e:
+    ...     print(e.problems[0].code)
+    result_too_large
+    """
     if count > MAX_SCALAR_RESULT:
         raise QueryError.single(
             "result_too_large",
@@ -135,7 +146,7 @@ def reachable_block_mask(
                 if step is None:
                     return None  # R off the block grid: resolve() rejects this with offloading; stay dense
                 first = step - 1 + cdiv(max(lo - step + 1, 0), step) * step
-                _fits(max(n - first, 0) // step)
+                check_result_size(max(n - first, 0) // step)
                 keep.update(range(first, n, step))
             for t in points:
                 # the last block ending at or below the aligned boundary (vLLM 0.33
@@ -187,7 +198,7 @@ def _sliding_window_kept(
             return frozenset()  # a one-token window needs no history: nothing is worth storing
         # the last `need` blocks of every segment [m*per, (m+1)*per) meeting [lo, n)
         first_seg, last_seg = lo // per, max(n - 1, 0) // per
-        _fits(min(n - lo, (last_seg - first_seg + 1) * need))
+        check_result_size(min(n - lo, (last_seg - first_seg + 1) * need))
         for m in range(first_seg, last_seg + 1):
             keep.update(range(max(m * per + per - need, lo), min((m + 1) * per, n)))
         if R is None and final_end is not None and final_end % per:

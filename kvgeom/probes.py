@@ -28,6 +28,9 @@ Invariants (``tests/property/test_probe_laws.py``):
 * an end token off the hash grid, not positive, or past a known :attr:`Probe.bound` is never held;
 * :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss, and
   :meth:`Probe.forward` stops exactly where stepping with ``contains`` would.
+
+A windowed eagle group asks a derived question, "are this chunk and the next one both held?"
+(:func:`eagle_pair_held`), so the ordinary window scan over it gives the popped answer.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from kvgeom.residency import GROUP_INDEX_BYTES, Residency
 if TYPE_CHECKING:
     from kvgeom.geometry import Geometry
 
-__all__ = ["Probe", "as_probe", "stored_group_index", "validated_stored"]
+__all__ = ["Probe", "as_probe", "eagle_pair_held", "stored_group_index", "validated_stored"]
 
 Contains = Callable[[int, int], bool]
 
@@ -441,3 +444,43 @@ def as_probe(
         f"an object with lookup(key, req_context); got {type(stored).__name__}",
         "stored",
     )
+
+
+def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
+    """A probe in which chunk end ``e`` is held iff the chunk ending at ``e`` and the next one are both held,
+    the next one ending at or before ``stop``. A windowed eagle group needs its window plus one more chunk
+    and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
+    at ``e``, so the ordinary window scan over this probe gives the popped answer directly.
+
+    >>> from kvgeom.probes import as_probe
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "offload": {}})
+    >>> pairs = eagle_pair_held(as_probe(geom, {0: [16, 32, 64]}), 16, 64)
+    >>> [e for e in (16, 32, 48, 64) if pairs.contains(0, e)]
+    [16]
+    """
+    return _PairProbe(probe, chunk, stop)
+
+
+class _PairProbe(Probe):
+    """:func:`eagle_pair_held`'s probe over an inner one."""
+
+    __slots__ = ("_chunk", "_inner", "_stop")
+
+    def __init__(self, inner: Probe, chunk: int, stop: int) -> None:
+        super().__init__(inner.bound)
+        self._inner, self._chunk, self._stop = inner, chunk, stop
+
+    def contains(self, group: int, end_token: int) -> bool:
+        C, inner = self._chunk, self._inner
+        return (
+            end_token % C == 0
+            and end_token + C <= self._stop
+            and inner.contains(group, end_token)
+            and inner.contains(group, end_token + C)
+        )
+
+    def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
+        # every pair-held chunk is held, so the inner probe's next possibly held chunk is a safe bound
+        return self._inner.below(group, tokens_per_chunk, j)
+

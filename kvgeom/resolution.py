@@ -67,6 +67,7 @@ from kvgeom.errors import ConfigError, GeometryError, Problem
 from kvgeom.geometry import Geometry, resolve
 from kvgeom.pages import attention_page_bytes, mamba_state_bytes
 from kvgeom.parallel import ParallelConfig
+from kvgeom.prefill import engine_block_size_of
 from kvgeom.specs import DType
 
 __all__ = [
@@ -353,9 +354,9 @@ def _load(source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str]) ->
         return source
     data: Any = source
     if isinstance(source, str | os.PathLike):
-        from kvgeom.config import _read_file
+        from kvgeom.config import read_file
 
-        data = _read_file(Path(source))
+        data = read_file(Path(source))
     if not isinstance(data, Mapping):
         raise ConfigError.single(
             "not_a_table", f"a layered config is a table/object with a 'model' key, got {type(data).__name__}"
@@ -658,7 +659,7 @@ def resolve_block_sizes(
             )
 
     # Step 6: engine-core minimum (`v1/engine/core.py`); every layered group is prefix-cacheable.
-    engine_block = min(g["block_size"] for g in groups)
+    engine_block = engine_block_size_of((g["block_size"], True) for g in groups)
     par = cfg.parallel
     if par.dcp > 1 and (par.cp_interleave > engine_block or engine_block % par.cp_interleave):
         notes.append(

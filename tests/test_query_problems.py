@@ -125,9 +125,9 @@ def test_query_problem_names_the_argument_and_numbers(call, code, field, values)
 
 def test_scalar_result_bound_is_inclusive():
     # MAX_SCALAR_RESULT blocks are still built; one more is refused
-    masks._fits(masks.MAX_SCALAR_RESULT)
+    masks.check_result_size(masks.MAX_SCALAR_RESULT)
     with pytest.raises(QueryError) as info:
-        masks._fits(masks.MAX_SCALAR_RESULT + 1)
+        masks.check_result_size(masks.MAX_SCALAR_RESULT + 1)
     assert info.value.problems[0].values == {"count": masks.MAX_SCALAR_RESULT + 1}
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import kvgeom
 from kvgeom import hits
-from kvgeom.speculative import mamba_checkpoint
+from kvgeom.prefill import mamba_checkpoint
 
 FA16 = {"kind": "full_attention", "block_size": 16}
 M16 = {"kind": "mamba", "block_size": 16}
@@ -445,7 +445,7 @@ DENSE = {"retention_interval": None}
     ],
 )
 def test_prefill_chunks_and_mamba_stores_match_vllm(groups, extra, section, prompt, budget, ends, mamba, resend, hit):
-    from kvgeom.speculative import prefill_chunk_ends
+    from kvgeom.prefill import prefill_chunk_ends
 
     cfg = {"groups": groups, "offload": {}, **extra}
     if section is not None:
@@ -460,7 +460,7 @@ def test_prefill_chunks_and_mamba_stores_match_vllm(groups, extra, section, prom
 
 
 def test_prefill_chunk_ends_bad_input():
-    from kvgeom.speculative import prefill_chunk_ends
+    from kvgeom.prefill import prefill_chunk_ends
 
     g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
     with pytest.raises(kvgeom.QueryError, match="max_num_batched_tokens=0"):

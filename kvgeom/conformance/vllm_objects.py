@@ -107,8 +107,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.request import Request
 
 from kvgeom.geometry import Geometry
+from kvgeom.prefill import engine_block_size
 from kvgeom.specs import AnySpec, UniformSpec
-from kvgeom.speculative import engine_block_size
 
 __all__ = [
     "NUM_GPU_BLOCKS",

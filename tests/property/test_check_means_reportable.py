@@ -18,8 +18,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import kvgeom
-from kvgeom.cli import explain_text
 from kvgeom.diagram import default_prefix, render_svg
+from kvgeom.report import explain_text
 from kvgeom.specs import DTYPE_BYTES
 from kvgeom.strategies import configs
 

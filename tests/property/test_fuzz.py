@@ -442,8 +442,8 @@ def test_explain_and_diagram_of_unbounded_geometries_are_refused_or_quick():
     # spans 2**31-1 and 2**31: L is about 2**62; a default diagram would draw 2**31 blocks
     geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 2**31 - 1},
                                       {"kind": "full_attention", "block_size": 2**31}], "offload": {}})
-    from kvgeom.cli import explain_text
     from kvgeom.diagram import render_svg
+    from kvgeom.report import explain_text
 
     assert _fast(render_svg, geom) is None  # lanes too fine to draw say so instead of drawing 2**31 boxes
     assert "too fine to draw" in render_svg(geom)

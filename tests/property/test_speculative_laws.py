@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom import batch, hits
-from kvgeom.speculative import engine_block_size, mamba_checkpoint, prefill_chunk_ends
+from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends
 
 # ---------------------------------------------------------------------------------------------
 # helpers

@@ -2,8 +2,8 @@
 
 As in ``test_teeth_hits.py``: the law fails on the historical row, :func:`kvgeom.strategies.minimal`
 finds a counterexample among generated speculative geometries, and that counterexample passes once the
-correct rule is back. Seams: ``kvgeom.speculative._checkpoint_state_block`` and
-``kvgeom.speculative.eagle_pops``.
+correct rule is back. Seams: ``kvgeom.prefill._checkpoint_state_block`` and
+``kvgeom.hits.eagle_pops``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from test_speculative_laws import (
 from test_teeth_core import fails
 
 import kvgeom
-from kvgeom import hits, speculative
+from kvgeom import hits, prefill
 from kvgeom.strategies import minimal
 
 
@@ -37,8 +37,8 @@ def test_checkpoint_law_catches_55600_state_index_in_scheduler_block_units(monke
         return position // L - 1 if position > 0 and position % L == 0 else None
 
     geom = kvgeom.resolve(_DCP2_WORKED)
-    monkeypatch.setattr(speculative, "_checkpoint_state_block", wrong_units)
-    assert speculative.mamba_checkpoint(geom, 112).state_block == 2  # the bug: checkpoint 96 -> block 2, not 5
+    monkeypatch.setattr(prefill, "_checkpoint_state_block", wrong_units)
+    assert prefill.mamba_checkpoint(geom, 112).state_block == 2  # the bug: checkpoint 96 -> block 2, not 5
     assert fails(lambda p: check_checkpoint_state_block_in_mamba_units(geom, p))(112)
 
     def law(case):
