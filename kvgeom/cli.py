@@ -45,9 +45,10 @@ from typing import Any, NoReturn, TextIO, assert_never
 
 from kvgeom._format import one_line, show
 from kvgeom._math import cdiv
+from kvgeom._resolve import resolve
 from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, _read_file, load_config
 from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
-from kvgeom.geometry import Geometry, GroupGeometry, resolve
+from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.prefix import hit_landing_lines
 from kvgeom.presets import load_preset, preset_description, preset_names
 from kvgeom.ranks import dcp_placement, rank_lengths

@@ -62,9 +62,10 @@ from pydantic import Field, model_validator
 
 from kvgeom._math import cdiv, rup
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
+from kvgeom._resolve import resolve
 from kvgeom.config import CacheConfig, OffloadConfig
 from kvgeom.errors import ConfigError, GeometryError, Problem
-from kvgeom.geometry import Geometry, resolve
+from kvgeom.geometry import Geometry
 from kvgeom.pages import attention_page_bytes, mamba_state_bytes
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import DType
