@@ -530,3 +530,6 @@ KINDS: frozenset[str] = frozenset(
         UniformSpec,
     )
 )
+#: Error locations of a spec (a uniform group's layers are a tagged union) name these tags; ``_pydantic``
+#: gets them from here instead of importing this module.
+_Spec.UNION_TAGS = KINDS
