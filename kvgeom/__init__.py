@@ -11,6 +11,7 @@ The public API inventory. Resolve a config once, then ask the geometry::
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from kvgeom._resolve import resolve
 from kvgeom.config import DEFAULT_CONFIG, CacheConfig, KVGeomConfig, OffloadConfig, load_config
 from kvgeom.errors import (
     ConfigError,
@@ -28,7 +29,6 @@ from kvgeom.geometry import (
     OffloadGeometry,
     OffloadGroupGeometry,
     SpeculativeGeometry,
-    resolve,
 )
 from kvgeom.parallel import ParallelConfig
 from kvgeom.prefill import MambaCheckpoint, mamba_checkpoint, prefill_chunk_ends

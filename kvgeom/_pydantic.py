@@ -1,7 +1,14 @@
-"""Turn pydantic's ValidationError into kvgeom's ConfigError, one Problem per error."""
+"""Turn pydantic's ValidationError into kvgeom's ConfigError, one Problem per error.
+
+This module sits below the spec modules and imports none of them: the tagged-union tags (the
+``kind`` names pydantic puts into an error's location) come from the caller, as the ``tags`` argument
+of :func:`field_path` / :func:`config_error_from_validation` or a model's ``UNION_TAGS`` class
+variable (:mod:`kvgeom.specs` sets it to ``KINDS`` for the models that hold tagged unions).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,18 +41,20 @@ _CODES = {
 }
 
 
-def field_path(loc: tuple[Any, ...], prefix: str = "", *, last_is_key: bool = False) -> str:
+def field_path(
+    loc: tuple[Any, ...], prefix: str = "", *, last_is_key: bool = False, tags: Collection[str] = frozenset()
+) -> str:
     """``('groups', 0, 'mla', 'block_size')`` -> ``groups[0].block_size``.
 
-    A kind name right after a list index is the tag pydantic adds for a tagged-union member and is
-    dropped; anywhere else (a top-level key ``"mla"``), or as the unknown key itself when
-    ``last_is_key``, it is a key of the input and stays. Keys that are not plain names are quoted.
+    A name in ``tags`` (the caller's tagged-union tags, e.g. ``kvgeom.specs.KINDS``) right after a list
+    index is the tag pydantic adds for a tagged-union member and is dropped; anywhere else (a top-level
+    key ``"mla"``), or as the unknown key itself when ``last_is_key``, it is a key of the input and
+    stays. Keys that are not plain names are quoted.
 
-    >>> field_path(("groups", 0, "mla", "block_size")), field_path(("mla",), last_is_key=True)
+    >>> kinds = {"mla"}
+    >>> field_path(("groups", 0, "mla", "block_size"), tags=kinds), field_path(("mla",), last_is_key=True, tags=kinds)
     ('groups[0].block_size', 'mla')
     """
-    from kvgeom.specs import KINDS  # at call time: specs imports this module
-
     out = prefix
     last = len(loc) - 1
     for i, part in enumerate(loc):
@@ -53,7 +62,7 @@ def field_path(loc: tuple[Any, ...], prefix: str = "", *, last_is_key: bool = Fa
             out += f"[{part}]"
             continue
         text = str(part)
-        tag = text in KINDS and i > 0 and isinstance(loc[i - 1], int) and not (last_is_key and i == last)
+        tag = text in tags and i > 0 and isinstance(loc[i - 1], int) and not (last_is_key and i == last)
         if tag or text.startswith("function-"):
             continue  # the tag pydantic adds for a tagged union member, or a validator name
         if not text.isidentifier():
@@ -88,8 +97,11 @@ def _fix(err_type: str, err: Any) -> str:
     return ""
 
 
-def config_error_from_validation(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """One :class:`Problem` per pydantic error, with a kvgeom field path and a fix; at most
+def config_error_from_validation(
+    exc: ValidationError, prefix: str = "", tags: Collection[str] = frozenset()
+) -> ConfigError:
+    """One :class:`Problem` per pydantic error, with a kvgeom field path (``tags``: see :func:`field_path`)
+    and a fix; at most
     :data:`kvgeom.errors.MAX_PROBLEMS` of them, then one ``too_many_problems`` with the count of the rest."""
     problems: list[Problem] = []
     errors = exc.errors(include_url=False)
@@ -110,7 +122,7 @@ def config_error_from_validation(exc: ValidationError, prefix: str = "") -> Conf
             msg = msg[len("Value error, ") :]
         elif msg.startswith("Assertion failed, "):
             msg = msg[len("Assertion failed, ") :]
-        path = field_path(loc, prefix, last_is_key=err_type == "extra_forbidden")
+        path = field_path(loc, prefix, last_is_key=err_type == "extra_forbidden", tags=tags)
         if err_type == "extra_forbidden" and loc:
             msg = f"unknown key {show(loc[-1], 60)}"
         elif err_type == "union_tag_invalid":
@@ -141,7 +153,9 @@ class _RaisesConfigError(ModelMetaclass):
         try:
             return super().__call__(*args, **kwargs)
         except ValidationError as e:
-            raise config_error_from_validation(e, prefix=getattr(cls, "FIELD_PREFIX", "")) from None
+            raise config_error_from_validation(
+                e, prefix=getattr(cls, "FIELD_PREFIX", ""), tags=getattr(cls, "UNION_TAGS", frozenset())
+            ) from None
 
 
 class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
@@ -150,10 +164,13 @@ class FrozenModel(BaseModel, metaclass=_RaisesConfigError):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     FIELD_PREFIX: ClassVar[str] = ""
+    #: The tagged-union tags that may appear in this model's error locations (see :func:`field_path`);
+    #: a model holding a tagged union sets them (``kvgeom.specs.KINDS``).
+    UNION_TAGS: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as e:
-            raise config_error_from_validation(e, prefix=cls.FIELD_PREFIX) from None
+            raise config_error_from_validation(e, prefix=cls.FIELD_PREFIX, tags=cls.UNION_TAGS) from None

@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from kvgeom._format import one_line, show
+from kvgeom._resolve import resolve
 from kvgeom.config import DEFAULT_CONFIG, KVGeomConfig, load_config, read_file
 from kvgeom.errors import MAX_LISTED, ConfigError, KVGeomError, Problem, QueryError
-from kvgeom.geometry import Geometry, resolve
+from kvgeom.geometry import Geometry
 from kvgeom.presets import load_preset, preset_description, preset_names
 from kvgeom.report import explain_text
 

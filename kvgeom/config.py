@@ -21,7 +21,7 @@ from kvgeom._format import show
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool, field_path
 from kvgeom.errors import ConfigError
 from kvgeom.parallel import ParallelConfig
-from kvgeom.specs import GroupSpec
+from kvgeom.specs import KINDS, GroupSpec
 from kvgeom.speculative_config import SpeculativeConfig
 
 __all__ = [
@@ -82,6 +82,8 @@ class KVGeomConfig(FrozenModel):
     >>> cfg.parallel.dcp, cfg.cache.retention_interval, cfg.offload is None
     (1, 0, True)
     """
+
+    UNION_TAGS = KINDS  # groups are a tagged union on ``kind``
 
     schema_version: Literal[1] = Field(default=1, description="Config format version.")
     groups: tuple[GroupSpec, ...] = Field(min_length=1, description="KV-cache groups, in the engine's group order.")
@@ -193,7 +195,7 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
                     "integer_too_large",
                     f"holds an integer of about {int(item.bit_length() * 0.30103) + 1} digits (kvgeom reads at most "
                     f"{MAX_INT_DIGITS}); token counts and sizes fit in 19 digits",
-                    field_path(path),
+                    field_path(path, tags=KINDS),
                 )
             continue
         if isinstance(item, Mapping):
@@ -209,7 +211,7 @@ def check_nesting(data: Any, limit: int = MAX_NESTING) -> None:
             raise ConfigError.single(
                 "nested_too_deep",
                 f"the input nests tables/arrays more than {limit} levels deep; a kvgeom config needs at most 5",
-                field_path(path[:4]),
+                field_path(path[:4], tags=KINDS),
                 limit=limit,
             )
         for key, child in children:  # push only what needs a look: ints and containers

@@ -67,7 +67,6 @@ from kvgeom.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformSpec,
-    sliding_window_of,
 )
 
 if TYPE_CHECKING:
@@ -203,7 +202,10 @@ class KVEventReader:
         self._names: dict[Hashable, int] = {}
         self._spans = tuple(g.span for g in geom.groups)
         self._kinds = tuple(vllm_spec_kinds(g) for g in geom.groups)
-        self._windows = tuple((w[0] if (w := sliding_window_of(g.spec)) else None) for g in geom.groups)
+        self._windows = tuple(
+            g.gpu_window_need + 1 if g.family == "sliding" and g.gpu_window_need is not None else None
+            for g in geom.groups
+        )
         self._events = 0
         self._hash_types: set[type] = set()
 

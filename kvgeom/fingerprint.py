@@ -43,8 +43,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, assert_never
 
+from kvgeom._resolve import resolve
 from kvgeom.config import KVGeomConfig
-from kvgeom.geometry import Geometry, GroupGeometry, resolve
+from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.pages import maybe_page_bytes
 from kvgeom.specs import (
     AnyLeaf,

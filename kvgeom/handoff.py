@@ -81,12 +81,7 @@ def replay_boundaries(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]
 def _eagle_manager(geom: Geometry, group: int) -> bool:
     """Whether the GPU manager of ``group`` runs with the eagle bit (it caches differently): the group is in
     the coordinator's drop set, which holds every group -- Mamba too -- when none is flagged."""
-    # at call time: the drop set is still decided in kvgeom.speculative (which re-exports this module's
-    # partial-tail helpers); the resolved field Geometry.gpu_drop_groups replaces this import
-    from kvgeom.speculative import gpu_dropping_groups
-
-    sg = geom.speculative
-    return sg is not None and group in gpu_dropping_groups(list(geom.groups), sg)
+    return group in geom.gpu_drop_groups
 
 
 def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int) -> int:

@@ -38,7 +38,6 @@ from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_hori
 from kvgeom.prefix import scheduler_keeps_load
 from kvgeom.probes import Probe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
-from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = [
     "GroupLoad",
@@ -113,17 +112,6 @@ def _offload(geom: Geometry) -> OffloadGeometry:
     return geom.offload
 
 
-def window_need_tokens(g: GroupGeometry) -> int | None:
-    """Positions before a hit end that a windowed group must hold (None: Mamba, one key)."""
-    window = sliding_window_of(g.spec)
-    if window is not None:
-        return window[0] - 1 + window[1]
-    size = attention_chunk_size_of(g.spec)
-    if size is not None:
-        return size - 1
-    return None
-
-
 #: Consecutive misses after which a window scan asks the probe where the next held chunk may be
 #: (:meth:`kvgeom.probes.Probe.below`) instead of stepping: a set-backed probe then sorts its chunks
 #: once, which a scan that stops within a few chunks (the common case) never pays for.
@@ -140,7 +128,7 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     ``end - 1`` downwards, and the scan stops as soon as the run is long enough.
     """
     C = og.tokens_per_chunk
-    w = window_need_tokens(g)
+    w = g.window_need  # None: Mamba, one key
     window = og.window_chunks or 1
     contains, index = probe.contains, og.index
 
@@ -470,13 +458,16 @@ def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
     """
     g = geom.group(group)
     N = nonneg("end_token", end_token)
-    window = sliding_window_of(g.spec)
-    if window is not None:
-        return max(N - (window[0] - 1 + window[1]), 0)
-    size = attention_chunk_size_of(g.spec)
-    if size is not None:
-        return rdown(N, size)
-    return max(N - 1, 0) if g.family == "mamba" else 0
+    need = g.window_need
+    match g.family:
+        case "sliding" if need is not None:  # GroupGeometry.window_need: sliding_window - 1 + extra
+            return max(N - need, 0)
+        case "chunked" if need is not None:  # window_need + 1 is the attention chunk
+            return rdown(N, need + 1)
+        case "mamba":
+            return max(N - 1, 0)
+        case _:
+            return 0
 
 
 def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:

@@ -41,7 +41,6 @@ from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
-from kvgeom.specs import sliding_window_of
 
 __all__ = ["MAX_SCALAR_RESULT", "check_result_size", "default_alignment", "reachable_block_mask", "swa_store_horizon"]
 
@@ -171,10 +170,9 @@ def swa_store_need(g: GroupGeometry, span: int) -> int:
     (``_reachable_store_block_mask``) widens the window by ``extra_retained_tokens`` before it asks the
     manager for the mask, because its lookup needs the widened window (``load_window_size_in_chunks``).
     """
-    window = sliding_window_of(g.spec)
-    if window is None:
+    if g.family != "sliding" or g.window_need is None:
         return 0
-    return cdiv(window[0] - 1 + window[1], span)
+    return cdiv(g.window_need, span)
 
 
 def _sliding_window_kept(

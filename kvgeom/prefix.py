@@ -58,7 +58,7 @@ from kvgeom._check import scenario as check_scenario
 from kvgeom._math import cdiv
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
-from kvgeom.specs import Family, attention_chunk_size_of, sliding_window_of
+from kvgeom.specs import Family
 
 __all__ = [
     "Contains",
@@ -345,8 +345,8 @@ def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
     out = []
     for bucket in merged:
         first = bucket[0]
+        window = first.gpu_window_need + 1 if first.gpu_window_need is not None else None
         margins = [m.proof_margin for m in bucket if m.proof_margin is not None]
-        window = sliding_window_of(first.spec)
         out.append(
             LookupGroup(
                 group_ids=tuple(m.index for m in bucket),
@@ -354,8 +354,8 @@ def lookup_groups(geom: Geometry) -> tuple[LookupGroup, ...]:
                 family=first.family,
                 span=first.span,
                 full_attention=first.family == "full",
-                window=window[0] if window else None,
-                chunk=attention_chunk_size_of(first.spec),
+                window=window if first.family == "sliding" else None,
+                chunk=window if first.family == "chunked" else None,
                 proof_margin=margins[0] if margins and first.family != "mamba" else None,
             )
         )
@@ -419,7 +419,7 @@ def _lookup(lg: LookupGroup, contains: Contains, A: int, max_len: int, chain: in
         case "full":
             return _full(contains, lg.group_ids, S, A, max_len, chain, drop)
         case "sliding":
-            assert lg.window is not None  # a sliding family always has a window (specs.sliding_window_of)
+            assert lg.window is not None  # a sliding family always has a window (GroupGeometry.gpu_window_need)
             return _sliding(contains, lg.group_ids, S, A, lg.window, max_len, drop)
         case "chunked":
             assert lg.chunk is not None  # a chunked family always has an attention chunk

@@ -31,7 +31,7 @@ from kvgeom.keys import key_map
 from kvgeom.prefix import prefix_hit_from_scenario
 from kvgeom.ranks import dcp_placement, rank_lengths
 from kvgeom.request import plan_request
-from kvgeom.specs import attention_chunk_size_of, iter_leaves, sliding_window_of
+from kvgeom.specs import is_drafter_group, iter_leaves
 
 __all__ = [
     "explain_lines",
@@ -177,12 +177,11 @@ def _kind_label(g: GroupGeometry) -> str:
 
 
 def _window_label(g: GroupGeometry) -> str:
-    window = sliding_window_of(g.spec)
-    if window is not None:
-        return f"{window[0]} tokens"
-    size = attention_chunk_size_of(g.spec)
-    if size is not None:
-        return f"chunks of {size}"
+    need = g.gpu_window_need  # the window (or attention chunk) is gpu_window_need + 1
+    if g.family == "sliding" and need is not None:
+        return f"{need + 1} tokens"
+    if g.family == "chunked" and need is not None:
+        return f"chunks of {need + 1}"
     match g.family:
         case "full" | "sliding" | "chunked":
             return "full"
@@ -422,7 +421,6 @@ def explain_lines(geom: Geometry) -> list[str]:
     """
     # at call time: the drafter-flag question is decided with the resolve-time rules (kvgeom.speculative
     # re-exports this function), so this is the one arrow from here to them
-    from kvgeom.speculative import is_drafter_group
 
     sg = geom.speculative
     if sg is None:
@@ -489,11 +487,10 @@ def hit_landing_lines(geom: Geometry) -> list[str]:
                 tail = f", partial entries on H = {H}" if fine else ""
                 lines.append(head + f"every {S}-token block before the hit{tail}")
             case "sliding":
-                window = sliding_window_of(g.spec)
-                need = cdiv(window[0] - 1, S) if window is not None else 0
+                need = cdiv(g.gpu_window_need or 0, S)
                 lines.append(head + f"the {need} block(s) of {S} tokens before the hit (its window)")
             case "chunked":
-                size = attention_chunk_size_of(g.spec)
+                size = (g.gpu_window_need or 0) + 1
                 lines.append(head + f"the blocks of the hit's {size}-token attention chunk")
             case "mamba":
                 grid = f"states on every H = {H}" if fine else f"states every {S} tokens"

@@ -62,13 +62,14 @@ from pydantic import Field, model_validator
 
 from kvgeom._math import cdiv, rup
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
+from kvgeom._resolve import resolve
 from kvgeom.config import CacheConfig, OffloadConfig
 from kvgeom.errors import ConfigError, GeometryError, Problem
-from kvgeom.geometry import Geometry, resolve
+from kvgeom.geometry import Geometry
 from kvgeom.pages import attention_page_bytes, mamba_state_bytes
 from kvgeom.parallel import ParallelConfig
 from kvgeom.prefill import engine_block_size_of
-from kvgeom.specs import DType
+from kvgeom.specs import KINDS, DType
 
 __all__ = [
     "MLA_MIN_HYBRID_BLOCK",
@@ -201,6 +202,9 @@ class ModelLayers(FrozenModel):
     """
 
     FIELD_PREFIX = "model"
+    #: As every model before the tags came from the caller: a kind name after a list index is dropped from
+    #: an error's field (so ``layers[0].sliding_window`` reads ``layers[0]``; kept byte for byte).
+    UNION_TAGS = KINDS
 
     layers: tuple[LayerSpec, ...] = Field(min_length=1)
     block_size: PositiveInt = Field(default=16, description="--block-size: the user/preferred block size.")
@@ -214,6 +218,8 @@ class ModelLayers(FrozenModel):
 
 class LayeredConfig(FrozenModel):
     """A kvgeom config written as layer shapes: ``model`` replaces ``groups``."""
+
+    UNION_TAGS = KINDS  # as ModelLayers
 
     schema_version: Literal[1] = 1
     model: ModelLayers

@@ -48,7 +48,6 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.keys import boundary_hash_index, offload_group
 from kvgeom.ranks import Placement, dcp_placement
-from kvgeom.specs import attention_chunk_size_of, sliding_window_of
 
 __all__ = ["GPUPrefixCache", "RequestReport", "ScenarioReport", "Simulator", "run_request", "run_scenario"]
 
@@ -491,13 +490,12 @@ class GPUPrefixCache:
                 if states and got_states != [N]:
                     problems.append(f"group {g.index}: resuming at {N} adopts Mamba states {got_states}, not [{N}]")
                 continue
-            window = sliding_window_of(g.spec)
-            size = attention_chunk_size_of(g.spec)
+            need = g.gpu_window_need
             first = 0
-            if window is not None:
-                first = max(N - (window[0] - 1), 0)
-            elif size is not None:
-                first = N // size * size
+            if g.family == "sliding" and need is not None:
+                first = max(N - need, 0)
+            elif g.family == "chunked" and need is not None:
+                first = N // (need + 1) * (need + 1)
             missing = [p for p in range(first, N) if p not in held]
             if missing:
                 problems.append(

@@ -63,6 +63,7 @@ __all__ = [
     "is_dcp_sharded",
     "is_prefix_cacheable",
     "iter_leaves",
+    "is_drafter_group",
     "scheduler_view",
     "sliding_window_of",
     "attention_chunk_size_of",
@@ -471,6 +472,18 @@ def attention_chunk_size_of(spec: AnySpec) -> int | None:
             return None
 
 
+def is_drafter_group(spec: AnySpec) -> bool:
+    """Whether a group holds drafter layers: its own ``drafter`` flag or any layer's (a ``uniform`` group).
+
+    vLLM flags a group when any of its layers ``is_draft``
+    (``v1/core/kv_cache_planning.py::get_global_kv_cache_groups``).
+
+    >>> is_drafter_group(FullAttentionSpec(block_size=16, drafter=True))
+    True
+    """
+    return bool(spec.drafter) or any(bool(leaf.drafter) for leaf in iter_leaves(spec))
+
+
 def tokens_per_state_of(spec: AnyLeaf | CircularBufferSpec) -> int | None:
     """``tokens_per_state`` of an attention layer (compressed attention when > 1); None for Mamba."""
     match spec:
@@ -530,3 +543,6 @@ KINDS: frozenset[str] = frozenset(
         UniformSpec,
     )
 )
+#: Error locations of a spec (a uniform group's layers are a tagged union) name these tags; ``_pydantic``
+#: gets them from here instead of importing this module.
+_Spec.UNION_TAGS = KINDS

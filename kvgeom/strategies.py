@@ -38,7 +38,8 @@ from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvgeom.geometry import Geometry, resolve
+from kvgeom._resolve import resolve
+from kvgeom.geometry import Geometry
 from kvgeom.parallel import ParallelConfig
 from kvgeom.specs import (
     AnySpec,

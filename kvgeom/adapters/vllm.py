@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from kvgeom._format import show
+from kvgeom._resolve import resolve
 from kvgeom.errors import ConfigError, KVGeomError, Problem, QueryError
-from kvgeom.geometry import Geometry, resolve
+from kvgeom.geometry import Geometry
 from kvgeom.residency import make_offload_key, split_offload_key
 from kvgeom.specs import LATENT_KINDS
 

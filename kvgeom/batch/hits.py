@@ -39,8 +39,7 @@ from kvgeom.batch.handoff import mamba_handoff_matrix, partial_tail_boundaries, 
 from kvgeom.batch.masks import chunk_kept, kept_from_points, swa_store_horizons
 from kvgeom.batch.probes import HeldMatrix, eagle_pair_held, stored_matrices
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan, window_need_tokens
-from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
 
 __all__ = [
     "GroupLoads",
@@ -70,13 +69,16 @@ def skipped_tokens(geom: Geometry, group: int, end_tokens: Any) -> I64:
 
 
 def _skipped(g: GroupGeometry, N: I64) -> I64:
-    window = sliding_window_of(g.spec)
-    if window is not None:
-        return np.maximum(N - (window[0] - 1 + window[1]), 0)
-    size = attention_chunk_size_of(g.spec)
-    if size is not None:
-        return rdown(N, size)
-    return np.maximum(N - 1, 0) if g.family == "mamba" else np.zeros_like(N)
+    need = g.window_need
+    match g.family:
+        case "sliding" if need is not None:
+            return np.maximum(N - need, 0)
+        case "chunked" if need is not None:
+            return rdown(N, need + 1)
+        case "mamba":
+            return np.maximum(N - 1, 0)
+        case _:
+            return np.zeros_like(N)
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,7 @@ def _scan_windows(
     so the first position where ``needed <= run`` is found with a prefix max.
     """
     C = og.tokens_per_chunk
-    w = window_need_tokens(g)
+    w = g.window_need  # None: Mamba, one key
     window = og.window_chunks or 1
 
     def need(at: I64) -> I64:

@@ -28,12 +28,13 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from kvgeom._resolve import resolve
 from kvgeom.conformance.answers import kvgeom_answers
 from kvgeom.conformance.findings import Finding, classify, compare
 from kvgeom.conformance.gpu_prefix import drafter_configs, gpu_residencies
 from kvgeom.deviations import DEVIATIONS
 from kvgeom.errors import QueryError
-from kvgeom.geometry import Geometry, resolve
+from kvgeom.geometry import Geometry
 from kvgeom.strategies import block_sizes, configs, parallel_configs, scenarios
 
 __all__ = ["DEFAULT_EXAMPLES", "DEFAULT_KINDS", "Report", "cases", "hybrid_configs", "run"]

@@ -12,6 +12,7 @@ from kvgeom._math import cdiv
 from kvgeom.geometry import Geometry, SpeculativeGeometry
 from kvgeom.prefix import PrefixHit, prefix_hit
 from kvgeom.specs import attention_chunk_size_of, sliding_window_of
+from kvgeom.speculative import gpu_dropping_groups
 from kvgeom.strategies import configs
 
 MAX_BLOCK = 16
@@ -32,7 +33,8 @@ def with_drop(geom: Geometry, groups: set[int]) -> Geometry:
             g = dataclasses.replace(g, eagle_group=True, proof_margin=H if fine else g.span)
         out.append(g)
     spec = SpeculativeGeometry("eagle", 1, True, False, True, 1)
-    return dataclasses.replace(geom, groups=tuple(out), speculative=spec)
+    drop_set = gpu_dropping_groups(out, spec)  # the resolved field resolve() would have decided
+    return dataclasses.replace(geom, groups=tuple(out), speculative=spec, gpu_drop_groups=drop_set)
 
 
 #: Full attention 16 (drafter) + Mamba 16 + sliding window 16 / 33 (drafter), no partial hash hits.

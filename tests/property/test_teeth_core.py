@@ -11,7 +11,7 @@ Each test swaps one module-level function of kvgeom for a deliberately broken va
 3. the same counterexample passes the law once the correct rule is back.
 
 Seams: ``kvgeom.specs._sharded_by_kind`` (the kind rule behind ``is_dcp_sharded``),
-``kvgeom.geometry._row_width`` and ``kvgeom.geometry._scheduler_block_size``.
+``kvgeom._resolve.groups.row_width`` and ``kvgeom._resolve.units.scheduler_block_size``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import _laws as laws
 from _laws import H49964, H50287, H50883_D2, H50883_D8, LMC4809
 
 import kvgeom
-from kvgeom import geometry, specs
+from kvgeom import specs
 from kvgeom._math import cdiv
+from kvgeom._resolve import groups as resolve_groups
+from kvgeom._resolve import units as resolve_units
 from kvgeom.strategies import configs, minimal
 
 # The kinds the corresponding laws draw (tests/property/test_geometry_laws.py).
@@ -118,19 +120,19 @@ def test_row_width_law_catches_50287_mamba_row_divided_by_dcp(monkeypatch):
     {'dcp': 2, 'tp': 2}, 'cache': {'prefix_caching': True, 'max_model_len': 2}}`` -- Mamba row
     cdiv(2, 2) = 1 where the scheduler can allocate cdiv(2, 1) = 2 blocks.
     """
-    correct = geometry._row_width
+    correct = resolve_groups.row_width
 
     def with_broken_rows(check):
         def run(cfg):
             shards = kvgeom.load_config(cfg).parallel.kv_shards
             with monkeypatch.context() as m:
-                m.setattr(geometry, "_row_width", _row_width_divided_by_dcp(correct, shards))
+                m.setattr(resolve_groups, "row_width", _row_width_divided_by_dcp(correct, shards))
                 check(cfg)
 
         return run
 
     with monkeypatch.context() as m:
-        m.setattr(geometry, "_row_width", _row_width_divided_by_dcp(correct, 2))
+        m.setattr(resolve_groups, "row_width", _row_width_divided_by_dcp(correct, 2))
         assert [x.row_width for x in kvgeom.resolve(H50287).groups] == [16, 16]  # the bug's numbers
     assert fails(with_broken_rows(laws.check_row_width_holds_scheduler_blocks))(H50287)
     assert fails(with_broken_rows(laws.check_mamba_row_width))(H50287)
@@ -153,7 +155,7 @@ def test_scheduler_block_law_catches_lmcache_4809_cli_block_size(monkeypatch):
     def from_cli_block(groups):
         return cli_block_size * max(g.span // g.block_size for g in groups)
 
-    monkeypatch.setattr(geometry, "_scheduler_block_size", from_cli_block)
+    monkeypatch.setattr(resolve_units, "scheduler_block_size", from_cli_block)
     assert kvgeom.resolve(LMC4809).scheduler_block_size == 1024  # the bug's number
     assert fails(laws.check_scheduler_block_and_hash_unit)(LMC4809)
     cex = minimal(configs(), fails(laws.check_scheduler_block_and_hash_unit))

@@ -1,0 +1,280 @@
+"""Per-group resolve steps: the checks on each group, its sharding, Mamba mode, span, row width and
+window need.
+
+Invariants (property-tested in ``tests/property/test_geometry_laws.py``):
+
+* span: ``S_g = block_size * kv_shards`` for a DCP-sharded group, ``block_size`` otherwise; PCP never
+  scales a span unless ``pcp_shards_kv`` (vLLM #46570);
+* row widths: sharded attention ``cdiv(max_model_len, S_g)``, Mamba
+  ``cdiv(max_model_len, block_size) + num_speculative_blocks``, never divided by DCP (#50287);
+* ``window_need`` / ``gpu_window_need`` are decided here, once, from the group's scheduler view
+  (see :class:`kvgeom.geometry.GroupGeometry`).
+"""
+
+from __future__ import annotations
+
+from kvgeom._math import INT64_MAX, cdiv
+from kvgeom._resolve.problems import Collector, group_name, shard_words
+from kvgeom.config import KVGeomConfig
+from kvgeom.errors import GeometryError, KVGeomError, ParallelismError
+from kvgeom.geometry import GroupGeometry, MambaMode
+from kvgeom.specs import (
+    AnySpec,
+    CircularBufferSpec,
+    Family,
+    MambaSpec,
+    SinkFullAttentionSpec,
+    UniformSpec,
+    attention_chunk_size_of,
+    family,
+    is_dcp_sharded,
+    is_prefix_cacheable,
+    iter_leaves,
+    scheduler_view,
+    sliding_window_of,
+)
+
+__all__ = [
+    "check_group",
+    "check_spans",
+    "resolve_group_list",
+    "resolve_mamba_mode",
+    "row_width",
+    "window_needs",
+]
+
+#: What vLLM 0.33 does with a DCP-sharded group of each family kvgeom rejects (docs/deviations.md,
+#: ``dcp-sharded-windowed-rejected``). The hybrid coordinator (prefix caching on, two or more groups)
+#: asserts on all of them; elsewhere each family fares differently.
+_VLLM_ON_SHARDED = {
+    "sliding": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups) and "
+    "otherwise at memory planning (SlidingWindowSpec.max_memory_usage_bytes)",
+    "chunked": "vLLM 0.33 rejects it in the hybrid coordinator (prefix caching on, two or more groups), "
+    "otherwise at its first prefix-cache lookup, and not at all with prefix caching off",
+    "cross": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups)",
+    "circular": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups) "
+    "and otherwise runs it",
+}
+
+
+def resolve_mamba_mode(spec: AnySpec, prefix_caching: bool) -> MambaMode | None:
+    """The Mamba mode of a group: its configured ``mamba_cache_mode``, else align with prefix caching and
+    none without; None for a group that is not Mamba."""
+    view = scheduler_view(spec)
+    if not isinstance(view, MambaSpec):
+        return None
+    if view.mamba_cache_mode is not None:
+        return view.mamba_cache_mode
+    return "align" if prefix_caching else "none"
+
+
+def _sharding(i: int, spec: AnySpec, out: Collector) -> bool | None:
+    """Whether the group is DCP-sharded; None (and the problems collected) when its layers disagree."""
+    try:
+        return is_dcp_sharded(spec)
+    except KVGeomError as e:
+        for p in e.problems:
+            out.add(GeometryError, p.code, f"group {i} ({spec.kind}): {p.message}", f"groups[{i}].layers", **p.values)
+        return None
+
+
+def _check_uniform(i: int, spec: UniformSpec, out: Collector) -> None:
+    """A uniform group holds layers of one family, one Mamba mode, all of them cacheable."""
+    where = f"groups[{i}]"
+    fams = [family(layer) for layer in spec.layers]
+    if len(set(fams)) > 1:
+        out.add(
+            GeometryError,
+            "uniform_mixed_kinds",
+            f"group {i} (uniform) mixes layers of different manager families {fams}; a uniform group "
+            "holds layers of one family (e.g. MLA and its indexer): split them into separate groups",
+            f"{where}.layers",
+            families=fams,
+        )
+    modes = {layer.mamba_cache_mode for layer in spec.layers if isinstance(layer, MambaSpec)}
+    if len(modes) > 1:
+        out.add(
+            GeometryError,
+            "uniform_mixed_mamba_modes",
+            f"group {i} (uniform) has Mamba layers in different modes {sorted(map(str, modes))}; "
+            "give every layer the same mamba_cache_mode",
+            f"{where}.layers",
+        )
+    for j, layer in enumerate(spec.layers):
+        if layer.prefix_cacheable is False:
+            out.add(
+                GeometryError,
+                "uniform_layer_not_cacheable",
+                f"group {i} (uniform) layer {j} sets prefix_cacheable=false; every layer of a uniform group "
+                "must be cacheable: move the layer to its own group",
+                f"{where}.layers[{j}].prefix_cacheable",
+            )
+
+
+def _check_kind(i: int, spec: AnySpec, fam: Family, mode: MambaMode | None, cfg: KVGeomConfig, out: Collector) -> None:
+    """Kind rules: a ring buffer is not cacheable, Mamba is never sharded nor in mode none with prefix caching."""
+    where, kind = f"groups[{i}]", spec.kind
+    if isinstance(spec, CircularBufferSpec) and spec.prefix_cacheable:
+        out.add(
+            GeometryError,
+            "circular_buffer_cacheable",
+            f"group {i} (circular_buffer) sets prefix_cacheable=true, but a ring buffer overwrites its slots "
+            "and cannot serve prefix hits: remove the key",
+            f"{where}.prefix_cacheable",
+        )
+    if fam == "mamba" and spec.dcp_sharded:
+        out.add(
+            GeometryError,
+            "mamba_cannot_shard",
+            f"group {i} ({kind}) sets dcp_sharded=true, but recurrent state is one vector per sequence and is "
+            "replicated on every DCP rank: remove dcp_sharded",
+            f"{where}.dcp_sharded",
+        )
+    if mode == "none" and cfg.cache.prefix_caching:
+        out.add(
+            GeometryError,
+            "mamba_none_with_prefix_caching",
+            f"group {i} ({kind}) uses mamba_cache_mode='none' with prefix caching on; vLLM 0.33 rejects this "
+            "(only align mode keeps per-block states): set mamba_cache_mode='align' or cache.prefix_caching=false",
+            f"{where}.mamba_cache_mode",
+        )
+
+
+def _check_dealing(i: int, spec: AnySpec, fam: Family, sharded: bool | None, cfg: KVGeomConfig, out: Collector) -> None:
+    """Rules of a group dealt over KV shards: its family, the interleave, and a sink of whole spans."""
+    where, kind, shards = f"groups[{i}]", spec.kind, cfg.parallel.kv_shards
+    if sharded and shards > 1 and fam in _VLLM_ON_SHARDED:
+        out.add(
+            ParallelismError,
+            "sharded_kind_under_dcp",
+            f"group {i} ({kind}) is dealt across {shards} KV shards ({shard_words(cfg)}), but kvgeom deals only "
+            f"full-attention-family groups (full attention, MLA, sink) across ranks; {_VLLM_ON_SHARDED[fam]}: "
+            "set dcp_sharded=false on it (a replicated group) or use dcp=1",
+            f"{where}.dcp_sharded",
+            dcp=cfg.parallel.dcp,
+        )
+    if sharded and shards > 1:
+        interleave = cfg.parallel.cp_interleave
+        if interleave > spec.block_size or spec.block_size % interleave:
+            out.add(
+                ParallelismError,
+                "interleave_mismatch",
+                f"cp_interleave={interleave} does not fit group {i} ({kind}) with per-rank block_size="
+                f"{spec.block_size}; every DCP-sharded group's block must be >= the interleave and a multiple "
+                f"of it (kvgeom checks each sharded group, not only the smallest block as vLLM does): choose "
+                f"cp_interleave among the divisors of {spec.block_size}",
+                "parallel.cp_interleave",
+                cp_interleave=interleave,
+                block_size=spec.block_size,
+                group=i,
+            )
+    if isinstance(spec, SinkFullAttentionSpec) and sharded is not None:
+        span = spec.block_size * (shards if sharded else 1)
+        if spec.sink_len % span:
+            out.add(
+                GeometryError,
+                "sink_len_not_multiple_of_span",
+                f"sink_len={spec.sink_len} of group {i} ({kind}) is not a multiple of the group's span {span}; "
+                f"the sink must cover whole blocks: use a multiple of {span}",
+                f"{where}.sink_len",
+                sink_len=spec.sink_len,
+                span=span,
+            )
+
+
+def check_group(
+    i: int, spec: AnySpec, cfg: KVGeomConfig, out: Collector
+) -> tuple[bool | None, Family, MambaMode | None]:
+    """Per-group rules; returns whether the group is sharded (None when undecidable), its family and
+    its resolved Mamba mode."""
+    sharded = _sharding(i, spec, out)
+    if isinstance(spec, UniformSpec):
+        _check_uniform(i, spec, out)
+    fam = family(spec)
+    mode = resolve_mamba_mode(spec, cfg.cache.prefix_caching)
+    _check_kind(i, spec, fam, mode, cfg, out)
+    if fam == "mamba" and spec.dcp_sharded:
+        sharded = False
+    _check_dealing(i, spec, fam, sharded, cfg, out)
+    return sharded, fam, mode
+
+
+def row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | None) -> int:
+    """Block-table row width: the most block ids the scheduler can give one request.
+
+    A module-level function so the property tests can swap in a broken rule and show a law catches it.
+    """
+    widths = []
+    for leaf in iter_leaves(spec):
+        if isinstance(leaf, MambaSpec):
+            if mode == "none":
+                widths.append(1 + leaf.num_speculative_blocks)
+            else:  # align / all: one column per block of the whole sequence, never divided by DCP (#50287)
+                widths.append(cdiv(max_len, leaf.block_size) + leaf.num_speculative_blocks)
+        elif isinstance(leaf, CircularBufferSpec):
+            widths.append(1)
+        else:
+            widths.append(cdiv(max_len, leaf.block_size * span_factor))
+    return max(widths)
+
+
+def window_needs(spec: AnySpec) -> tuple[int | None, int | None]:
+    """``(window_need, gpu_window_need)`` of a group (see :class:`kvgeom.geometry.GroupGeometry`).
+
+    Sliding window ``(sw - 1 + extra_retained_tokens, sw - 1)``, chunked local
+    ``(attention_chunk_size - 1,) * 2``, every other family ``(None, None)``.
+
+    >>> from kvgeom.specs import SlidingWindowSpec
+    >>> window_needs(SlidingWindowSpec(block_size=16, sliding_window=128, extra_retained_tokens=2))
+    (129, 127)
+    """
+    window = sliding_window_of(spec)
+    if window is not None:
+        sw, extra = window
+        return sw - 1 + extra, sw - 1
+    size = attention_chunk_size_of(spec)
+    if size is not None:
+        return size - 1, size - 1
+    return None, None
+
+
+def resolve_group_list(cfg: KVGeomConfig, out: Collector) -> list[GroupGeometry]:
+    """Every group checked and resolved (span, row width, Mamba mode, window needs), in config order."""
+    shards = cfg.parallel.kv_shards
+    max_len = cfg.cache.max_model_len
+    groups: list[GroupGeometry] = []
+    for i, spec in enumerate(cfg.groups):
+        sharded, fam, mode = check_group(i, spec, cfg, out)
+        factor = shards if sharded else 1
+        need, gpu_need = window_needs(spec)
+        groups.append(
+            GroupGeometry(
+                index=i,
+                kind=spec.kind,
+                spec=spec,
+                family=fam,
+                block_size=spec.block_size,
+                dcp_sharded=bool(sharded),
+                prefix_cacheable=is_prefix_cacheable(spec),
+                span=spec.block_size * factor,
+                row_width=None if max_len is None else row_width(spec, factor, max_len, mode),
+                mamba_mode=mode,
+                dealt=bool(sharded) and shards > 1,
+                window_need=need,
+                gpu_window_need=gpu_need,
+            )
+        )
+    return groups
+
+
+def check_spans(groups: list[GroupGeometry], out: Collector) -> None:
+    """A span past int64 would break every batch path: refuse it here."""
+    for g in groups:
+        if g.span > INT64_MAX:
+            out.add(
+                GeometryError,
+                "span_too_large",
+                f"{group_name(g)} has span {g.span}, past int64: use realistic block and DCP sizes",
+                f"groups[{g.index}].block_size",
+                span=g.span,
+            )
