@@ -215,3 +215,34 @@ def test_eagle_lookup_queries_one_chunk_more_and_pops_it():
     assert hits.lookup_hit(g, 65, stored=stored).end_token == 48
     # with chunk 80 stored the pop lands back on 64 (needs the Mamba state at 64)
     assert hits.lookup_hit(g, 81, stored={0: [16, 32, 48, 64, 80], 1: [64]}).end_token == 64
+
+
+# the lookup's eagle helpers on FA 16 + Mamba 16 + a flagged FA 16 drafter, DCP 1: chunks of 16, group 2 is the
+# only eagle group
+EAGLE = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
+
+
+def test_eagle_pops_once_per_verified_candidate():
+    from kvgeom.speculative import eagle_pops
+
+    verified = set()
+    # the eagle group pops at a new candidate, then not again until the caller clears verified
+    assert eagle_pops(EAGLE.offload.group(2), verified) == 1 and verified == {2}
+    assert eagle_pops(EAGLE.offload.group(2), verified) == 0
+    # a target group never pops and is not marked
+    assert eagle_pops(EAGLE.offload.group(0), verified) == 0 and verified == {2}
+
+
+@pytest.mark.parametrize(
+    ("group", "m", "keyed_end", "pop", "end"),
+    [
+        (2, 64, 96, 1, 80),  # popping: one chunk (16) past the candidate 64
+        (2, 64, 70, 1, 70),  # ... capped at the group's keyed end
+        (2, 64, 96, 0, 64),  # already verified: the candidate itself
+        (0, 64, 96, 0, 64),  # a target group: the candidate itself
+    ],
+)
+def test_eagle_query_end(group, m, keyed_end, pop, end):
+    from kvgeom.speculative import eagle_query_end
+
+    assert eagle_query_end(EAGLE.offload.group(group), m, keyed_end, pop) == end

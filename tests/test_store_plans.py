@@ -18,7 +18,7 @@ Where prefill chunks end decides which Mamba states exist; those rows (``prefill
 from __future__ import annotations
 
 import pytest
-from _drafter_rows import FA16, M16, spec
+from _drafter_rows import DRAFT16, FA16, M16, spec
 
 import kvgeom
 from kvgeom import hits
@@ -204,3 +204,21 @@ def test_stores_keep_the_shifted_mamba_checkpoint():
     g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16], "offload": {}, "speculative": spec()})
     plan = hits.plan_store(g, num_tokens=100, num_computed_tokens=100)
     assert list(plan.groups[1].end_tokens) == [80] and plan.groups[1].block_entries == ((4,),)
+
+
+@pytest.mark.parametrize(
+    ("group", "storable", "offloadable", "finished", "kept"),
+    [
+        (2, 6, 100, False, 5),  # eagle group decoding (100 > prompt 90): 100 // 16 - 1 = 5 chunks
+        (2, 4, 100, False, 4),  # fewer storable than that: min(4, 5) = 4
+        (2, 0, 100, False, 0),  # nothing storable stays nothing
+        (2, 6, 100, True, 6),  # finished: the hold-back is lifted
+        (2, 6, 90, False, 6),  # still in the prompt (90 <= 90): no hold-back
+        (0, 6, 100, False, 6),  # a target group never holds back
+    ],
+)
+def test_store_holdback_chunks(group, storable, offloadable, finished, kept):
+    from kvgeom.speculative import store_holdback_chunks
+
+    g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})  # chunks of 16
+    assert store_holdback_chunks(g, group, storable, offloadable, 90, finished) == kept
