@@ -237,14 +237,6 @@ def test_mamba_mode_defaults_follow_prefix_caching():
     assert off.groups[1].mamba_mode == "none"
 
 
-def test_uniform_block_size_is_shared_both_ways():
-    # the container's block size fills its layers, and vice versa
-    a = kvgeom.UniformSpec.model_validate({"kind": "uniform", "block_size": 64, "layers": [MLA, MLA]})
-    b = kvgeom.UniformSpec.model_validate({"kind": "uniform", "layers": [mla(64), MLA]})
-    assert a == b
-    assert all(layer.block_size == 64 for layer in a.layers)
-
-
 def test_resolve_reads_json_and_toml(tmp_path):
     import json
 
@@ -265,14 +257,6 @@ def test_retention_dense_spellings():
     for dense in (None, "dense"):
         g = kvgeom.resolve(cfg([fa(16), mamba(16)], cache={"retention_interval": dense}, offload={}))
         assert g.offload.retention_interval is None
-
-
-def test_specs_are_hashable_values():
-    s = kvgeom.MambaSpec(block_size=16, shapes=[[2, 3]], dtypes=["bfloat16"])
-    assert hash(s) == hash(kvgeom.MambaSpec.model_validate(s.model_dump()))
-    assert kvgeom.MambaSpec.model_validate(s.model_dump()) == s
-    cfg_model = kvgeom.load_config(kvgeom.DEFAULT_CONFIG)
-    assert kvgeom.KVGeomConfig.model_validate(cfg_model.to_dict()) == cfg_model
 
 
 def test_dealt_is_sharded_with_more_than_one_kv_shard():

@@ -1,17 +1,21 @@
-"""Hit lookup, load plans and store plans (docs/hits.md; vLLM 0.33 offloading/scheduler.py; #44599, #49962)."""
+"""Hit lookup and load plans, the eagle pop included (docs/hits.md; vLLM 0.33 offloading/scheduler.py; #44599,
+#49962). Store plans (``plan_store``) have their example rows in ``test_store_plans.py``.
+
+The rows marked "(vLLM run)" restate results of running vLLM 0.33 itself on the same deployment.
+"""
 
 from __future__ import annotations
 
 import pytest
+from _drafter_rows import DRAFT16, FA16, M16, roundtrip, spec
 
 import kvgeom
-from kvgeom import boundaries
+from kvgeom import boundaries, hits
 from kvgeom.errors import QueryError
-from kvgeom.hits import lookup_hit, plan_hit, plan_store
+from kvgeom.hits import lookup_hit, plan_hit
 
 FA = {"kind": "full_attention"}
 SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # attention span 32, Mamba span 16, k = 1
-SEED_DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
 ALL_64 = {"0": [32, 64], "1": [16, 32, 48, 64]}
 
 
@@ -147,46 +151,12 @@ def test_dcp_disables_partial_tails():
     assert (hit.end_token, hit.partial_tail) == (32, False)
 
 
-def test_store_plan_example_3_49962():
-    # #49962: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
-    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64)
-    att, mam = plan.groups
-    assert att.chunks == (0, 1) and att.block_entries == ((0,), (1,))
-    assert mam.end_tokens == (16, 32, 48, 64) and mam.block_entries == ((0,), (1,), (2,), (3,))
-    # the buggy rule (#49962, every group B*D = 32): 64 // 32 = 2 Mamba states, the states after 16 and 32
-    assert 64 // 32 == 2 != len(mam.chunks)
 
 
-def test_store_plan_retention():
-    # 0.33 default retention 0: only the replay boundary num_prompt - 1 = 63 -> rdown(63, A=16) = 48
-    assert plan_store(SEED, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (48,)
-    # R = 32: one state per 32 tokens (32, 64) plus the replay boundary 48
-    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
-    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (32, 48, 64)
-    # attention stays dense
-    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[0].chunks == (0, 1)
 
 
-def test_store_plan_limits():
-    # only what is computed, only complete chunks, from what is not yet stored
-    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=70, stored_chunks={0: 1, 1: 2})
-    assert plan.offloadable_tokens == 70
-    assert plan.groups[0].chunks == (1,)
-    assert plan.groups[1].chunks == (2, 3)
-    # allocated blocks cap the store
-    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64, allocated_blocks={0: 1})
-    assert plan.groups[0].chunks == (0,)
-    # decode tokens are not offloaded by default (offload_prompt_only)
-    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=100, num_prompt_tokens=40)
-    assert plan.offloadable_tokens == 40
 
 
-def test_mamba_store_with_k_uses_mamba_chunk_not_attention_chunk():
-    # k = 2: Mamba chunk 32, attention chunk 64; Mamba keys end at 32 and 64, from blocks 1 and 3
-    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 2},
-                           "cache": {"retention_interval": None}})
-    mam = plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1]
-    assert mam.end_tokens == (32, 64) and mam.block_entries == ((1,), (3,))
 
 
 SCENARIO_ERRORS = [
@@ -217,16 +187,62 @@ def test_long_request_with_few_keys_scans_fast():
     assert hit.end_token == 64
 
 
-def test_store_plan_too_large_for_the_scalar_path():
-    from kvgeom.masks import MAX_SCALAR_RESULT
+# ----------------------------------------------------------------------------------- the eagle pop
 
-    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
-    with pytest.raises(QueryError) as info:
-        plan_store(geom, num_tokens=2**40, num_computed_tokens=2**40)
-    assert info.value.code == "result_too_large"
-    # narrowing the range with stored_chunks keeps it small
-    n = 2**40
-    plan = plan_store(geom, num_tokens=n, num_computed_tokens=n, stored_chunks={0: n // 32 - 2, 1: n // 16 - 4})
-    assert plan.groups[0].chunks == (n // 32 - 2, n // 32 - 1)
-    assert plan.groups[1].end_tokens == (n - 32, n - 16, n)  # one state per 32 tokens + the replay boundary
-    assert n // 16 > MAX_SCALAR_RESULT
+
+@pytest.mark.parametrize(
+    ("groups", "dcp", "section", "hit"),
+    [
+        ([{**FA16, "drafter": True}, M16], 1, spec(), 80),  # vLLM run: the checkpoint 80 is served
+        ([FA16, M16, DRAFT16], 2, spec(), 0),  # vLLM run: checkpoint 80, pop lands on 64: hit 0
+        ([FA16, M16], 1, spec(), 80),  # vLLM run: no flag, no pop, the GPU still moved the checkpoint
+        ([FA16, M16, DRAFT16], 2, None, 96),  # vLLM run: no drafter (the drafter group as a plain group)
+        ([FA16, M16, DRAFT16], 1, spec(eagle_block_drop=False), 96),  # the drop disabled
+    ],
+)
+def test_roundtrip_of_a_100_token_prompt(groups, dcp, section, hit):
+    cfg = {"groups": [{k: v for k, v in g.items() if section or k != "drafter"} for g in groups],
+           "parallel": {"tp": dcp, "dcp": dcp}, "offload": {}}
+    if section:
+        cfg["speculative"] = section
+    assert roundtrip(kvgeom.resolve(cfg), 100).end_token == hit
+
+
+def test_eagle_lookup_queries_one_chunk_more_and_pops_it():
+    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16], "offload": {}, "speculative": spec()})
+    stored = {0: [16, 32, 48, 64], 1: [16, 32, 48]}
+    # candidate 64 (n = 65): chunks to 64 stored, the extra chunk 80 is not -> pop 64 -> 48
+    assert hits.lookup_hit(g, 65, stored=stored).end_token == 48
+    # with chunk 80 stored the pop lands back on 64 (needs the Mamba state at 64)
+    assert hits.lookup_hit(g, 81, stored={0: [16, 32, 48, 64, 80], 1: [64]}).end_token == 64
+
+
+# the lookup's eagle helpers on FA 16 + Mamba 16 + a flagged FA 16 drafter, DCP 1: chunks of 16, group 2 is the
+# only eagle group
+EAGLE = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
+
+
+def test_eagle_pops_once_per_verified_candidate():
+    from kvgeom.hits import eagle_pops
+
+    verified = set()
+    # the eagle group pops at a new candidate, then not again until the caller clears verified
+    assert eagle_pops(EAGLE.offload.group(2), verified) == 1 and verified == {2}
+    assert eagle_pops(EAGLE.offload.group(2), verified) == 0
+    # a target group never pops and is not marked
+    assert eagle_pops(EAGLE.offload.group(0), verified) == 0 and verified == {2}
+
+
+@pytest.mark.parametrize(
+    ("group", "m", "keyed_end", "pop", "end"),
+    [
+        (2, 64, 96, 1, 80),  # popping: one chunk (16) past the candidate 64
+        (2, 64, 70, 1, 70),  # ... capped at the group's keyed end
+        (2, 64, 96, 0, 64),  # already verified: the candidate itself
+        (0, 64, 96, 0, 64),  # a target group: the candidate itself
+    ],
+)
+def test_eagle_query_end(group, m, keyed_end, pop, end):
+    from kvgeom.hits import eagle_query_end
+
+    assert eagle_query_end(EAGLE.offload.group(group), m, keyed_end, pop) == end

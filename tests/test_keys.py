@@ -1,4 +1,5 @@
-"""Example tables for offload keys and Mamba boundaries (docs/keys-and-boundaries.md)."""
+"""Example tables for offload keys (docs/keys-and-boundaries.md); Mamba state boundaries are in
+``test_boundaries.py``."""
 
 from __future__ import annotations
 
@@ -108,60 +109,6 @@ def test_key_errors():
     assert info.value.code == "int64_overflow"
     with pytest.raises(QueryError):
         keys.chunk_end_token(SEED, 0, 1.5)
-
-
-# (geometry, boundary, state block)
-STATE_TABLE = [
-    (SEED, 16, 0),  # first Mamba block holds the state after 16 tokens
-    (SEED, 64, 3),  # docs/keys-and-boundaries.md: block b/B_m - 1, B_m = 16 under any DCP
-]
-
-
-@pytest.mark.parametrize(("geom", "boundary", "block"), STATE_TABLE)
-def test_state_block_for_boundary(geom, boundary, block):
-    assert boundary == (block + 1) * 16
-    assert boundaries.state_block_for_boundary(geom, 1, boundary) == block
-
-
-def test_restore_reads_block_n_minus_1_div_b():
-    # docs/keys-and-boundaries.md: a request starting with N computed tokens reads block (N-1) // B_m
-    assert [boundaries.restore_read_block(SEED, 1, n) for n in (1, 16, 17, 48, 64)] == [0, 0, 1, 2, 3]
-    # running state during a step: cdiv(computed + scheduled, B_m) - 1
-    assert boundaries.running_state_block(SEED, 1, 0, 16) == 0
-    assert boundaries.running_state_block(SEED, 1, 16, 1) == 1
-
-
-def test_restorable_boundaries():
-    # multiples of the Mamba chunk only (16 here; 64 with k = 4)
-    assert [boundaries.is_restorable(SEED, 1, n) for n in (0, 16, 24, 48)] == [False, True, False, True]
-    assert [boundaries.is_restorable(SEED_K4, 1, n) for n in (16, 48, 64)] == [False, False, True]
-    # partial tails: only where the geometry supports them (D = 1, k = 1, H < B_m)
-    hybrid = [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]
-    tail = kvgeom.resolve({"groups": hybrid, "cache": {"prefix_match_unit": 8}, "offload": {}})
-    assert boundaries.is_restorable(tail, 1, 24, partial_tail=True)
-    assert not boundaries.is_restorable(tail, 1, 24)
-    assert not boundaries.is_restorable(SEED, 1, 24, partial_tail=True)
-
-
-def test_resend_never_restores_at_num_tokens():
-    # #44599: a prompt ending exactly on a chunk boundary restores one chunk earlier
-    assert boundaries.max_restorable_tokens(SEED, 1, 64) == 48
-    assert boundaries.max_restorable_tokens(SEED_K4, 1, 128) == 64
-    # the buggy rule (no rounding to the Mamba chunk after the -1) gave 63 with k = 1 -- a hit whose
-    # restore reads block (63-1)//16 = 3, the state after 64 tokens, which already consumed token 63.
-    assert boundaries.restore_read_block(SEED, 1, 63) == 3
-    assert boundaries.max_restorable_tokens(SEED, 1, 65) == 64
-
-
-def test_boundary_errors():
-    with pytest.raises(QueryError) as info:
-        boundaries.state_block_for_boundary(SEED, 1, 24)
-    assert info.value.code == "not_a_state_boundary"
-    with pytest.raises(QueryError) as info:
-        boundaries.state_block_for_boundary(SEED, 0, 32)
-    assert info.value.code == "not_align_mamba"
-    with pytest.raises(QueryError):
-        boundaries.restore_read_block(SEED, 1, 0)
 
 
 def test_answers_past_int64_are_refused():

@@ -1,4 +1,5 @@
-"""Example tables for ``kvgeom.prefix`` (GPU prefix-cache hits) and ``kvgeom.request`` (admission).
+"""Example tables for ``kvgeom.prefix`` (GPU prefix-cache hits); admission (``kvgeom.request``) is in
+``test_request.py``.
 
 Every ``prefix_hit`` row's expected numbers are vLLM 0.33's: the same geometry and residency were
 run through vLLM's own ``get_kv_cache_coordinator(...).find_longest_cache_hit`` (CPU build; block
@@ -16,7 +17,6 @@ from _prefix_rows import ROWS, geometry
 import kvgeom
 from kvgeom.batch.prefix import prefix_hits
 from kvgeom.prefix import prefix_hit, resident_sets, scheduler_keeps_load
-from kvgeom.request import plan_request
 from kvgeom.sim import GPUPrefixCache
 
 
@@ -112,29 +112,6 @@ def test_scheduler_keeps_load(local, L, external, runs):
 _DENSE = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}  # L = 32, H = A = 16
 
 
-@pytest.mark.parametrize(
-    ("resident", "stored", "local", "external", "mamba_keys"),
-    [
-        # GPU hit 48 (off L); from 32 the tier reaches 96: local 32 + load 64
-        ({"0": [32, 64, 96], "1": [48]}, {"0": [32, 64, 96], "1": [96]}, 32, 64, [96]),
-        # GPU hit 48; the tier's Mamba state is at 48 only: the load would end at 48, keep 48, load nothing
-        ({"0": [32, 64, 96], "1": [48]}, {"0": [32, 64, 96], "1": [48]}, 48, 0, []),
-        # GPU hit 64 (on L): the connector is asked from 64 and loads 32 more
-        ({"0": [32, 64], "1": [64]}, {"0": [32, 64, 96], "1": [96]}, 64, 32, [96]),
-        # nothing on the GPU: the tier serves everything it holds
-        ({}, {"0": [32, 64], "1": [64]}, 0, 64, [64]),
-        # the tier holds nothing past the GPU hit
-        ({"0": [32, 64], "1": [64]}, {"0": [32], "1": [32]}, 64, 0, []),
-    ],
-)
-def test_plan_request(resident, stored, local, external, mamba_keys):
-    g = kvgeom.resolve(_DENSE)
-    p = plan_request(g, {"num_tokens": 100, "resident": resident, "stored": stored})
-    assert (p.local_hit_tokens, p.external_hit_tokens) == (local, external)
-    assert list(p.groups[1].load_keys) == mamba_keys
-    assert g.plan_request({"num_tokens": 100, "resident": resident, "stored": stored}) == p.to_dict()
-
-
 def test_plan_hit_runs_no_load_the_scheduler_would_not():
     """``plan_hit`` with a local prefix off the L grid: the connector's hit_tokens stay, but no group
     loads when the hit does not pass the local prefix."""
@@ -144,16 +121,6 @@ def test_plan_hit_runs_no_load_the_scheduler_would_not():
     assert all(not x["load_keys"] for x in plan["groups"])
     plan = g.plan_hit({"num_tokens": 100, "local_computed_tokens": 48, "stored": {"0": [32, 64], "1": [64]}})
     assert plan["hit_tokens"] == 32 and plan["groups"][1]["load_keys"] == [64]
-
-
-def test_plan_request_without_offload():
-    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]})
-    assert g.plan_request({"num_tokens": 50, "resident": {"0": [16, 32, 48]}}) == {
-        "local_hit_tokens": 48, "external_hit_tokens": 0, "groups": []
-    }
-    with pytest.raises(kvgeom.QueryError) as e:
-        g.plan_request({"num_tokens": 50, "stored": {"0": [16]}})
-    assert e.value.problems[0].code == "no_offload"
 
 
 @pytest.mark.parametrize(

@@ -104,3 +104,27 @@ def test_a_pending_lookup_answer_is_refused_not_guessed():
 def test_as_probe_returns_a_probe_unchanged():
     p = as_probe(SEED, {1: {16}})
     assert as_probe(SEED, p) is p
+
+
+# The eagle pair probe (kvgeom.probes.eagle_pair_held): chunk end e is held iff the chunks ending at e and
+# e + C are both held and e + C <= stop. FA 16 alone, offloaded: C = 16.
+FA_ONLY = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("held", "stop", "pairs"),
+    [
+        ([16, 32, 64], 64, [16]),  # 16 pairs with 32; 32 has no 48; 64 has no 80
+        ([16, 32, 48, 64], 64, [16, 32, 48]),  # every chunk pairs with the next, up to stop
+        ([16, 32, 48, 64], 48, [16, 32]),  # 48's partner 64 is past stop 48
+        ([16, 32], 32, [16]),  # the partner may end exactly at stop
+        ([16, 32], 31, []),  # ... but not past it
+        ([32, 64], 64, []),  # no two consecutive chunks held: no pair
+    ],
+)
+def test_eagle_pair_held(held, stop, pairs):
+    from kvgeom.probes import eagle_pair_held
+
+    probe = eagle_pair_held(as_probe(FA_ONLY, {0: held}), 16, stop)
+    assert [e for e in range(16, 81, 16) if probe.contains(0, e)] == pairs
+    assert not probe.contains(0, 24)  # off the chunk grid: never held

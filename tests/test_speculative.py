@@ -1,4 +1,10 @@
-"""Example tables for kvgeom.speculative: config, resolve, checkpoints, offload hits and stores, warnings.
+"""Example tables for the ``speculative`` config section: what ``kvgeom.resolve`` decides for a drafter.
+
+The section's schema and refusals, the effective switches (``block_drop``, ``lookahead_hashes``, ``gpu_drop``,
+the prefill lookahead P), the eagle groups and proof margins, the drafter checks, the warnings and the CLI text.
+Query-time rules that apply a drafter's settings live with their own modules' tables: the prefill split and
+the Mamba checkpoint in ``test_prefill.py``, the eagle pop in ``test_hits.py``, the store hold-back in
+``test_store_plans.py``, partial tails in ``test_handoff.py``.
 
 The rows marked "(vLLM run)" restate results of running vLLM 0.33 itself on the same deployment.
 """
@@ -8,26 +14,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from _drafter_rows import DRAFT16, FA16, M16, roundtrip, spec
 
 import kvgeom
-from kvgeom import hits
 from kvgeom.prefill import mamba_checkpoint
-
-FA16 = {"kind": "full_attention", "block_size": 16}
-M16 = {"kind": "mamba", "block_size": 16}
-DRAFT16 = {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}
-
-
-def spec(method="eagle", k=2, **kw):
-    return {"method": method, "num_speculative_tokens": k, **kw}
-
-
-def roundtrip(geom, prompt, n=None):
-    """Store a finished prefill of ``prompt`` tokens, then look up a request of ``n`` tokens sharing it."""
-    plan = hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt)
-    stored = {g.index: list(g.end_tokens) for g in plan.groups}
-    return hits.lookup_hit(geom, prompt if n is None else n, stored=stored)
-
 
 # ----------------------------------------------------------------------------------- config
 
@@ -201,107 +191,6 @@ def test_offload_partial_tail_margin():
     assert [og["proof_margin"] for og in g.to_report()["offload"]["groups"]] == [8, None]
 
 
-# ----------------------------------------------------------------------------------- Mamba checkpoint
-
-
-@pytest.mark.parametrize(
-    ("extra", "section", "n", "position", "shift", "chunks"),
-    [
-        ({"offload": {}}, spec(), 100, 80, 16, (80, 20)),  # vLLM run: chunks [80, 20] instead of [96, 4]
-        ({"offload": {}}, None, 100, 96, 0, (96, 4)),  # no drafter
-        ({"offload": {}}, spec(), 96, 80, 0, (80, 16)),  # on the grid: drop and plain agree (96 - 16)
-        ({}, spec("mtp", 3, mtp_modules=3), 100, 96, 0, (96, 4)),  # lookahead hashes: rdown(100 - 3, 16)
-        ({}, spec("mtp", 3, mtp_modules=3), 98, 80, 16, (80, 18)),  # rdown(95, 16) = 80 vs plain 96
-        ({"offload": {}}, spec(eagle_block_drop=False), 100, 96, 0, (96, 4)),  # drop disabled
-        ({"offload": {}}, spec(), 15, 0, 0, (15,)),  # shorter than a block: no checkpoint
-    ],
-)
-def test_mamba_checkpoint(extra, section, n, position, shift, chunks):
-    cfg = {"groups": [FA16, M16, DRAFT16 if section else {**DRAFT16, "drafter": False}], **extra}
-    if section is not None:
-        cfg["speculative"] = section
-    cp = mamba_checkpoint(kvgeom.resolve(cfg), n)
-    assert (cp.position, cp.shift, cp.prefill_chunks) == (position, shift, chunks)
-    assert cp.state_block == (position // 16 - 1 if position else None)
-
-
-def test_mamba_checkpoint_needs_align_mamba():
-    with pytest.raises(kvgeom.QueryError, match="no align-mode Mamba"):
-        mamba_checkpoint(kvgeom.resolve({"groups": [FA16]}), 10)
-
-
-# ----------------------------------------------------------------------------------- offload hits and stores
-
-
-@pytest.mark.parametrize(
-    ("groups", "dcp", "section", "hit"),
-    [
-        ([{**FA16, "drafter": True}, M16], 1, spec(), 80),  # vLLM run: the checkpoint 80 is served
-        ([FA16, M16, DRAFT16], 2, spec(), 0),  # vLLM run: checkpoint 80, pop lands on 64: hit 0
-        ([FA16, M16], 1, spec(), 80),  # vLLM run: no flag, no pop, the GPU still moved the checkpoint
-        ([FA16, M16, DRAFT16], 2, None, 96),  # vLLM run: no drafter (the drafter group as a plain group)
-        ([FA16, M16, DRAFT16], 1, spec(eagle_block_drop=False), 96),  # the drop disabled
-    ],
-)
-def test_roundtrip_of_a_100_token_prompt(groups, dcp, section, hit):
-    cfg = {"groups": [{k: v for k, v in g.items() if section or k != "drafter"} for g in groups],
-           "parallel": {"tp": dcp, "dcp": dcp}, "offload": {}}
-    if section:
-        cfg["speculative"] = section
-    assert roundtrip(kvgeom.resolve(cfg), 100).end_token == hit
-
-
-def test_eagle_lookup_queries_one_chunk_more_and_pops_it():
-    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16], "offload": {}, "speculative": spec()})
-    stored = {0: [16, 32, 48, 64], 1: [16, 32, 48]}
-    # candidate 64 (n = 65): chunks to 64 stored, the extra chunk 80 is not -> pop 64 -> 48
-    assert hits.lookup_hit(g, 65, stored=stored).end_token == 48
-    # with chunk 80 stored the pop lands back on 64 (needs the Mamba state at 64)
-    assert hits.lookup_hit(g, 81, stored={0: [16, 32, 48, 64, 80], 1: [64]}).end_token == 64
-
-
-def test_eagle_partial_tail_keyed_at_boundary_plus_margin():
-    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
-                                   {"kind": "mamba", "block_size": 32}],
-                        "cache": {"prefix_match_unit": 8}, "offload": {}, "speculative": spec()})
-    stored = {0: [32, 64, 88], 1: [32, 80]}
-    # complete: 96 -> pop -> 32; tails from min(99, 32 + 2*32 - 1, 100 - 8) = 88 down; the bridge chunk 64 is
-    # stored; b = 80 needs the attention key at 80 + 8 = 88 and the Mamba key at 80
-    hit = hits.lookup_hit(g, 100, stored=stored)
-    assert (hit.end_token, hit.partial_tail) == (80, True)
-    loads = hits.plan_load(g, hit)
-    assert loads[0].load_keys == (32, 64, 88) and loads[1].load_keys == (80,)
-    # without chunk 64 the pop removes the only stored chunk (complete hit 0), and no tail in 8..56 has both
-    # its attention key at b + 8 and its Mamba key at b
-    assert hits.lookup_hit(g, 100, stored={0: [32, 88], 1: [32, 80]}).end_token == 0
-
-
-@pytest.mark.parametrize(
-    ("n", "computed", "finished", "ends"),
-    [
-        (48, 40, False, [16, 32]),  # prefill (computed <= prompt 40): trailing chunk stored at once
-        (49, 48, False, [16, 32]),  # decoding: chunk 48 held back (vLLM run: stored at 64 instead)
-        (65, 64, False, [16, 32, 48]),  # decoding: chunk 48 now, chunk 64 held back
-        (65, 64, True, [16, 32, 48, 64]),  # finished: the hold-back is lifted
-    ],
-)
-def test_eagle_store_holds_back_the_volatile_chunk_while_decoding(n, computed, finished, ends):
-    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}], "offload": {}, "speculative": spec()})
-    plan = hits.plan_store(g, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=40,
-                           offload_prompt_only=False, finished=finished)
-    assert list(plan.groups[0].end_tokens) == ends
-    plain = kvgeom.resolve({"groups": [FA16], "offload": {}})
-    assert list(hits.plan_store(plain, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=40,
-                                offload_prompt_only=False, finished=finished).groups[0].end_tokens) == \
-        [16 * (j + 1) for j in range(min(computed, n - 1 if finished else n) // 16)]
-
-
-def test_stores_keep_the_shifted_mamba_checkpoint():
-    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16], "offload": {}, "speculative": spec()})
-    plan = hits.plan_store(g, num_tokens=100, num_computed_tokens=100)
-    assert list(plan.groups[1].end_tokens) == [80] and plan.groups[1].block_entries == ((4,),)
-
-
 # ----------------------------------------------------------------------------------- warnings
 
 
@@ -409,65 +298,3 @@ def test_explain_shows_the_drafter_lane_and_margins_and_check_reports_the_hazard
     assert main(["check", str(path)]) == 0
     assert "[speculative_pop_vs_mamba_shift]" in capsys.readouterr().out
     assert main(["check", "--strict", str(path)]) == 1
-
-
-# ----------------------------------------------------------------------------------- prefill chunks and Mamba stores
-
-FA64, M64 = {"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}
-FA32, M32 = {"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}
-DRAFT64 = {**FA64, "num_kv_heads": 4, "drafter": True}
-DRAFT32 = {**FA32, "num_kv_heads": 4, "drafter": True}
-FINE = {"prefix_match_unit": 16}
-DENSE = {"retention_interval": None}
-
-
-@pytest.mark.parametrize(
-    ("groups", "extra", "section", "prompt", "budget", "ends", "mamba", "resend", "hit"),
-    [
-        # vLLM run: Mamba 64 wider than H 16: the chunk ending at 64 (a replay boundary) leaves a stored state
-        ([FA64, M64, DRAFT64], {"cache": FINE}, spec("eagle3"), 150, None, (64, 128, 150), (64, 128), 200, 64),
-        # vLLM run: H-grid tail 112, then the next block boundary 128; only the replay boundary 64 is kept
-        ([FA64, M64, DRAFT64], {"cache": FINE}, spec("eagle3", 2), 131, None, (64, 112, 128, 131), (64,), 197, 64),
-        # vLLM run: replay boundary 96 and checkpoint 128 both end chunks
-        ([FA32, M32, DRAFT32], {"cache": FINE}, spec(), 155, None, (96, 128, 155), (96, 128), 230, 96),
-        # vLLM run: MTP K 3, checkpoint 272 is off the Mamba grid; the replay boundary 256 is stored
-        ([FA32, M32, DRAFT32], {"cache": FINE}, spec("mtp", 3), 297, None, (256, 272, 288, 297), (256,), 444, 256),
-        # vLLM run: Mamba 16 off vLLM's cache_config.block_size 8 grid: no chunk ends at the checkpoint 16
-        ([{"kind": "full_attention", "block_size": 8}, M16, {**DRAFT16, "block_size": 8}],
-         {"parallel": {"tp": 2, "dcp": 2}}, spec("mtp", 2), 32, None, (24, 32), (), 32, 0),
-        # vLLM run, max_num_batched_tokens 40: chunk ends 32, 64 (budget), 80 (last cacheable) hold states
-        ([FA16, M16, DRAFT16], {"cache": DENSE}, spec(), 100, 40, (32, 64, 80, 100), (32, 64, 80), 100, 80),
-        # vLLM run, same without a drafter: 96 instead of 80
-        ([FA16, M16], {"cache": DENSE}, None, 100, 40, (32, 64, 96, 100), (32, 64, 96), 100, 96),
-        # vLLM run, multi-module MTP K 3, budget 48: ends 48, 80 (last cacheable), 100
-        ([FA16, M16, DRAFT16], {"cache": DENSE}, spec("mtp", 3, mtp_modules=3), 100, 48, (48, 80, 100), (48, 80),
-         100, 80),
-    ],
-)
-def test_prefill_chunks_and_mamba_stores_match_vllm(groups, extra, section, prompt, budget, ends, mamba, resend, hit):
-    from kvgeom.prefill import prefill_chunk_ends
-
-    cfg = {"groups": groups, "offload": {}, **extra}
-    if section is not None:
-        cfg["speculative"] = section
-    g = kvgeom.resolve(cfg)
-    got = prefill_chunk_ends(g, prompt, max_num_batched_tokens=budget)
-    assert got == ends
-    plan = hits.plan_store(g, num_tokens=prompt, num_computed_tokens=prompt, chunk_ends=got if budget else None)
-    assert plan.groups[1].end_tokens == mamba
-    stored = {s.index: list(s.end_tokens) for s in plan.groups}
-    assert hits.lookup_hit(g, resend, stored=stored).hit_tokens == hit
-
-
-def test_prefill_chunk_ends_bad_input():
-    from kvgeom.prefill import prefill_chunk_ends
-
-    g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
-    with pytest.raises(kvgeom.QueryError, match="max_num_batched_tokens=0"):
-        prefill_chunk_ends(g, 100, max_num_batched_tokens=0)
-    with pytest.raises(kvgeom.QueryError):
-        prefill_chunk_ends(g, -1)
-    with pytest.raises(kvgeom.QueryError, match="no align-mode Mamba"):
-        prefill_chunk_ends(kvgeom.resolve({"groups": [FA16]}), 10)
-    with pytest.raises(kvgeom.QueryError):
-        hits.plan_store(g, num_tokens=100, num_computed_tokens=100, chunk_ends=[-5])

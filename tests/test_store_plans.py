@@ -1,18 +1,96 @@
-"""Sliding-window store plans: example rows whose answers come from running vLLM 0.33's own
-``OffloadingConnectorScheduler._build_store_jobs`` (DCP 1) on the same geometry and request.
+"""Example rows for store plans (``kvgeom.hits.plan_store``): which chunks a request hands the offload tier.
 
-Each row is (groups, retention, request, SWA end tokens vLLM stores). The full-attention group is
-always dense, so only the sliding-window group (index 1) is listed. The rules are in
-``docs/hits.md`` (store plan) and :mod:`kvgeom.masks`.
+This is the home of ``plan_store``'s example rows; its laws are in ``tests/property/test_store_plan_laws.py``
+(and the batch twin's agreement in ``tests/property/test_batch_agrees_with_scalar.py``). Sections:
+
+* attention and Mamba groups: the seed geometry, retention, limits (docs/hits.md, #49962);
+* sliding windows: rows whose answers come from running vLLM 0.33's own
+  ``OffloadingConnectorScheduler._build_store_jobs`` (DCP 1) on the same geometry and request. Each row is
+  (groups, retention, request, SWA end tokens vLLM stores). The full-attention group is always dense, so
+  only the sliding-window group (index 1) is listed. The rules are in ``docs/hits.md`` (store plan) and
+  :mod:`kvgeom.masks`;
+* drafters: the eagle store hold-back and the shifted Mamba checkpoint (``docs/speculative.md``).
+
+Where prefill chunks end decides which Mamba states exist; those rows (``prefill_chunk_ends`` with
+``plan_store``) are in ``test_prefill.py``.
 """
 
 from __future__ import annotations
 
 import pytest
+from _drafter_rows import DRAFT16, FA16, M16, spec
 
 import kvgeom
+from kvgeom import hits
 from kvgeom.batch import plan_stores
+from kvgeom.errors import QueryError
 from kvgeom.hits import lookup_hit, plan_store
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # attention span 32, Mamba span 16, k = 1, retention 0
+SEED_DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+
+
+# ----------------------------------------------------------------------------------- attention and Mamba
+
+
+def test_store_plan_example_3_49962():
+    # #49962: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
+    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64)
+    att, mam = plan.groups
+    assert att.chunks == (0, 1) and att.block_entries == ((0,), (1,))
+    assert mam.end_tokens == (16, 32, 48, 64) and mam.block_entries == ((0,), (1,), (2,), (3,))
+    # the buggy rule (#49962, every group B*D = 32): 64 // 32 = 2 Mamba states, the states after 16 and 32
+    assert 64 // 32 == 2 != len(mam.chunks)
+
+
+def test_store_plan_retention():
+    # 0.33 default retention 0: only the replay boundary num_prompt - 1 = 63 -> rdown(63, A=16) = 48
+    assert plan_store(SEED, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (48,)
+    # R = 32: one state per 32 tokens (32, 64) plus the replay boundary 48
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (32, 48, 64)
+    # attention stays dense
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[0].chunks == (0, 1)
+
+
+def test_store_plan_limits():
+    # only what is computed, only complete chunks, from what is not yet stored
+    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=70, stored_chunks={0: 1, 1: 2})
+    assert plan.offloadable_tokens == 70
+    assert plan.groups[0].chunks == (1,)
+    assert plan.groups[1].chunks == (2, 3)
+    # allocated blocks cap the store
+    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64, allocated_blocks={0: 1})
+    assert plan.groups[0].chunks == (0,)
+    # decode tokens are not offloaded by default (offload_prompt_only)
+    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=100, num_prompt_tokens=40)
+    assert plan.offloadable_tokens == 40
+
+
+def test_mamba_store_with_k_uses_mamba_chunk_not_attention_chunk():
+    # k = 2: Mamba chunk 32, attention chunk 64; Mamba keys end at 32 and 64, from blocks 1 and 3
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 2},
+                           "cache": {"retention_interval": None}})
+    mam = plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1]
+    assert mam.end_tokens == (32, 64) and mam.block_entries == ((1,), (3,))
+
+
+def test_store_plan_too_large_for_the_scalar_path():
+    from kvgeom.masks import MAX_SCALAR_RESULT
+
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
+    with pytest.raises(QueryError) as info:
+        plan_store(geom, num_tokens=2**40, num_computed_tokens=2**40)
+    assert info.value.code == "result_too_large"
+    # narrowing the range with stored_chunks keeps it small
+    n = 2**40
+    plan = plan_store(geom, num_tokens=n, num_computed_tokens=n, stored_chunks={0: n // 32 - 2, 1: n // 16 - 4})
+    assert plan.groups[0].chunks == (n // 32 - 2, n // 32 - 1)
+    assert plan.groups[1].end_tokens == (n - 32, n - 16, n)  # one state per 32 tokens + the replay boundary
+    assert n // 16 > MAX_SCALAR_RESULT
+
+
+# ----------------------------------------------------------------------------------- sliding windows
 
 
 def _geom(fa: int, swa: int, window: int, extra: int, retention: int | None, k: int = 1) -> kvgeom.Geometry:
@@ -97,3 +175,50 @@ def test_lookup_on_the_planned_tier_finds_vllms_hit(shape, prompt, request_token
     plan = plan_store(g, num_tokens=prompt, num_computed_tokens=prompt)
     tier = {s.index: list(s.end_tokens) for s in plan.groups}
     assert lookup_hit(g, request_tokens, stored=tier).hit_tokens == want
+
+
+# ----------------------------------------------------------------------------------- drafters
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "finished", "ends"),
+    [
+        (48, 40, False, [16, 32]),  # prefill (computed <= prompt 40): trailing chunk stored at once
+        (49, 48, False, [16, 32]),  # decoding: chunk 48 held back (vLLM run: stored at 64 instead)
+        (65, 64, False, [16, 32, 48]),  # decoding: chunk 48 now, chunk 64 held back
+        (65, 64, True, [16, 32, 48, 64]),  # finished: the hold-back is lifted
+    ],
+)
+def test_eagle_store_holds_back_the_volatile_chunk_while_decoding(n, computed, finished, ends):
+    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}], "offload": {}, "speculative": spec()})
+    plan = hits.plan_store(g, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=40,
+                           offload_prompt_only=False, finished=finished)
+    assert list(plan.groups[0].end_tokens) == ends
+    plain = kvgeom.resolve({"groups": [FA16], "offload": {}})
+    assert list(hits.plan_store(plain, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=40,
+                                offload_prompt_only=False, finished=finished).groups[0].end_tokens) == \
+        [16 * (j + 1) for j in range(min(computed, n - 1 if finished else n) // 16)]
+
+
+def test_stores_keep_the_shifted_mamba_checkpoint():
+    g = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16], "offload": {}, "speculative": spec()})
+    plan = hits.plan_store(g, num_tokens=100, num_computed_tokens=100)
+    assert list(plan.groups[1].end_tokens) == [80] and plan.groups[1].block_entries == ((4,),)
+
+
+@pytest.mark.parametrize(
+    ("group", "storable", "offloadable", "finished", "kept"),
+    [
+        (2, 6, 100, False, 5),  # eagle group decoding (100 > prompt 90): 100 // 16 - 1 = 5 chunks
+        (2, 4, 100, False, 4),  # fewer storable than that: min(4, 5) = 4
+        (2, 0, 100, False, 0),  # nothing storable stays nothing
+        (2, 6, 100, True, 6),  # finished: the hold-back is lifted
+        (2, 6, 90, False, 6),  # still in the prompt (90 <= 90): no hold-back
+        (0, 6, 100, False, 6),  # a target group never holds back
+    ],
+)
+def test_store_holdback_chunks(group, storable, offloadable, finished, kept):
+    from kvgeom.hits import store_holdback_chunks
+
+    g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})  # chunks of 16
+    assert store_holdback_chunks(g, group, storable, offloadable, 90, finished) == kept

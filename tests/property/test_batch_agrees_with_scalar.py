@@ -210,7 +210,7 @@ def test_slot_mapping_agrees_with_dcp_slot(geom, data):
 
 
 @given(geometries(), value_lists(), st.data())
-def test_rank_lengths_agree(geom, counts, data):
+def test_batch_rank_lengths_equal_scalar_rank_lengths(geom, counts, data):
     group = group_of(geom, data)
     check(lambda: batch.rank_lengths(geom, group, counts),
           lambda n: list(ranks.rank_lengths(geom, group, n)), counts, lambda a: a.tolist())
@@ -254,7 +254,7 @@ def _scalar_key(fn):
 
 @pytest.mark.parametrize("batch_fn, scalar_fn, probe, _", KEY_FUNCS, ids=_name)
 @given(geom=st.one_of(geometries(), tail_geometries()), items=value_lists(), data=st.data())
-def test_key_and_boundary_maps_agree(batch_fn, scalar_fn, probe, _, geom, items, data):
+def test_batch_key_and_boundary_maps_equal_the_scalar_maps(batch_fn, scalar_fn, probe, _, geom, items, data):
     group = group_of(geom, data)
     sfn = _scalar_key(scalar_fn)
     # the group-level refusal (no offload, not offloaded, not Mamba, not positional) shows on any probe
@@ -269,13 +269,13 @@ def test_key_and_boundary_maps_agree(batch_fn, scalar_fn, probe, _, geom, items,
 
 
 @given(geometries(), value_lists())
-def test_boundary_hash_index_agrees(geom, items):
+def test_batch_boundary_hash_index_equals_scalar(geom, items):
     check(lambda: batch.boundary_hash_index(geom, items),
           lambda x: keys.boundary_hash_index(geom, x), items, lambda a: a.tolist())
 
 
 @given(geometries(), value_lists(), st.data())
-def test_running_state_block_agrees(geom, computed, data):
+def test_batch_running_state_block_equals_scalar(geom, computed, data):
     group = group_of(geom, data)
     sched = data.draw(st.lists(VALUES, min_size=len(computed), max_size=len(computed)), label="scheduled")
     pairs = list(zip(computed, sched, strict=True))
@@ -375,7 +375,7 @@ def test_store_plans_agree_with_plan_store(geom, data):
 
 
 @given(st.one_of(geometries(offload=True, retention=0), geometries(offload=True, retention="periodic")), st.data())
-def test_store_masks_agree_near_boundaries(geom, data):
+def test_batch_store_masks_equal_scalar_near_chunk_boundaries(geom, data):
     """Masks (retention 0: reachable boundaries only; R > 0: periodic) with boundaries on and next to chunk ends."""
     C = max(og.tokens_per_chunk for og in geom.offload.groups)
     size = data.draw(st.integers(1, 6), label="requests")

@@ -116,7 +116,7 @@ def test_with_the_drop_a_hit_never_includes_the_volatile_unit(case):
 
 
 @given(prefix_cases())
-def test_probe_and_mapping_agree(case):
+def test_probe_and_mapping_residencies_give_the_same_hit(case):
     """The two residency forms (a mapping, a ``contains`` probe such as ``Residency.probe``) give
     the same hit."""
     geom, n, resident = case
@@ -198,7 +198,7 @@ def test_plan_request_agrees_with_the_simulator(case):
         assert plan.local_hit_tokens + plan.external_hit_tokens > plan.local.hit_tokens
 
 
-def test_with_drop_helper_leaves_mamba_alone():
+def test_with_drop_gives_attention_a_margin_and_mamba_none():
     g = with_drop(_H49964, {0, 1})
     assert [x.proof_margin for x in g.groups] == [16, None]
     assert dataclasses.replace(g, speculative=None).groups == g.groups
@@ -242,7 +242,7 @@ def test_batch_prefix_hits_equal_scalar(case, more):
 
 
 @given(prefix_cases())
-def test_batch_prefix_hits_on_empty_input(case):
+def test_batch_prefix_hits_of_an_empty_batch_are_empty(case):
     geom, _n, _resident = case
     if hit_or_unsupported(geom, 0, {}) is None:
         return

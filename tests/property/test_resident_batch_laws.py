@@ -122,6 +122,6 @@ def test_lookup_resident_equals_lookup_hit_request_by_request(geom, data):
                                                  local_computed_tokens=local[i])
 
 
-def test_lookup_resident_on_an_empty_batch():
+def test_lookup_resident_of_an_empty_batch_is_empty():
     geom = kvgeom.resolve(_DENSE)
     assert len(lookup_resident(geom, kvgeom.Residency(), [], np.zeros(0, dtype=np.int64))) == 0

@@ -236,7 +236,7 @@ def test_restored_mamba_state_is_never_a_lookahead_state(geom, prompt, extra):
 
 
 @given(speculative_geometries(), st.integers(0, 500), st.integers(0, 500))
-def test_mamba_checkpoint_postconditions(geom, n, prompt):
+def test_mamba_checkpoint_is_on_its_unit_below_the_prefill_end_and_chunks_sum_to_the_prompt(geom, n, prompt):
     assume(any(g.is_align_mamba for g in geom.groups))
     n = max(n, prompt)
     cp = mamba_checkpoint(geom, n, num_prompt_tokens=prompt)

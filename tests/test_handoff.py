@@ -1,0 +1,153 @@
+"""Example tables for the Mamba hand-off (``kvgeom.handoff``): which align-mode Mamba states reach the offload
+tier, and the partial-tail store job (vLLM 0.33 ``MambaManager.cache_blocks``,
+``_build_aligned_boundary_store_jobs``, ``_build_partial_tail_store_jobs``; the module docstring states the
+three conditions). Each row's numbers follow from the docstrings' formulas; the comment shows the arithmetic.
+
+The rows marked "(vLLM run)" restate results of running vLLM 0.33 itself on the same deployment.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _drafter_rows import DRAFT16, FA16, M16, spec
+
+import kvgeom
+from kvgeom import hits
+from kvgeom.handoff import (
+    mamba_cacheable_tokens,
+    mamba_handoffs,
+    partial_tail_boundary,
+    replay_boundaries,
+    state_ends,
+)
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # FA 16 + Mamba 16, DCP 2: L = 32, H = 16, partial hits, retention 0
+SEED_DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+DCP1 = kvgeom.resolve({"groups": [FA16, M16], "offload": {}})  # L = H = 16: no partial hash hits
+# a flagged drafter under the GPU drop (an offload section): the drop set is {2}, Mamba keeps its own manager
+DROP = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})
+# no group flagged: the coordinator drops for every group, Mamba's manager included (the eagle bit)
+DROP_ALL = kvgeom.resolve({"groups": [FA16, M16], "offload": {}, "speculative": spec()})
+# the same with multi-module MTP, K = 3: P = 3, so P - 1 = 2 tokens may be re-prefilled
+MTP_ALL = kvgeom.resolve({"groups": [FA16, M16], "offload": {}, "speculative": spec("mtp", 3, mtp_modules=3)})
+NO_PREFIX = kvgeom.resolve({"groups": [FA16, {**M16, "mamba_cache_mode": "align"}],
+                            "cache": {"prefix_caching": False}, "offload": {}})
+FINE64_CFG = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+              "cache": {"prefix_match_unit": 16}, "offload": {}}  # DCP 1, span 64, H 16: partial tails on
+FINE64 = kvgeom.resolve(FINE64_CFG)
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "points"),
+    [
+        (SEED, 100, (99,)),  # no GPU drop: the resend cap num_prompt - 1
+        (SEED, 0, ()),  # an empty prompt: nowhere to resume
+        (DROP, 100, (80,)),  # the drop, L 16: {rdown(99, 16) - 16, rdown(100, 16) - 16} = {80}
+        (DROP, 96, (64, 80)),  # {rdown(95, 16) - 16, rdown(96, 16) - 16} = {64, 80}
+        (DROP, 10, (0,)),  # both below one block: max(.., 0) = 0
+    ],
+)
+def test_replay_boundaries(geom, prompt, points):
+    assert replay_boundaries(geom, prompt) == points
+
+
+@pytest.mark.parametrize(
+    ("geom", "group", "computed", "cacheable"),
+    [
+        (SEED, 1, 100, 100),  # several groups, partial hash hits on: c itself
+        (DCP1, 1, 100, 96),  # no partial hits: rdown(100, L = 16) = 96
+        (NO_PREFIX, 1, 100, 0),  # prefix caching off: nothing is hashed
+        (DROP, 1, 100, 96),  # Mamba is not in the drop set {2}: rdown(100, 16) = 96
+        (DROP_ALL, 1, 100, 100),  # the eagle bit: min(finalized 100, rdown(100, 16) + span 16) = 100
+        (DROP_ALL, 1, 96, 96),  # on the grid: min(96, 96 + 16) = 96
+        (MTP_ALL, 1, 100, 98),  # finalized 100 - (P - 1) = 98, min(98, 96 + 16) = 98
+        (MTP_ALL, 0, 100, 98),  # the attention group has the eagle bit too
+    ],
+)
+def test_mamba_cacheable_tokens(geom, group, computed, cacheable):
+    assert mamba_cacheable_tokens(geom, group, computed) == cacheable
+
+
+def test_mamba_cacheable_tokens_of_a_single_group_keeps_p_minus_1_out():
+    # the unitary coordinator: c - (P - 1) = 100 - 2 (multi-module MTP, K = 3, P = 3)
+    g = kvgeom.resolve({"groups": [M16], "speculative": spec("mtp", 3, mtp_modules=3)})
+    assert mamba_cacheable_tokens(g, 0, 100) == 98
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "window", "ends"),
+    [
+        # the deployment's split given: the chunk ends themselves
+        (SEED, 100, 100, (96, 100), {}, (96, 100)),
+        # no split given, no drop: every Mamba block, the prompt, and the tail stop 96 (already a block)
+        (SEED, 100, 100, None, {}, (16, 32, 48, 64, 80, 96, 100)),
+        # a prefill stopped at 40: the ends up to 40, and 40 itself (the step that stores ended there)
+        (SEED, 100, 40, None, {}, (16, 32, 40)),
+        # only the window (32, 64]
+        (SEED, 100, 100, None, {"above": 32, "upto": 64}, (48, 64)),
+        # under the GPU drop: vLLM's split with an unbounded budget, chunks (80, 20)
+        (DROP, 100, 100, None, {}, (80, 100)),
+    ],
+)
+def test_state_ends(geom, prompt, computed, chunk_ends, window, ends):
+    assert state_ends(geom, prompt, computed, chunk_ends, **window) == ends
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "keys"),
+    [
+        # retention 0: the replay boundary 99 keeps the block of the chunk end 96 only
+        (SEED, 100, 100, (96, 100), (96,)),
+        # the same with the default split: still 96 (the mask keeps one block)
+        (SEED, 100, 100, None, (96,)),
+        # dense retention, chunks ending at 32, 64, 96, 100: the three on the Mamba grid (100 is not)
+        (SEED_DENSE, 100, 100, (32, 64, 96, 100), (32, 64, 96)),
+        # dense, default split: every Mamba block up to 96
+        (SEED_DENSE, 100, 100, None, (16, 32, 48, 64, 80, 96)),
+        # dense, prefilled to 40: the states at 16 and 32 (40 is off the Mamba grid)
+        (SEED_DENSE, 100, 40, None, (16, 32)),
+        # the GPU drop: chunks end at 80 and 100; the replay boundary 80 keeps 80
+        (DROP, 100, 100, None, (80,)),
+    ],
+)
+def test_mamba_handoffs(geom, prompt, computed, chunk_ends, keys):
+    assert mamba_handoffs(geom, 1, prompt, computed, chunk_ends) == keys
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "kw", "boundary"),
+    [
+        (FINE64, 228, 228, {}, 224),  # vLLM 0.33 run: FA and Mamba both store a key at 224 = rdown(227, 16)
+        (FINE64, 228, 224, {}, None),  # the prefill has not gone past the checkpoint 224 yet
+        (FINE64, 193, 193, {}, None),  # the checkpoint 192 is on the span grid (3 * 64): a complete chunk
+        (FINE64, 228, 228, {"max_offload_tokens": 200}, None),  # 224 past max_offload_tokens
+        (FINE64, 228, 228, {"chunk_ends": (64, 128, 192, 228)}, None),  # no chunk ended at 224
+        (FINE64, 0, 0, {}, None),  # an empty prompt
+        (SEED, 100, 100, {}, None),  # DCP 2: no partial tails
+    ],
+)
+def test_partial_tail_boundary(geom, prompt, computed, kw, boundary):
+    assert partial_tail_boundary(geom, prompt, computed, **kw) == boundary
+
+
+def test_partial_tail_boundary_needs_an_offload_section():
+    assert partial_tail_boundary(kvgeom.resolve({**FINE64_CFG, "offload": None}), 228, 228) is None
+
+
+# ----------------------------------------------------------------------------------- partial tails of an eagle group
+
+
+def test_eagle_partial_tail_keyed_at_boundary_plus_margin():
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                                   {"kind": "mamba", "block_size": 32}],
+                        "cache": {"prefix_match_unit": 8}, "offload": {}, "speculative": spec()})
+    stored = {0: [32, 64, 88], 1: [32, 80]}
+    # complete: 96 -> pop -> 32; tails from min(99, 32 + 2*32 - 1, 100 - 8) = 88 down; the bridge chunk 64 is
+    # stored; b = 80 needs the attention key at 80 + 8 = 88 and the Mamba key at 80
+    hit = hits.lookup_hit(g, 100, stored=stored)
+    assert (hit.end_token, hit.partial_tail) == (80, True)
+    loads = hits.plan_load(g, hit)
+    assert loads[0].load_keys == (32, 64, 88) and loads[1].load_keys == (80,)
+    # without chunk 64 the pop removes the only stored chunk (complete hit 0), and no tail in 8..56 has both
+    # its attention key at b + 8 and its Mamba key at b
+    assert hits.lookup_hit(g, 100, stored={0: [32, 88], 1: [32, 80]}).end_token == 0
