@@ -104,7 +104,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "DEFAULT_CONFIG",

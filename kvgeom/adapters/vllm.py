@@ -25,6 +25,8 @@ kvgeom's ``(group, end_token)`` and back. ``docs/adapters.md`` lists the mapping
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
@@ -37,6 +39,8 @@ from kvgeom.specs import LATENT_KINDS
 
 __all__ = [
     "CACHE_FIELDS",
+    "CHECKED_VLLM",
+    "EngineVersionWarning",
     "OFFLOADING_CONNECTOR",
     "OffloadKeys",
     "PARALLEL_FIELDS",
@@ -45,7 +49,9 @@ __all__ = [
     "coerce_extra_int",
     "config_from_vllm",
     "dtype_name",
+    "engine_version_message",
     "geometry_from_vllm",
+    "installed_vllm_version",
     "is_scheduler_offload_config",
     "offload_from_transfer",
     "speculative_from_vllm",
@@ -92,6 +98,57 @@ _TORCH_DTYPES = {
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+# -- engine version -------------------------------------------------------------------------------------
+
+#: The vLLM release series this kvgeom release is checked against (docs/policies.md, engine support).
+CHECKED_VLLM = "0.33"
+
+
+class EngineVersionWarning(UserWarning):
+    """The installed engine is not a version this kvgeom release was checked against (docs/policies.md)."""
+
+
+def engine_version_message(name: str, version: str, checked: str) -> str | None:
+    """None when ``version`` is in the ``checked`` release series of engine ``name``, else what to tell the user.
+
+    >>> engine_version_message("vllm", "0.33.1", "0.33") is None
+    True
+    >>> print(engine_version_message("vllm", "0.34.0", "0.33"))  # doctest: +NORMALIZE_WHITESPACE
+    vllm 0.34.0 is installed, but this kvgeom release was checked against vllm 0.33.x only: numbers that vllm
+    0.34.0 resolves differently are not caught. Install vllm 0.33.x, or run `kvgeom conform` in this environment
+    to see where it disagrees; docs/policies.md says which kvgeom release checks which engine version
+    """
+    if version == checked or version.startswith(checked + "."):
+        return None
+    return (
+        f"{name} {version} is installed, but this kvgeom release was checked against {name} {checked}.x only: "
+        f"numbers that {name} {version} resolves differently are not caught. Install {name} {checked}.x, or run "
+        "`kvgeom conform` in this environment to see where it disagrees; docs/policies.md says which kvgeom "
+        "release checks which engine version"
+    )
+
+
+@functools.cache
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM distribution installed in this environment (None when there is none).
+
+    Read from the package metadata, without importing vLLM; looked up once per process.
+    """
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _warn_if_unchecked_vllm() -> None:
+    """An :class:`EngineVersionWarning` when an installed vLLM is outside :data:`CHECKED_VLLM` (stack level: the
+    caller of the public, guarded entry point)."""
+    version = installed_vllm_version()
+    message = None if version is None else engine_version_message("vllm", version, CHECKED_VLLM)
+    if message is not None:
+        warnings.warn(message, EngineVersionWarning, stacklevel=4)
 
 
 def _reads_foreign_objects(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -668,6 +725,7 @@ def config_from_vllm(
     >>> cfg["groups"], cfg["parallel"]["dcp"]
     ([{'kind': 'full_attention', 'block_size': 16, 'dcp_sharded': True}], 2)
     """
+    _warn_if_unchecked_vllm()
     return _config(
         kv_cache_config, vllm_config, None, include_pages, offload, parallel, cache, connector_chunking, spec_kinds
     )
@@ -859,6 +917,7 @@ def geometry_from_vllm(
 
     from kvgeom.geometry import GeometryWarning
 
+    _warn_if_unchecked_vllm()
     source = kv_cache_config
     sched = scheduler_offload_config
     kv = None

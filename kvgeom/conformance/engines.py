@@ -3,12 +3,15 @@
 :func:`load_engine` finds the installed engine, checks its version against the supported series
 (:data:`SUPPORTED`: vLLM 0.33.x) and imports the code that asks it questions. An engine that is not
 installed, or whose modules do not import, is an :class:`EngineError` (``kvgeom conform`` exits 2);
-another version runs, with a warning naming it.
+another version runs, with the warning naming it and what to do: the text on the :class:`Engine` (which
+``kvgeom conform`` prints and records in its report) and a
+:class:`kvgeom.adapters.vllm.EngineVersionWarning` for callers of :func:`load_engine`. The series is the
+adapter's :data:`kvgeom.adapters.vllm.CHECKED_VLLM` (one home, docs/policies.md).
 
 >>> SUPPORTED["vllm"]
 '0.33'
->>> version_warning("vllm", "0.34.1")
-'vllm 0.34.1 is not a supported version: kvgeom conform checks vllm 0.33.x; differences may come from the version'
+>>> version_warning("vllm", "0.34.1").split(":")[0]
+'vllm 0.34.1 is installed, but this kvgeom release was checked against vllm 0.33.x only'
 >>> version_warning("vllm", "0.33.0") is None
 True
 """
@@ -16,16 +19,18 @@ True
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgeom.adapters.vllm import CHECKED_VLLM, EngineVersionWarning, engine_version_message
 from kvgeom.errors import KVGeomError
 from kvgeom.geometry import Geometry
 
 __all__ = ["SUPPORTED", "Engine", "EngineError", "load_engine", "version_warning"]
 
-SUPPORTED: dict[str, str] = {"vllm": "0.33"}
+SUPPORTED: dict[str, str] = {"vllm": CHECKED_VLLM}
 """Engine name -> the release series the checker is pinned to."""
 
 
@@ -46,13 +51,7 @@ class Engine:
 
 def version_warning(name: str, version: str) -> str | None:
     """None when ``version`` is in the supported series of ``name``, else the warning text."""
-    series = SUPPORTED[name]
-    if version == series or version.startswith(series + "."):
-        return None
-    return (
-        f"{name} {version} is not a supported version: kvgeom conform checks {name} {series}.x; "
-        "differences may come from the version"
-    )
+    return engine_version_message(name, version, SUPPORTED[name])
 
 
 def load_engine(name: str = "vllm") -> Engine:
@@ -80,4 +79,7 @@ def load_engine(name: str = "vllm") -> Engine:
             "engine",
             version=version,
         ) from None
-    return Engine(name, version, version_warning(name, version), vllm_answers)
+    warning = version_warning(name, version)
+    if warning is not None:
+        warnings.warn(warning, EngineVersionWarning, stacklevel=2)
+    return Engine(name, version, warning, vllm_answers)
