@@ -84,11 +84,12 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
-import kvgeom
+from kvgeom._resolve import resolve
 from kvgeom.conformance import vllm_objects as vo
 from kvgeom.conformance import vllm_scheduler as vs
 from kvgeom.errors import KVGeomError
 from kvgeom.geometry import Geometry
+from kvgeom.prefill import prefill_chunk_ends
 from kvgeom.residency import split_offload_key
 
 __all__ = [
@@ -259,7 +260,7 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
 def _kvgeom_chunk_ends(geom: Geometry, n1: int, budget: int | None) -> list[int] | None:
     if not any(g.is_align_mamba for g in geom.groups):
         return None  # kvgeom models the chunk split only with an align Mamba group
-    return list(kvgeom.prefill_chunk_ends(geom, n1, max_num_batched_tokens=budget))
+    return list(prefill_chunk_ends(geom, n1, max_num_batched_tokens=budget))
 
 
 def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
@@ -453,7 +454,7 @@ def sweep(n: int, seed: int) -> dict[str, Any]:
     for _ in range(n):
         cfg, n1, n2, budget = random_case(rng)
         try:
-            geom = kvgeom.resolve(cfg)
+            geom = resolve(cfg)
             kvgeom_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
         except KVGeomError as e:
             report["kvgeom_refused"][e.code] += 1
