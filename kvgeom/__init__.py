@@ -1,6 +1,9 @@
 """kvgeom: KV-cache block geometry for LLM serving, in one place.
 
-The public API inventory. Resolve a config once, then ask the geometry::
+The public API inventory. Resolve a config once, then ask the geometry. The free functions take
+Python values (``kvgeom.prefix_hit(geom, num_tokens, resident)``); the ``Geometry`` methods of the same
+name are JSON-shaped conveniences (``geom.prefix_hit({"num_tokens": ..., "resident": ...})`` returns
+the contract dict the CLI prints)::
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
@@ -68,7 +71,7 @@ _LAZY = {
     "ModelLayers": "kvgeom.resolution",
     "PagePadding": "kvgeom.resolution",
     "resolve_block_sizes": "kvgeom.resolution",
-    # issue 12: KV events and router scoring (loaded on first use)
+    # KV events and router scoring, also loaded on first use
     "KVEventError": "kvgeom.events",
     "KVEventReader": "kvgeom.events",
     "RouterScores": "kvgeom.router",
@@ -107,70 +110,75 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.3.0.dev0"
 
 __all__ = [
+    "__version__",
+    # the input: config, group specs, parallelism, the speculative section, presets
     "DEFAULT_CONFIG",
     "CacheConfig",
     "ChunkedLocalSpec",
     "CircularBufferSpec",
-    "ConfigError",
     "CrossAttentionSpec",
     "FullAttentionSpec",
-    "Geometry",
-    "GeometryError",
-    "GeometryWarning",
-    "GroupGeometry",
     "GroupSpec",
     "KVGeomConfig",
-    "KVGeomError",
     "MLASpec",
     "MambaSpec",
     "OffloadConfig",
-    "OffloadConfigError",
-    "OffloadGeometry",
-    "OffloadGroupGeometry",
     "ParallelConfig",
-    "ParallelismError",
-    "Problem",
-    "QueryError",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
+    "SpeculativeConfig",
     "UniformSpec",
-    "__version__",
     "is_dcp_sharded",
     "is_prefix_cacheable",
     "load_config",
     "load_preset",
     "preset_names",
+    # errors
+    "ConfigError",
+    "GeometryError",
+    "KVGeomError",
+    "OffloadConfigError",
+    "ParallelismError",
+    "Problem",
+    "QueryError",
+    # the resolved geometry
+    "Geometry",
+    "GeometryWarning",
+    "GroupGeometry",
+    "OffloadGeometry",
+    "OffloadGroupGeometry",
+    "SpeculativeGeometry",
     "resolve",
-    # issue 6: pages, block-size resolution, fingerprint, compat
+    # layer shapes to block sizes, page bytes
     "BlockSizeResolution",
-    "CompatReason",
-    "CompatReport",
-    "GroupCompat",
     "LayerSpec",
     "LayeredConfig",
     "ModelLayers",
     "PagePadding",
+    "maybe_page_bytes",
+    "page_bytes",
+    "resolve_block_sizes",
+    # layout identity: fingerprint and compatibility
+    "CompatReason",
+    "CompatReport",
+    "GroupCompat",
     "compat",
     "compat_main_text",
     "fingerprint",
     "layout_fields",
-    "maybe_page_bytes",
-    "page_bytes",
-    "resolve_block_sizes",
-    # 0.2: residency (connector, prefix cache, router), speculative decoding
-    "Residency",
-    "SpeculativeGeometry",
-    "SpeculativeConfig",
+    # the prefill split and the Mamba checkpoint
     "MambaCheckpoint",
     "mamba_checkpoint",
     "prefill_chunk_ends",
+    # residency and offload keys (connector, prefix cache, router)
+    "Residency",
     "make_offload_key",
     "split_offload_key",
-    # 0.2: GPU prefix-cache hits
+    # GPU prefix-cache hits
     "PrefixHit",
     "prefix_hit",
-    # issue 12: KV events (kvgeom.events) and router scoring (kvgeom.router)
+    # KV events and router scores
     "KVEventError",
     "KVEventReader",
     "RouterScores",
