@@ -31,6 +31,7 @@ of what the geometry says.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,11 +128,24 @@ def _check_bool(name: str, value: Any) -> bool:
 
 
 def _as_strategy(name: str, value: Any, default: st.SearchStrategy[int]) -> st.SearchStrategy[int]:
+    """A strategy argument as Hypothesis' own API takes it: a strategy, or None for the default.
+
+    A plain int still works for now (deprecated since 0.3: pass ``st.just(value)``), with a
+    :class:`DeprecationWarning` that names the argument and the replacement; anything else is refused with
+    :class:`hypothesis.errors.InvalidArgument`.
+    """
     if value is None:
         return default
     if isinstance(value, st.SearchStrategy):
         return value
-    return st.just(_check_int(name, value, lo=1))
+    checked = _check_int(name, value, lo=1)
+    warnings.warn(
+        f"{name}={checked!r}: pass a strategy, e.g. {name}=st.just({checked}); plain values are deprecated "
+        "since kvgeom 0.3 (Hypothesis' own API takes strategies)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return st.just(checked)
 
 
 # --------------------------------------------------------------------------- exploring
@@ -260,7 +274,7 @@ def _spec_args(block_size: Any) -> st.SearchStrategy[int]:
 
 
 def full_attention_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None
+    *, block_size: st.SearchStrategy[int] | None = None
 ) -> st.SearchStrategy[FullAttentionSpec]:
     """:class:`kvgeom.FullAttentionSpec` values (``block_size``: an int, a strategy, or default).
 
@@ -270,22 +284,22 @@ def full_attention_specs(
     return st.builds(FullAttentionSpec, block_size=_spec_args(block_size))
 
 
-def mla_specs(*, block_size: int | st.SearchStrategy[int] | None = None) -> st.SearchStrategy[MLASpec]:
+def mla_specs(*, block_size: st.SearchStrategy[int] | None = None) -> st.SearchStrategy[MLASpec]:
     """:class:`kvgeom.MLASpec` values, main or indexer cache.
 
-    >>> minimal(mla_specs(block_size=64), lambda s: s.cache_role == "indexer").block_size
+    >>> minimal(mla_specs(block_size=st.just(64)), lambda s: s.cache_role == "indexer").block_size
     64
     """
     return st.builds(MLASpec, block_size=_spec_args(block_size), cache_role=st.sampled_from([None, "indexer"]))
 
 
 def sink_full_attention_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None
+    *, block_size: st.SearchStrategy[int] | None = None
 ) -> st.SearchStrategy[SinkFullAttentionSpec]:
     """:class:`kvgeom.SinkFullAttentionSpec` values whose ``sink_len`` is a whole number of
     per-rank blocks (:func:`configs` rescales it to whole spans).
 
-    >>> minimal(sink_full_attention_specs(block_size=16), lambda s: s.sink_len > 0).sink_len
+    >>> minimal(sink_full_attention_specs(block_size=st.just(16)), lambda s: s.sink_len > 0).sink_len
     16
     """
 
@@ -298,11 +312,12 @@ def sink_full_attention_specs(
 
 
 def sliding_window_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None, max_window: int = 4096
+    *, block_size: st.SearchStrategy[int] | None = None, max_window: int = 4096
 ) -> st.SearchStrategy[SlidingWindowSpec]:
     """:class:`kvgeom.SlidingWindowSpec` values, ``1 <= sliding_window <= max_window``.
 
-    >>> minimal(sliding_window_specs(block_size=16, max_window=8), lambda s: s.sliding_window > 4).sliding_window
+    >>> wide = minimal(sliding_window_specs(block_size=st.just(16), max_window=8), lambda s: s.sliding_window > 4)
+    >>> wide.sliding_window
     5
     """
     _check_int("max_window", max_window, lo=1)
@@ -315,11 +330,11 @@ def sliding_window_specs(
 
 
 def sliding_window_mla_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None, max_window: int = 4096
+    *, block_size: st.SearchStrategy[int] | None = None, max_window: int = 4096
 ) -> st.SearchStrategy[SlidingWindowMLASpec]:
     """:class:`kvgeom.SlidingWindowMLASpec` values (``bounded_replay`` ones are not cacheable).
 
-    >>> minimal(sliding_window_mla_specs(block_size=16), lambda s: s.bounded_replay).kind
+    >>> minimal(sliding_window_mla_specs(block_size=st.just(16)), lambda s: s.bounded_replay).kind
     'sliding_window_mla'
     """
     _check_int("max_window", max_window, lo=1)
@@ -333,11 +348,12 @@ def sliding_window_mla_specs(
 
 
 def chunked_local_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None, max_chunk: int = 8192
+    *, block_size: st.SearchStrategy[int] | None = None, max_chunk: int = 8192
 ) -> st.SearchStrategy[ChunkedLocalSpec]:
     """:class:`kvgeom.ChunkedLocalSpec` values, ``1 <= attention_chunk_size <= max_chunk``.
 
-    >>> minimal(chunked_local_specs(block_size=16), lambda s: s.attention_chunk_size > 100).attention_chunk_size
+    >>> big = minimal(chunked_local_specs(block_size=st.just(16)), lambda s: s.attention_chunk_size > 100)
+    >>> big.attention_chunk_size
     101
     """
     _check_int("max_chunk", max_chunk, lo=1)
@@ -347,22 +363,22 @@ def chunked_local_specs(
 
 
 def cross_attention_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None
+    *, block_size: st.SearchStrategy[int] | None = None
 ) -> st.SearchStrategy[CrossAttentionSpec]:
     """:class:`kvgeom.CrossAttentionSpec` values (:func:`configs` makes them non-cacheable when offloading).
 
-    >>> minimal(cross_attention_specs(block_size=16)).kind
+    >>> minimal(cross_attention_specs(block_size=st.just(16))).kind
     'cross_attention'
     """
     return st.builds(CrossAttentionSpec, block_size=_spec_args(block_size))
 
 
 def circular_buffer_specs(
-    *, block_size: int | st.SearchStrategy[int] | None = None
+    *, block_size: st.SearchStrategy[int] | None = None
 ) -> st.SearchStrategy[CircularBufferSpec]:
     """:class:`kvgeom.CircularBufferSpec` values (never prefix-cacheable).
 
-    >>> minimal(circular_buffer_specs(block_size=16)).kind
+    >>> minimal(circular_buffer_specs(block_size=st.just(16))).kind
     'circular_buffer'
     """
     return st.builds(CircularBufferSpec, block_size=_spec_args(block_size))
@@ -382,14 +398,14 @@ def _check_modes(name: str, modes: Sequence[str | None]) -> tuple[str | None, ..
 
 def mamba_specs(
     *,
-    block_size: int | st.SearchStrategy[int] | None = None,
+    block_size: st.SearchStrategy[int] | None = None,
     modes: Sequence[str | None] = (None, "align"),
     max_speculative_blocks: int = 2,
 ) -> st.SearchStrategy[MambaSpec]:
     """:class:`kvgeom.MambaSpec` values; ``modes`` are the ``mamba_cache_mode`` values to draw
     (``None`` means the config default). Shrinks to the default mode, no speculative blocks.
 
-    >>> s = minimal(mamba_specs(block_size=16), lambda s: s.num_speculative_blocks > 0)
+    >>> s = minimal(mamba_specs(block_size=st.just(16)), lambda s: s.num_speculative_blocks > 0)
     >>> s.mamba_cache_mode, s.num_speculative_blocks
     (None, 1)
     """
@@ -419,13 +435,13 @@ def _uniform(draw: st.DrawFn, block: int, mamba_block: int, modes: tuple[str | N
 
 def uniform_specs(
     *,
-    block_size: int | st.SearchStrategy[int] | None = None,
+    block_size: st.SearchStrategy[int] | None = None,
     mamba_modes: Sequence[str | None] = (None, "align"),
 ) -> st.SearchStrategy[UniformSpec]:
     """``uniform`` containers as engines build them: MLA + its indexer (DSA models), several
     full-attention layers, or several Mamba leaves (one mode). The container carries the block size.
 
-    >>> u = minimal(uniform_specs(block_size=64), lambda u: u.layers[-1].kind == "mamba")
+    >>> u = minimal(uniform_specs(block_size=st.just(64)), lambda u: u.layers[-1].kind == "mamba")
     >>> [x.kind for x in u.layers], {x.block_size for x in u.layers}
     (['mamba', 'mamba'], {64})
     """
@@ -467,7 +483,7 @@ def _check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
 
 
 def group_specs(
-    *, kinds: Sequence[str] = ALL_KINDS, block_size: int | st.SearchStrategy[int] | None = None
+    *, kinds: Sequence[str] = ALL_KINDS, block_size: st.SearchStrategy[int] | None = None
 ) -> st.SearchStrategy[AnySpec]:
     """A spec of any of ``kinds`` (each valid on its own; :func:`configs` makes whole
     configs valid). Shrinks towards the first kind listed.
@@ -532,7 +548,7 @@ def _configs(
         spec: AnySpec
         match kind:
             case "mamba":
-                spec = draw(mamba_specs(block_size=mamba_block, modes=modes))
+                spec = draw(mamba_specs(block_size=st.just(mamba_block), modes=modes))
             case "uniform":
                 spec = _uniform(draw, draw(blocks), mamba_block, modes)
             case "sink_full_attention":

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 import kvgeom
@@ -216,3 +217,10 @@ def test_importing_kvgeom_does_not_import_strategies_or_hypothesis():
     code = "import sys, kvgeom; print('kvgeom.strategies' in sys.modules, 'hypothesis' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_plain_block_size_still_works_but_is_deprecated_in_favour_of_a_strategy():
+    # Hypothesis' own API takes strategies: st.just(16) is the spelling; a plain 16 warns and means the same
+    with pytest.warns(DeprecationWarning, match=r"block_size=16: pass a strategy, e.g. block_size=st\.just\(16\)"):
+        plain = kst.mla_specs(block_size=16)
+    assert minimal(plain).block_size == minimal(kst.mla_specs(block_size=st.just(16))).block_size == 16
