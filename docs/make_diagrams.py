@@ -5,7 +5,9 @@ Run from the repository root:
     python docs/make_diagrams.py          # rewrite the SVGs
     python docs/make_diagrams.py --check  # exit 1 if a committed SVG differs from a fresh one
 
-Each diagram is one `kvgeom diagram CONFIG --prefix N --title T -o FILE` call; nothing is drawn here.
+Each diagram is one `kvgeom diagram CONFIG --prefix N --title T --width 860 -o FILE` call; nothing is drawn
+here. 860 px is what a page shows at a 1280 px window (docs/css/kvgeom.css), so the 11 px text is shown at
+11 px, not scaled down (docs/check_pages.py checks it in a headless chromium).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from kvgeom.cli import main as kvgeom_main  # noqa: E402
 
 CASES = DOCS / "cases"
 CONFIGS = CASES / "configs"
+#: Width the diagrams are drawn at: no wider than the text column of a page at a 1280 px window.
+WIDTH = 860
 
 # output file, CONFIG argument, prefix tokens, title
 DIAGRAMS: list[tuple[str, str, int, str]] = [
@@ -54,7 +58,8 @@ def render(out_dir: Path) -> int:
     """Write every diagram into ``out_dir``; return the first non-zero exit code of ``kvgeom diagram``."""
     for name, config, prefix, title in DIAGRAMS:
         path = config if config.startswith("preset:") else str(Path(config))
-        code = kvgeom_main(["diagram", path, "--prefix", str(prefix), "--title", title, "-o", str(out_dir / name)])
+        args = ["diagram", path, "--prefix", str(prefix), "--title", title, "--width", str(WIDTH)]
+        code = kvgeom_main([*args, "-o", str(out_dir / name)])
         if code:
             print(f"make_diagrams: kvgeom diagram {_config_arg(config)} failed with exit code {code}", file=sys.stderr)
             return code

@@ -276,7 +276,7 @@ def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     geom = _resolve_arg(args.config)
     try:
-        svg = render_svg(geom, args.prefix, title=args.title or args.config)
+        svg = render_svg(geom, args.prefix, title=args.title or args.config, width=args.width)
     except KVGeomError as e:
         raise _fail(_label(args.config), e) from None
     if args.output == "-":
@@ -414,6 +414,12 @@ def _parser() -> _Parser:
     )
     d.add_argument("-o", "--output", required=True, metavar="FILE.svg", help="output file ('-' for stdout)")
     d.add_argument("--title", help="title line (default: CONFIG)")
+    d.add_argument(
+        "--width",
+        type=_nonneg_int,
+        metavar="PX",
+        help="picture width in px, at least 680 (default 1180); text stays 11 px, the token axis narrows",
+    )
     d.set_defaults(func=_cmd_diagram)
 
     cp = sub.add_parser("compat", help="can two layouts share offloaded keys? exit 0 yes, 1 no")

@@ -27,7 +27,7 @@ from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.keys import chunk_end_token, chunk_hash_index, num_keys
 from kvgeom.ranks import dcp_placement, rank_lengths
 
-__all__ = ["default_prefix", "render_svg"]
+__all__ = ["DEFAULT_WIDTH", "MIN_WIDTH", "default_prefix", "render_svg"]
 
 _LEFT = 240
 _PLOT = 900
@@ -36,6 +36,10 @@ _LANE = 86
 _TOP = 74
 _MAX_RUNS = 512
 _MAX_LABELS = 48
+#: Width in px of a diagram when none is asked for (the label column, 900 px of token axis, a margin).
+DEFAULT_WIDTH = _LEFT + _PLOT + _RIGHT
+#: The narrowest diagram :func:`render_svg` draws: a 400 px token axis beside the label column.
+MIN_WIDTH = _LEFT + 400 + _RIGHT
 _RANK_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
 _BLOCK_COLORS = ("#dfe7f2", "#c5d3e8")
 
@@ -83,16 +87,20 @@ def _fits(geom: Geometry, total: int) -> None:
             )
 
 
-def _x(t: int, total: int) -> float:
-    return _LEFT + _PLOT * t / total
+def _x(t: int, total: int, plot: int) -> float:
+    return _LEFT + plot * t / total
 
 
 def _f(v: float) -> str:
     return f"{v:.2f}".rstrip("0").rstrip(".")
 
 
-def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str = "") -> str:
+def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str = "", width: int | None = None) -> str:
     """An SVG document of the first ``prefix_tokens`` tokens (default :func:`default_prefix`).
+
+    ``width`` is the picture's width in px (default :data:`DEFAULT_WIDTH`, at least :data:`MIN_WIDTH`):
+    the token axis takes what the label column leaves, the text stays 11 px. Draw a page's diagram for the
+    width the page shows it at, so that its text is not scaled down (``docs/make_diagrams.py`` does).
 
     Postcondition: the document parses as XML and has exactly one
     ``<g class="lane">`` per cache group, in group order. A picture past :data:`MAX_SHAPES` shapes is
@@ -106,6 +114,17 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     """
     total = default_prefix(geom) if prefix_tokens is None else nonneg("prefix_tokens", prefix_tokens)
     total = max(total, 1)
+    width = DEFAULT_WIDTH if width is None else nonneg("width", width)
+    if width < MIN_WIDTH:
+        raise QueryError.single(
+            "too_narrow",
+            f"width={width} px leaves the token axis less than 400 px beside the {_LEFT} px label column; "
+            f"pass width >= {MIN_WIDTH}",
+            "width",
+            width=width,
+            min_width=MIN_WIDTH,
+        )
+    plot = width - _LEFT - _RIGHT
     _fits(geom, total)
     keys: dict[int, list[dict[str, int]]] = {}
     too_many: dict[int, int] = {}
@@ -119,8 +138,13 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
                     {"end_token": chunk_end_token(geom, og.index, j), "hash_index": chunk_hash_index(geom, og.index, j)}
                     for j in range(count)
                 ]
-    height = _TOP + _LANE * len(geom.groups) + 24
-    width = _LEFT + _PLOT + _RIGHT
+    legend = [
+        "boxes: blocks (number = block-table column, or Mamba state block); red tick: end of an offload key "
+        "(hN = request hash N); dot: Mamba state boundary, filled when a hit may end there"
+    ]
+    if width < DEFAULT_WIDTH:  # two lines, each shorter than the narrowest picture
+        legend = [legend[0][: legend[0].index(" red tick")], legend[0][legend[0].index("red tick") :]]
+    height = _TOP + _LANE * len(geom.groups) + 24 + 14 * (len(legend) - 1)
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
@@ -136,27 +160,24 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
         + f"  first {total} tokens"
     )
     out.append(f'<text x="10" y="36">{escape(summary)}</text>')
-    out.extend(_axis(geom, total))
+    out.extend(_axis(geom, total, plot))
     for lane, g in enumerate(geom.groups):
-        out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index), too_many.get(g.index)))
-    legend = (
-        "boxes: blocks (number = block-table column, or Mamba state block); red tick: end of an offload key "
-        "(hN = request hash N); dot: Mamba state boundary, filled when a hit may end there"
-    )
-    out.append(f'<text x="10" y="{height - 10}" fill="#555">{escape(legend)}</text>')
+        out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index), too_many.get(g.index), plot))
+    for i, line in enumerate(legend):
+        out.append(f'<text x="10" y="{height - 10 - 14 * (len(legend) - 1 - i)}" fill="#555">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def _axis(geom: Geometry, total: int) -> list[str]:
+def _axis(geom: Geometry, total: int, plot: int) -> list[str]:
     """Ticks at multiples of the scheduler block L (thinned to at most 16 labels)."""
     L = geom.scheduler_block_size
     n = total // L
     step = max(1, cdiv(n, 16))
     y = _TOP - 14
-    parts = [f'<line x1="{_LEFT}" y1="{y}" x2="{_LEFT + _PLOT}" y2="{y}" stroke="#444"/>']
+    parts = [f'<line x1="{_LEFT}" y1="{y}" x2="{_LEFT + plot}" y2="{y}" stroke="#444"/>']
     for i in range(0, n + 1, step):
-        x = _f(_x(i * L, total))
+        x = _f(_x(i * L, total, plot))
         parts.append(f'<line x1="{x}" y1="{y - 4}" x2="{x}" y2="{y + 4}" stroke="#444"/>')
         parts.append(f'<text x="{x}" y="{y - 7}" text-anchor="middle">{i * L}</text>')
     parts.append(f'<text x="10" y="{y + 4}">token (ticks: L = {L})</text>')
@@ -164,7 +185,13 @@ def _axis(geom: Geometry, total: int) -> list[str]:
 
 
 def _lane(
-    geom: Geometry, g: GroupGeometry, total: int, top: int, keys: list[dict[str, int]] | None, more_keys: int | None
+    geom: Geometry,
+    g: GroupGeometry,
+    total: int,
+    top: int,
+    keys: list[dict[str, int]] | None,
+    more_keys: int | None,
+    plot: int,
 ) -> list[str]:
     sharded = g.dealt
     dealing = f"dealt over {geom.kv_shards} ranks" if sharded else "replicated" if geom.kv_shards > 1 else "dcp=1"
@@ -181,14 +208,14 @@ def _lane(
     ncols = cdiv(total, g.span)
     if ncols > _MAX_PER_LANE:
         parts.append(
-            f'<rect class="blocks" x="{_LEFT}" y="{by}" width="{_PLOT}" height="22" fill="{_BLOCK_COLORS[0]}" '
+            f'<rect class="blocks" x="{_LEFT}" y="{by}" width="{plot}" height="22" fill="{_BLOCK_COLORS[0]}" '
             'stroke="#6b7b93" stroke-width="0.5"/>'
         )
         parts.append(f'<text x="{_LEFT + 6}" y="{by + 15}">{ncols} blocks of {g.span} tokens (too fine to draw)</text>')
     for c in range(ncols if ncols <= _MAX_PER_LANE else 0):
         start = dcp_placement(geom, g.index, c * g.span).column * g.span
         stop = min(start + g.span, total)
-        x0, x1 = _x(start, total), _x(stop, total)
+        x0, x1 = _x(start, total, plot), _x(stop, total, plot)
         parts.append(
             f'<rect class="block" x="{_f(x0)}" y="{by}" width="{_f(x1 - x0)}" height="22" '
             f'fill="{_BLOCK_COLORS[c % 2]}" stroke="#6b7b93" stroke-width="0.5"/>'
@@ -202,7 +229,7 @@ def _lane(
             block = state_block_for_boundary(geom, g.index, b)
             fill = "#222" if is_restorable(geom, g.index, b) else "white"
             parts.append(
-                f'<circle class="state" data-block="{block}" cx="{_f(_x(b, total))}" cy="{by + 28}" r="3" '
+                f'<circle class="state" data-block="{block}" cx="{_f(_x(b, total, plot))}" cy="{by + 28}" r="3" '
                 f'fill="{fill}" stroke="#222"/>'
             )
     # Offload keys: a tick at each key's end token.
@@ -211,7 +238,7 @@ def _lane(
         parts.append(f'<text x="{_LEFT}" y="{ky + 10}" fill="#b22">{more_keys} keys (too many to draw)</text>')
     if keys is not None:
         for k in keys:
-            x = _f(_x(k["end_token"], total))
+            x = _f(_x(k["end_token"], total, plot))
             parts.append(
                 f'<line class="key" x1="{x}" y1="{ky}" x2="{x}" y2="{ky + 12}" stroke="#b22" stroke-width="2"/>'
             )
@@ -227,7 +254,7 @@ def _lane(
                 start = r * interleave
                 stop = min(start + interleave, total)
                 rank = dcp_placement(geom, g.index, start).rank or 0
-                x0, x1 = _x(start, total), _x(stop, total)
+                x0, x1 = _x(start, total, plot), _x(stop, total, plot)
                 parts.append(
                     f'<rect class="rank" data-rank="{rank}" x="{_f(x0)}" y="{ry}" width="{_f(x1 - x0)}" height="8" '
                     f'fill="{_RANK_COLORS[rank % len(_RANK_COLORS)]}"/>'

@@ -338,6 +338,29 @@ def test_diagram_lane_contents_come_from_the_geometry(capsys):
     assert count(mamba, "rank") == 0  # replicated: no ownership lane
 
 
+@pytest.mark.parametrize("width", [680, 860, 1180, 2000])
+def test_diagram_width_keeps_the_lanes_and_the_text_size(capsys, width):
+    # --width narrows or widens the token axis; the text stays 11 px and every shape stays inside the picture.
+    code, out, _ = run(capsys, "diagram", "preset:seed-hybrid", "--prefix", "64", "--width", str(width), "-o", "-")
+    assert code == EXIT_OK
+    root = ET.fromstring(out)
+    assert (root.get("width"), root.get("font-size")) == (str(width), "11")
+    code, default, _ = run(capsys, "diagram", "preset:seed-hybrid", "--prefix", "64", "-o", "-")
+    assert [(g.get("data-group"), len(list(g.iter()))) for g in lanes(out)] == [
+        (g.get("data-group"), len(list(g.iter()))) for g in lanes(default)
+    ]
+    xs = [float(e.get(a)) + float(e.get("width", 0)) for e in root.iter() for a in ("x", "cx", "x2") if e.get(a)]
+    assert max(xs) <= width
+    if width == 1180:  # the default width draws the default picture, byte for byte
+        assert out == default
+
+
+def test_diagram_too_narrow_exit_2(capsys):
+    code, _, err = run(capsys, "diagram", "preset:seed-hybrid", "--width", "679", "-o", "-")
+    assert code == EXIT_USAGE and "width=679" in err and ">= 680" in err and "[too_narrow]" in err
+    assert_one_line_error(err)
+
+
 def test_diagram_unwritable_output_exit_2(capsys, tmp_path):
     code, _, err = run(capsys, "diagram", "preset:seed-hybrid", "-o", str(tmp_path / "missing-dir" / "x.svg"))
     assert code == EXIT_USAGE

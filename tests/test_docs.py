@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -96,3 +97,84 @@ def test_docs_site_builds_strict(tmp_path):
         text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ----------------------------------------------------------------- a site people can read (issue 22)
+
+NAV_GROUPS = (
+    "Start here",
+    "Connector authors",
+    "Router authors",
+    "Engine developers",
+    "CI users",
+    "Researchers",
+    "Reference",
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it (built once for the tests below)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("site") / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def _pages(site: Path) -> list[Path]:
+    return [p for p in sorted(site.rglob("*.html")) if p.name != "404.html"]
+
+
+def test_site_links_the_bundled_css_on_every_page(site):
+    # kvgeom.css makes tables wrap and fit; pygments.css colours the code the build highlighted.
+    pages = _pages(site)
+    assert len(pages) >= 30
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert re.search(r'href="[./]*css/kvgeom\.css"', html), page
+        assert re.search(r'href="[./]*css/pygments\.css"', html), page
+    assert (site / "css" / "kvgeom.css").is_file() and (site / "css" / "pygments.css").is_file()
+    # code is highlighted at build time: Pygments' spans are in the HTML
+    assert 'class="codehilite"' in (site / "connector" / "index.html").read_text(encoding="utf-8")
+
+
+def test_site_loads_no_script_or_style_from_the_network(site):
+    # Offline readers and offline builds: every script and stylesheet is in the site (no highlight.js CDN).
+    external = re.compile(r'<(?:script[^>]*\ssrc|link[^>]*\shref)="(?:https?:)?//[^"]*"', re.I)
+    for page in _pages(site):
+        found = external.findall(page.read_text(encoding="utf-8"))
+        assert not found, (page, found)
+    for css in site.rglob("*.css"):
+        assert not re.search(r"@import\s+(url\()?['\"]?(https?:)?//", css.read_text(encoding="utf-8")), css
+
+
+def test_site_nav_is_grouped_by_role(site):
+    html = (site / "index.html").read_text(encoding="utf-8")
+    captions = re.findall(r'<p class="caption"><span class="caption-text">([^<]*)</span></p>', html)
+    assert tuple(captions) == NAV_GROUPS
+    glossary = (site / "glossary" / "index.html").read_text(encoding="utf-8")
+    assert 'id="terms-of-art"' in glossary
+
+
+def test_pages_fit_a_laptop_screen(site, monkeypatch):
+    # Issue 22: the glossary, routing, speculative and a case-study page at 1280 px show every table column
+    # (nothing wider than the text column, nothing hidden behind a scroll bar) and diagram text >= 11 px.
+    spec = importlib.util.spec_from_file_location("check_pages", DOCS / "check_pages.py")
+    assert spec is not None and spec.loader is not None
+    check_pages = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "check_pages", check_pages)  # its dataclass looks itself up there
+    spec.loader.exec_module(check_pages)
+    if check_pages.chromium() is None:
+        pytest.skip("no chromium on PATH: the layout is measured in a headless chromium (docs/check_pages.py)")
+    reports = check_pages.check(site, width=1280)
+    assert [r.page for r in reports] == list(check_pages.PAGES)
+    assert sum(r.diagrams for r in reports) >= 2 and sum(r.tables for r in reports) >= 5
+    assert [(r.page, r.problems) for r in reports if r.problems] == []
