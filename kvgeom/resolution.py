@@ -377,8 +377,15 @@ def _load(source: LayeredConfig | Mapping[str, Any] | str | os.PathLike[str]) ->
     return LayeredConfig.model_validate(dict(data))
 
 
-def _expand(cfg: LayeredConfig, problems: list[Problem]) -> list[_Layer]:
+def _expand(cfg: LayeredConfig) -> list[_Layer]:
+    """One :class:`_Layer` per model layer (``count`` expanded), with per-rank heads and Mamba shapes.
+
+    TP divides ``total_num_kv_heads`` (``max(1, total // tp)``, replicated when TP exceeds them) and the
+    ``tp_axes`` of ``total_shapes``; every input problem (stage out of range, heads or a state axis not
+    divisible by TP) is reported at once in one :class:`kvgeom.ConfigError`.
+    """
     tp = cfg.parallel.tp
+    problems: list[Problem] = []
     out: list[_Layer] = []
     for i, src in enumerate(cfg.model.layers):
         where = f"model.layers[{i}]"
@@ -430,6 +437,8 @@ def _expand(cfg: LayeredConfig, problems: list[Problem]) -> list[_Layer]:
             base = src.name or f"layers[{i}]"
             label = base if src.count == 1 else f"{base}#{j}"
             out.append(_Layer(index=i, label=label, src=src, heads=heads, shapes=shapes))
+    if problems:
+        raise ConfigError(problems)
     return out
 
 
@@ -511,93 +520,165 @@ def resolve_block_sizes(
     ['full_attention', 'mamba', 'mamba', 'mamba']
     """
     cfg = _load(source)
-    model = cfg.model
-    problems: list[Problem] = []
-    layers = _expand(cfg, problems)
-    if problems:
-        raise ConfigError(problems)
-    notes: list[str] = []
-    padding: list[PagePadding] = []
+    layers = _expand(cfg)
     mamba = [x for x in layers if x.is_mamba]
     attention = [x for x in layers if not x.is_mamba]
-    prefix_caching = cfg.cache.prefix_caching
-
-    # Step 1: the Mamba mode (vLLM 0.33 `model_executor/models/config.py::MambaModelConfig`).
-    mode: Literal["align", "none"] | None = None
-    if mamba:
-        mode = "align" if prefix_caching else "none"
-        if model.mamba_cache_mode is not None and model.mamba_cache_mode != mode:
-            notes.append(
-                f"mamba_cache_mode={model.mamba_cache_mode!r} becomes {mode!r}: vLLM 0.33 uses 'align' with "
-                "prefix caching on and 'none' with it off"
-            )
-        if mode == "none" and cfg.cache.max_model_len is None:
-            raise ConfigError.single(
-                "max_model_len_required",
-                "with prefix caching off vLLM sets the Mamba block to max_model_len, which is not given: "
-                "set cache.max_model_len",
-                "cache.max_model_len",
-            )
-
-    # Step 2: the attention block, raised once for every pipeline stage (#51764).
     main = _main_attention(layers)
+    notes: list[str] = []  # each step appends its notes, so they keep vLLM's order
+    mode = _mamba_mode(cfg, mamba, notes)  # step 1
+    attention_block = _attention_block(cfg.model, main, attention, mamba, mode, notes)  # step 2
+    mamba_block = _mamba_block(cfg, main, attention_block, mamba, mode)  # step 3
+    one_group = _keeps_one_group(layers)
+    _unify_pages(cfg.model, layers, one_group)  # step 4
+    padding = _padding_rows(cfg.model, layers, notes)
+    groups, members = _group_layers(layers, mode, one_group, notes)  # step 5
+    engine_block = _engine_block(groups, cfg.parallel, notes)  # step 6
+    return _result(
+        cfg,
+        layers,
+        groups,
+        members,
+        attention_block=attention_block,
+        mamba_block=mamba_block,
+        mode=mode,
+        engine_block=engine_block,
+        padding=padding,
+        notes=notes,
+    )
+
+
+# The steps of resolve_block_sizes, in the order it calls them (the module docstring numbers them).
+
+
+def _mamba_mode(cfg: LayeredConfig, mamba: list[_Layer], notes: list[str]) -> Literal["align", "none"] | None:
+    """Step 1: the Mamba mode (vLLM 0.33 `model_executor/models/config.py::MambaModelConfig`).
+
+    Prefix caching on gives ``align`` (a requested ``none`` is promoted), off gives ``none``, where the Mamba
+    block becomes ``max_model_len`` (so it must be given: ``max_model_len_required``); a requested mode that
+    changes is noted. ``None`` for a model without Mamba layers.
+    """
+    if not mamba:
+        return None
+    mode: Literal["align", "none"] = "align" if cfg.cache.prefix_caching else "none"
+    requested = cfg.model.mamba_cache_mode
+    if requested is not None and requested != mode:
+        notes.append(
+            f"mamba_cache_mode={requested!r} becomes {mode!r}: vLLM 0.33 uses 'align' with "
+            "prefix caching on and 'none' with it off"
+        )
+    if mode == "none" and cfg.cache.max_model_len is None:
+        raise ConfigError.single(
+            "max_model_len_required",
+            "with prefix caching off vLLM sets the Mamba block to max_model_len, which is not given: "
+            "set cache.max_model_len",
+            "cache.max_model_len",
+        )
+    return mode
+
+
+def _attention_block(
+    model: ModelLayers,
+    main: _Layer | None,
+    attention: list[_Layer],
+    mamba: list[_Layer],
+    mode: Literal["align", "none"] | None,
+    notes: list[str],
+) -> int | None:
+    """Step 2: the attention block, raised once for every pipeline stage (#51764; `_align_hybrid_block_size`).
+
+    With Mamba layers: ``K = max(kernel_block_size, block_size)``, at least :data:`MLA_MIN_HYBRID_BLOCK`
+    for an MLA main layer, ``lcm``'d with the prefill checkpoint alignments in align mode when every Mamba
+    layer declares one; the block is ``K * cdiv(m, page(K))`` rounded up to the lcm of the attention kernel
+    blocks (never below the CLI block). Without Mamba the CLI block is only rounded up to that lcm. Every
+    attention layer gets the block; ``None`` without attention layers.
+    """
+    if main is None:
+        return None
     kb = reduce(math.lcm, (_kernel(x, model) for x in attention), 1)
-    attention_block: int | None = None
     cli = model.block_size
-    if main is not None:
-        if mamba:
-            m = max(x.raw_page() for x in mamba)
-            k = max(model.kernel_block_size, cli)
-            if main.latent:
-                k = max(k, MLA_MIN_HYBRID_BLOCK)
-            aligns = [x.src.prefill_checkpoint_alignment for x in mamba]
-            if mode == "align" and all(a is not None for a in aligns):
-                k = reduce(math.lcm, (a for a in aligns if a is not None), k)
-            per_k = main.raw_page(k)
-            if per_k == 0:
-                raise ConfigError.single(
-                    "block_smaller_than_state",
-                    f"{main.label} compresses tokens_per_state={main.src.tokens_per_state} tokens per state, more "
-                    f"than the {k}-token block vLLM starts from, so a block holds no state: raise model.block_size "
-                    f"to a multiple of {main.src.tokens_per_state}",
-                    f"model.layers[{main.index}].tokens_per_state",
-                    tokens_per_state=main.src.tokens_per_state,
-                    block_size=k,
-                )
-            needed = rup(k * cdiv(m, per_k), kb)
-            attention_block = max(cli, needed)
-            if attention_block > cli:
-                notes.append(
-                    f"attention block raised from {cli} to {attention_block} tokens so the attention page "
-                    f"({main.raw_page(attention_block)} bytes at {attention_block} tokens) holds the largest Mamba "
-                    f"state ({m} bytes): K={k}, {k}*cdiv({m}, {per_k}) rounded up to the kernel lcm {kb}"
-                )
-        else:
-            attention_block = rup(cli, kb)
-            if attention_block != cli:
-                notes.append(f"block size {cli} rounded up to {attention_block}, a multiple of the kernel blocks {kb}")
-        for x in attention:
-            x.block = attention_block
-
-    # Step 3: the Mamba block and its padded page.
-    mamba_block: int | None = None
     if mamba:
-        if mode == "none":
-            assert cfg.cache.max_model_len is not None  # checked above
-            mamba_block = cfg.cache.max_model_len
-        else:
-            mamba_block = attention_block if attention_block is not None else cli
-        for x in mamba:
-            x.block = mamba_block
-            if main is not None and attention_block is not None:
-                target = main.raw_page(attention_block)
-                if target != x.raw_page():
-                    x.padded = target
+        m = max(x.raw_page() for x in mamba)
+        k = max(model.kernel_block_size, cli)
+        if main.latent:
+            k = max(k, MLA_MIN_HYBRID_BLOCK)
+        aligns = [x.src.prefill_checkpoint_alignment for x in mamba]
+        if mode == "align" and all(a is not None for a in aligns):
+            k = reduce(math.lcm, (a for a in aligns if a is not None), k)
+        per_k = main.raw_page(k)
+        if per_k == 0:
+            raise ConfigError.single(
+                "block_smaller_than_state",
+                f"{main.label} compresses tokens_per_state={main.src.tokens_per_state} tokens per state, more "
+                f"than the {k}-token block vLLM starts from, so a block holds no state: raise model.block_size "
+                f"to a multiple of {main.src.tokens_per_state}",
+                f"model.layers[{main.index}].tokens_per_state",
+                tokens_per_state=main.src.tokens_per_state,
+                block_size=k,
+            )
+        needed = rup(k * cdiv(m, per_k), kb)
+        attention_block = max(cli, needed)
+        if attention_block > cli:
+            notes.append(
+                f"attention block raised from {cli} to {attention_block} tokens so the attention page "
+                f"({main.raw_page(attention_block)} bytes at {attention_block} tokens) holds the largest Mamba "
+                f"state ({m} bytes): K={k}, {k}*cdiv({m}, {per_k}) rounded up to the kernel lcm {kb}"
+            )
+    else:
+        attention_block = rup(cli, kb)
+        if attention_block != cli:
+            notes.append(f"block size {cli} rounded up to {attention_block}, a multiple of the kernel blocks {kb}")
+    for x in attention:
+        x.block = attention_block
+    return attention_block
 
-    # Step 4: page unification (`unify_kv_cache_spec_page_size`),
-    # unless every layer has one manager family and one block: then vLLM
-    # keeps one group (a uniform container whose page is the sum of its layers') and pages need not agree.
-    one_group = len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
+
+def _mamba_block(
+    cfg: LayeredConfig,
+    main: _Layer | None,
+    attention_block: int | None,
+    mamba: list[_Layer],
+    mode: Literal["align", "none"] | None,
+) -> int | None:
+    """Step 3: the Mamba block and its padded page (vLLM 0.33 `_align_hybrid_block_size`).
+
+    In align mode the Mamba block is the per-rank attention block (the CLI block without attention), and
+    each Mamba page is padded to the main attention layer's page; in ``none`` mode it is ``max_model_len``.
+    Every Mamba layer gets the block; ``None`` without Mamba layers.
+    """
+    if not mamba:
+        return None
+    if mode == "none":
+        assert cfg.cache.max_model_len is not None  # checked by _mamba_mode
+        mamba_block = cfg.cache.max_model_len
+    else:
+        mamba_block = attention_block if attention_block is not None else cfg.model.block_size
+    for x in mamba:
+        x.block = mamba_block
+        if main is not None and attention_block is not None:
+            target = main.raw_page(attention_block)
+            if target != x.raw_page():
+                x.padded = target
+    return mamba_block
+
+
+def _keeps_one_group(layers: list[_Layer]) -> bool:
+    """Whether every layer has one manager family and one block, so vLLM keeps one group.
+
+    Then the group is one spec (or a ``uniform`` container whose page is the sum of its layers') and the
+    layers' pages need not agree: :func:`_unify_pages` leaves them alone and :func:`_group_layers` makes
+    the single group. Decided on the blocks of steps 2-3, before unification changes any.
+    """
+    return len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
+
+
+def _unify_pages(model: ModelLayers, layers: list[_Layer], one_group: bool) -> None:
+    """Step 4: page unification (vLLM 0.33 `v1/core/kv_cache_planning.py::unify_kv_cache_spec_page_size`).
+
+    Unless the layers keep one group, every layer ends with the largest page: attention layers whose page
+    divides it scale their block, sliding-window layers take the largest multiple of their kernel block
+    that fits, Mamba and non-MLA attention layers are padded, and an MLA layer that still does not fit is
+    ``mla_page_not_divisible`` (vLLM raises ``NotImplementedError``).
+    """
     shared = max(x.page() for x in layers)
     for x in layers:
         page = x.page()
@@ -627,6 +708,13 @@ def resolve_block_sizes(
                 )
             x.padded = shared
 
+
+def _padding_rows(model: ModelLayers, layers: list[_Layer], notes: list[str]) -> list[PagePadding]:
+    """One :class:`PagePadding` per layer entry the engine padded, in entry order (steps 3-4).
+
+    vLLM 0.33 logs "Padding mamba page size by X%"; the distinct Mamba percentages are noted once.
+    """
+    padding: list[PagePadding] = []
     for i, src in enumerate(model.layers):
         padded = [x for x in layers if x.index == i and x.padded is not None]
         if padded:
@@ -635,8 +723,18 @@ def resolve_block_sizes(
     mamba_pads = {round(p.percent, 2) for p in padding if p.kind == "mamba"}
     if mamba_pads:
         notes.append(f"Mamba page padded by {', '.join(f'{v}%' for v in sorted(mamba_pads))} (vLLM logs it)")
+    return padding
 
-    # Step 5: grouping.
+
+def _group_layers(
+    layers: list[_Layer], mode: Literal["align", "none"] | None, one_group: bool, notes: list[str]
+) -> tuple[list[dict[str, Any]], list[list[_Layer]]]:
+    """Step 5: grouping, as vLLM 0.33 groups the unified layer specs; returns the groups and their layers.
+
+    One group when the layers keep one group (a ``uniform`` container when their specs differ); otherwise
+    one bucket per distinct spec, split into groups of the smallest bucket's layer count, or one group per
+    bucket when ``max < 1.5 * min`` (vLLM pads instead).
+    """
     leaves = [_leaf(x, mode) for x in layers]
     groups: list[dict[str, Any]] = []
     members: list[list[_Layer]] = []
@@ -647,43 +745,70 @@ def resolve_block_sizes(
         else:
             groups.append({"kind": "uniform", "block_size": layers[0].block, "layers": leaves})
         members.append(layers)
-    else:
-        buckets: dict[str, list[int]] = {}
-        for i, leaf in enumerate(leaves):
-            buckets.setdefault(json.dumps(leaf, sort_keys=True), []).append(i)
-        counts = [len(v) for v in buckets.values()]
-        size = min(counts)
-        if 2 * max(counts) < 3 * size:  # vLLM 0.33: max < 1.5 * min keeps one group per bucket (padding)
-            size = max(counts)
-        for idx in buckets.values():
-            for start in range(0, len(idx), size):
-                groups.append(dict(leaves[idx[0]]))
-                members.append([layers[i] for i in idx[start : start + size]])
-        if len(groups) > len(buckets):
-            notes.append(
-                f"layers grouped {size} per group (bucket sizes {counts}): {len(groups)} groups of equal layer count"
-            )
+        return groups, members
+    buckets: dict[str, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        buckets.setdefault(json.dumps(leaf, sort_keys=True), []).append(i)
+    counts = [len(v) for v in buckets.values()]
+    size = min(counts)
+    if 2 * max(counts) < 3 * size:  # vLLM 0.33: max < 1.5 * min keeps one group per bucket (padding)
+        size = max(counts)
+    for idx in buckets.values():
+        for start in range(0, len(idx), size):
+            groups.append(dict(leaves[idx[0]]))
+            members.append([layers[i] for i in idx[start : start + size]])
+    if len(groups) > len(buckets):
+        notes.append(
+            f"layers grouped {size} per group (bucket sizes {counts}): {len(groups)} groups of equal layer count"
+        )
+    return groups, members
 
-    # Step 6: engine-core minimum (`v1/engine/core.py`); every layered group is prefix-cacheable.
+
+def _engine_block(groups: list[dict[str, Any]], par: ParallelConfig, notes: list[str]) -> int:
+    """Step 6: the engine-core minimum (vLLM 0.33 `v1/engine/core.py`): ``cache_config.block_size``.
+
+    The smallest prefix-cacheable group block (every layered group is prefix-cacheable). With DCP, vLLM
+    checks ``cp_interleave`` against this block only (`VllmConfig.validate_block_size`); a layout it would
+    reject is noted, since kvgeom checks every sharded group instead.
+    """
     engine_block = engine_block_size_of((g["block_size"], True) for g in groups)
-    par = cfg.parallel
     if par.dcp > 1 and (par.cp_interleave > engine_block or engine_block % par.cp_interleave):
         notes.append(
             f"vLLM 0.33 checks cp_interleave={par.cp_interleave} against the engine block {engine_block} only "
             "and would reject this layout (`VllmConfig.validate_block_size`); kvgeom checks every sharded group instead"
         )
+    return engine_block
 
+
+def _result(
+    cfg: LayeredConfig,
+    layers: list[_Layer],
+    groups: list[dict[str, Any]],
+    members: list[list[_Layer]],
+    *,
+    attention_block: int | None,
+    mamba_block: int | None,
+    mode: Literal["align", "none"] | None,
+    engine_block: int,
+    padding: list[PagePadding],
+    notes: list[str],
+) -> BlockSizeResolution:
+    """The :class:`BlockSizeResolution`: the resolved groups as a kvgeom config dict plus the facts.
+
+    ``page_bytes`` is the one page every layer has after step 4 (``None`` when a kept single group mixes
+    page sizes); each group reports its layers' labels and the pipeline stages holding them.
+    """
     pages = {x.page() for x in layers}
     out_cfg: dict[str, Any] = {
         "groups": groups,
-        "parallel": par.model_dump(mode="json"),
+        "parallel": cfg.parallel.model_dump(mode="json"),
         "cache": cfg.cache.model_dump(mode="json"),
     }
     if cfg.offload is not None:
         out_cfg["offload"] = cfg.offload.model_dump(mode="json")
     return BlockSizeResolution(
         config=out_cfg,
-        cli_block_size=cli,
+        cli_block_size=cfg.model.block_size,
         attention_block_size=attention_block,
         mamba_block_size=mamba_block,
         mamba_cache_mode=mode,
