@@ -671,6 +671,23 @@ def _keeps_one_group(layers: list[_Layer]) -> bool:
     return len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
 
 
+def _refuse_empty_page(x: _Layer, block: int | None) -> None:
+    """A compressed attention layer whose ``tokens_per_state`` exceeds its block holds no state in a block:
+    its page is 0 bytes, and no page size can be unified with it. Refused as ``block_smaller_than_state``
+    (the main layer's case in step 2), naming the layer, the numbers and the fix."""
+    if block is None or x.raw_page(block) > 0:
+        return
+    tps = x.src.tokens_per_state
+    raise ConfigError.single(
+        "block_smaller_than_state",
+        f"{x.label} compresses tokens_per_state={tps} tokens per state, more than its {block}-token block, so "
+        f"a block holds no state (a page of 0 bytes): give the layer a block_size that is a multiple of {tps}",
+        f"model.layers[{x.index}].tokens_per_state",
+        tokens_per_state=tps,
+        block_size=block,
+    )
+
+
 def _unify_pages(model: ModelLayers, layers: list[_Layer], one_group: bool) -> None:
     """Step 4: page unification (vLLM 0.33 `v1/core/kv_cache_planning.py::unify_kv_cache_spec_page_size`).
 
@@ -679,6 +696,9 @@ def _unify_pages(model: ModelLayers, layers: list[_Layer], one_group: bool) -> N
     that fits, Mamba and non-MLA attention layers are padded, and an MLA layer that still does not fit is
     ``mla_page_not_divisible`` (vLLM raises ``NotImplementedError``).
     """
+    for x in layers:
+        if not x.is_mamba:
+            _refuse_empty_page(x, x.block)
     shared = max(x.page() for x in layers)
     for x in layers:
         page = x.page()
@@ -690,6 +710,7 @@ def _unify_pages(model: ModelLayers, layers: list[_Layer], one_group: bool) -> N
         if x.src.kind in {"sliding_window", "sliding_window_mla"}:
             # 0.33: a sliding-window layer takes the largest multiple of its kernel block that fits the page
             kern = _kernel(x, model)
+            _refuse_empty_page(x, kern)
             fits = [n for n in range(1, shared // x.page(kern) + 1) if x.page(kern * n) <= shared]
             if fits:
                 x.block = kern * fits[-1]

@@ -337,3 +337,18 @@ def test_grouping_keeps_one_group_per_bucket_below_one_and_a_half(swa_layers, fu
     swa = {**full(heads=2, count=swa_layers), "kind": "sliding_window", "sliding_window": 512}
     r = resolve_block_sizes(layered([swa, full(heads=2, count=full_layers)]))
     assert [len(m) for m in r.group_layers] == group_sizes
+
+
+def test_a_compressed_sliding_layer_whose_kernel_block_holds_no_state_is_refused_not_a_crash():
+    # tokens_per_state 64 on a 16-token kernel block: a page of 0 bytes; kvgeom 0.3.0.dev0 raised
+    # ZeroDivisionError while unifying page sizes (found by 8,000 random layered configs)
+    cfg = {"model": {"block_size": 1, "layers": [
+        {"kind": "full_attention", "num_kv_heads": 2, "head_size": 128, "dtype": "bfloat16", "count": 2},
+        {"kind": "sliding_window", "sliding_window": 128, "num_kv_heads": 2, "head_size": 128,
+         "dtype": "bfloat16", "tokens_per_state": 64, "count": 1},
+        {"kind": "mamba", "shapes": [[16, 64, 64]], "dtypes": ["float32"], "count": 2}]}}
+    with pytest.raises(kvgeom.ConfigError) as e:
+        kvgeom.resolve_block_sizes(cfg)
+    p = e.value.problems[0]
+    assert (p.code, p.field) == ("block_smaller_than_state", "model.layers[1].tokens_per_state")
+    assert "tokens_per_state=64" in p.message and "16-token block" in p.message and "multiple of 64" in p.message

@@ -82,3 +82,31 @@ def test_pipeline_stages_never_change_the_block_sizes(cfg):
         b.mamba_block_size,
         b.page_bytes,
     )
+
+
+@st.composite
+def compressed_hybrids(draw):
+    """Hybrids with a second, compressed attention layer (any kind with a block, ``tokens_per_state`` up to
+    128 on blocks as small as 1): where a block can hold no state."""
+    cfg = draw(hybrids())
+    kind = draw(st.sampled_from(["full_attention", "sliding_window", "chunked_local"]))
+    layer = {"kind": kind, "num_kv_heads": draw(st.integers(1, 4)), "head_size": 128, "dtype": "bfloat16",
+             "tokens_per_state": draw(st.sampled_from([1, 2, 4, 16, 64, 128])), "count": 1}
+    if kind == "sliding_window":
+        layer["sliding_window"] = draw(st.integers(1, 4096))
+    if kind == "chunked_local":
+        layer["attention_chunk_size"] = draw(st.integers(1, 4096))
+    model = {**cfg["model"], "block_size": draw(st.sampled_from([1, 2, 16, 64])),
+             "layers": [*cfg["model"]["layers"], layer]}
+    return {**cfg, "model": model}
+
+
+@given(cfg=compressed_hybrids())
+def test_resolution_answers_or_refuses_a_block_that_holds_no_state(cfg):
+    # kvgeom 0.3.0.dev0 raised ZeroDivisionError here (a sliding layer's kernel block holding no state)
+    try:
+        r = resolve_block_sizes(cfg)
+    except kvgeom.KVGeomError as e:
+        assert all(p.code and p.field for p in e.problems)
+        return
+    assert r.attention_block_size is not None and r.attention_block_size > 0
