@@ -383,11 +383,12 @@ def test_resident_lookups_agree_under_speculation(geom, data):
 def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | None) -> None:
     """Chunk ends climb strictly to the prompt, land on H or the engine block grid before it (unless the
     budget is narrower than a block), respect the budget, and the unbounded split is the one
-    :func:`mamba_checkpoint` reports."""
+    :func:`mamba_checkpoint` reports. A prefill that cannot finish raises ``prefill_stalls``, under any
+    budget (vLLM 0.33 requeues it forever); only the multi-module MTP reserve (P > 1) can stall one."""
     try:
         ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
     except kvgeom.QueryError as e:
-        assert e.problems[0].code == "prefill_stalls" and budget is not None
+        assert e.problems[0].code == "prefill_stalls" and geom.speculative.prefill_lookahead_tokens > 1
         return
     assert list(ends) == sorted(set(ends)) and (ends[-1] == prompt if prompt else ends == ())
     B, H = engine_block_size(geom), geom.hash_block_size
@@ -405,6 +406,14 @@ def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | N
                     "cache": {"prefix_match_unit": 16}, "offload": {},
                     "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}),
     131, None,
+)
+@example(  # vLLM 0.33 run (budget 8192): chunk ends [63], never scheduled again: prefill_stalls, not (63, 64, 65)
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                               {"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                    "cache": {"retention_interval": 0},
+                    "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2,
+                                    "eagle_block_drop": False, "lookahead_hashes": False}}),
+    65, None,
 )
 @given(speculative_geometries(), st.integers(0, 400), st.sampled_from([None, None, 8, 24, 40, 100]))
 def test_prefill_chunk_ends_climb_to_the_prompt_on_the_grid(geom, prompt, budget):
