@@ -4,8 +4,8 @@
 * no block drop (no section, ``eagle_block_drop: false``, or a method without the drop) answers exactly as
   the same effective geometry without a drafter;
 * with the drop, an offload hit never includes an eagle group's volatile unit;
-* a restored Mamba state is never a lookahead state: it is at or below the shifted checkpoint of the
-  prompt that stored it;
+* a restored Mamba state is never a lookahead state: it is stored and at or below the prompt's shifted
+  checkpoint on the H grid (``prompt_hash_checkpoint``);
 * under any DCP the checkpoint shift and the connector's pop are reported consistently: without the
   ``speculative_pop_vs_mamba_shift`` warning a resend hits exactly the checkpoint, with it some resend
   falls to 0.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom import batch, hits
-from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends
+from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends, prompt_hash_checkpoint
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -181,17 +181,24 @@ def test_offload_hit_never_includes_the_volatile_unit(geom, data):
 
 
 def check_restored_mamba_state_is_never_a_lookahead_state(geom: kvgeom.Geometry, prompt: int, n: int) -> None:
-    """A request sharing a stored prompt restores a Mamba state the prefill checkpointed: the key is in the
-    tier and at most the (shifted) checkpoint of that prompt."""
+    """A request sharing a stored prompt restores a Mamba state the prefill left in the tier, and never a
+    lookahead state: never past the prompt's checkpoint on the H grid (:func:`prompt_hash_checkpoint`, vLLM's
+    ``get_mamba_prefill_checkpoint_position`` with unit H: one H below the last full H block under the GPU drop,
+    P tokens back under lookahead hashes), the last position whose drafter input the prompt has verified.
+
+    Not the checkpoint on A's grid (:func:`mamba_checkpoint`): with H < A vLLM also ends a prefill chunk at the
+    last cacheable boundary of its engine block grid, keys the Mamba state there and restores it (vLLM run:
+    FA 32 + Mamba 16 + an FA 16 drafter, EAGLE K 1, offload, a 48-token prompt stores and restores the state at
+    32 while the A = 32 checkpoint is 0)."""
     stored = store_prompt(geom, prompt)
     hit = hits.lookup_hit(geom, n, stored=stored, num_prompt_tokens=n)
     if hit.hit_tokens == 0:
         return
-    cp = mamba_checkpoint(geom, prompt)
+    verified = prompt_hash_checkpoint(geom, prompt)
     for og in geom.offload.groups:
         if geom.groups[og.index].is_align_mamba:
             assert hit.end_token in stored[og.index]
-            assert hit.end_token <= cp.position, (hit, cp)
+            assert hit.end_token <= verified, (hit, verified)
 
 
 def check_checkpoint_state_block_in_mamba_units(geom: kvgeom.Geometry, prompt: int) -> None:
@@ -229,6 +236,13 @@ def test_checkpoint_state_block_is_in_mamba_block_units(geom, prompt):
     check_checkpoint_state_block_in_mamba_units(geom, prompt)
 
 
+@example(  # vLLM 0.33 run: chunk ends [32, 48]; Mamba stored at 32 (aligned boundary store job); B restores 32
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 16},
+                               {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+                    "offload": {}, "cache": {"retention_interval": 0},
+                    "speculative": {"method": "eagle", "num_speculative_tokens": 1}}),
+    48, 0,
+)
 @given(speculative_geometries(offload=True, sliding=False), st.integers(1, 300), st.integers(0, 64))
 def test_restored_mamba_state_is_never_a_lookahead_state(geom, prompt, extra):
     assume(any(g.is_align_mamba for g in geom.groups) and geom.config.cache.retention_interval == 0)
