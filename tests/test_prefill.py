@@ -186,6 +186,23 @@ def test_multi_module_mtp_prefill_stalls_as_vllm(section, prompt, budget, ends):
         assert prefill_chunk_ends(g, prompt, max_num_batched_tokens=budget) == ends
 
 
+def test_multi_module_mtp_reserve_survives_the_disabled_drop():
+    """vLLM run (FA 16 with the drafter + Mamba 16, H 8, MTP K 2 with two modules, drop and lookahead hashes off,
+    prompt 9): one chunk to 7 (the H-grid checkpoint 8 trimmed by P = 2), never scheduled again; without the
+    drafter the chunks end at 8 and 9; a prompt of 24 splits (16, 24) either way."""
+    from kvgeom.prefill import prefill_chunk_ends
+
+    cfg = {"groups": [{**FA16, "drafter": True}, M16], "cache": {"prefix_match_unit": 8, "retention_interval": 0},
+           "speculative": spec("mtp", 2, mtp_modules=2, eagle_block_drop=False, lookahead_hashes=False)}
+    g = kvgeom.resolve(cfg)
+    plain = kvgeom.resolve({**cfg, "groups": [FA16, M16], "speculative": None})
+    with pytest.raises(kvgeom.QueryError) as e:
+        prefill_chunk_ends(g, 9)
+    assert e.value.problems[0].values == {"num_prompt_tokens": 9, "stalled_at": 7}
+    assert prefill_chunk_ends(plain, 9) == (8, 9)
+    assert prefill_chunk_ends(g, 24) == prefill_chunk_ends(plain, 24) == (16, 24)
+
+
 def test_prefill_chunk_ends_bad_input():
     from kvgeom.prefill import prefill_chunk_ends
 

@@ -2,7 +2,8 @@
 
 * the batch lookup and store paths agree with the scalar ones under speculation;
 * no block drop (no section, ``eagle_block_drop: false``, or a method without the drop) answers exactly as
-  the same effective geometry without a drafter;
+  the same effective geometry without a drafter, but for the multi-module MTP reserve, which stalls some
+  prefills the no-drafter geometry finishes;
 * with the drop, an offload hit never includes an eagle group's volatile unit;
 * a restored Mamba state is never a lookahead state: it is stored and at or below the prompt's shifted
   checkpoint on the H grid (``prompt_hash_checkpoint``);
@@ -12,6 +13,8 @@
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from _spec_strategies import speculative_geometries, tail_speculative_geometries
@@ -100,7 +103,12 @@ def test_batch_stores_agree_with_scalar_under_speculation(geom, data):
 
 
 def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prompt: int, stored_frac: int) -> None:
-    """Without the block drop every group, margin, hit, load and store is the no-drafter answer."""
+    """Without the block drop every group, margin, hit, load and store is the no-drafter answer; so is the
+    prefill split, except that multi-module MTP keeps its reserve of P > 1 prefill tokens without the drop
+    (vLLM 0.33 ``_reserve_prefill_lookahead``; ``disable_eagle_block_drop`` does not clear P), which changes
+    the split only by stalling it: ``prefill_chunk_ends`` then raises ``prefill_stalls`` (vLLM run: FA 16 with
+    the drafter + Mamba 16, H 8, MTP K 2 with two modules, prompt 9: one chunk to 7, never scheduled again;
+    (8, 9) without the drafter), and ``MambaCheckpoint.prefill_chunks`` is its documented total stand-in."""
     plain = without_drafter(geom)
     assert geom.speculative is not None and not geom.speculative.block_drop
     assert not any(g.eagle_group or g.proof_margin for g in geom.groups)
@@ -109,7 +117,16 @@ def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prom
         assert r[key] == q[key], key
     if any(g.is_align_mamba for g in geom.groups) and n:
         a, b = mamba_checkpoint(geom, n, num_prompt_tokens=prompt), mamba_checkpoint(plain, n, num_prompt_tokens=prompt)
-        assert a == b and a.shift == 0
+        assert replace(a, prefill_chunks=b.prefill_chunks) == b and a.shift == 0
+        P = geom.speculative.prefill_lookahead_tokens
+        assert a.prefill_chunks == b.prefill_chunks or P > 1
+        if prompt:
+            try:
+                ends = prefill_chunk_ends(geom, prompt)
+            except kvgeom.QueryError as e:
+                assert e.problems[0].code == "prefill_stalls" and P > 1
+            else:
+                assert ends == prefill_chunk_ends(plain, prompt)
     if geom.offload is None:
         return
     stored = {og.index: [e for e in store_prompt(geom, prompt)[og.index] if e % stored_frac == 0 or e <= prompt // 2]
@@ -130,6 +147,14 @@ def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prom
                                {"kind": "mamba", "block_size": 16}], "offload": {},
                     "speculative": {"method": "eagle", "num_speculative_tokens": 2, "eagle_block_drop": False}}),
     100, 100, 1,
+)
+@example(  # vLLM 0.33 run: chunk ends [7], never scheduled again (prefill_stalls); without the drafter [8, 9]
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                               {"kind": "mamba", "block_size": 16}],
+                    "cache": {"prefix_match_unit": 8, "retention_interval": 0},
+                    "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2,
+                                    "eagle_block_drop": False, "lookahead_hashes": False}}),
+    0, 9, 1,
 )
 @given(speculative_geometries(block_drop=False), st.integers(0, 300), st.integers(0, 300), st.sampled_from([1, 32]))
 def test_no_block_drop_answers_exactly_as_without_drafter(geom, n, prompt, frac):
