@@ -17,7 +17,9 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 * :class:`MambaCheckpoint`: ``shift`` is 0 without a ``speculative`` section, ``sum(prefill_chunks)`` is the
   prompt, and ``state_block`` counts the Mamba group's own blocks (never L, H or a DCP-scaled span, vLLM #55600);
 * :func:`prefill_chunk_ends` is strictly increasing, ends at the prompt, every end before the last is a
-  multiple of H or of :func:`engine_block_size`, and with a budget no chunk is longer than it;
+  multiple of H or of :func:`engine_block_size` (with a budget of at least that block), and with a budget no
+  chunk is longer than it; a prefill the multi-module MTP reserve trims to nothing raises ``prefill_stalls``
+  under every budget, the unbounded one included, as vLLM 0.33 never finishes it;
 * the engine block size has one home, :func:`engine_block_size_of`: the smallest block of the
   prefix-cacheable groups (of all groups when none is).
 """
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from kvgeom._check import nonneg, prompt_tokens
@@ -144,7 +145,9 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     (``Geometry.speculative.gpu_drop``) and P lookahead tokens under lookahead hashes (vLLM 0.33
     ``v1/core/sched/scheduler.py::Scheduler._mamba_block_aligned_split``). ``last_cacheable`` is
     the same rule on :func:`engine_block_size`'s grid. ``prefill_chunks`` are the lengths of
-    :func:`prefill_chunk_ends`. Needs an align-mode Mamba group, else
+    :func:`prefill_chunk_ends` with an unbounded budget; where that raises ``prefill_stalls`` (multi-module MTP
+    without the drop, the ``speculative_mtp_prefill_stall`` warning) they are the split the prefill would take
+    if the reserve let the stalled chunk through, so this answer stays total. Needs an align-mode Mamba group, else
     :class:`kvgeom.QueryError` ``no_align_mamba``. ``state_block`` is the first align Mamba group's block
     holding the checkpoint state.
 
@@ -176,7 +179,7 @@ def mamba_checkpoint(geom: Geometry, num_tokens: int, *, num_prompt_tokens: int 
     plain = mamba_checkpoint_position(end, unit, False) if end else 0
     block = engine_block_size(geom)
     last = mamba_checkpoint_position(n, block, drop, lookahead) if n else 0
-    ends = _chunk_ends(geom, n, prompt)
+    ends = _chunk_ends(geom, n, prompt, total=True)
     chunks = tuple(b - a for a, b in zip((0, *ends), ends, strict=False))
     return MambaCheckpoint(
         position, unit, plain - position, last, chunks, _checkpoint_state_block(geom, mamba[0].index, position)
@@ -210,11 +213,14 @@ def engine_block_size_of(groups: Iterable[tuple[int, bool]]) -> int:
     return min(cacheable or [block for block, _ in pairs])
 
 
-def _chunk_ends(geom: Geometry, n: int, prompt: int, budget: int | None = None) -> tuple[int, ...]:
+def _chunk_ends(
+    geom: Geometry, n: int, prompt: int, budget: int | None = None, *, total: bool = False
+) -> tuple[int, ...]:
     """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`) on the grid of
-    :func:`engine_block_size`; ``budget`` the per-step token budget (None: unbounded; a stall that
-    the multi-module MTP reserve would cause is then left to the ``speculative_mtp_prefill_stall``
-    warning and the chunk kept, so :class:`MambaCheckpoint` stays total)."""
+    :func:`engine_block_size`; ``budget`` the per-step token budget (None: unbounded). A chunk the
+    multi-module MTP reserve trims to nothing raises ``prefill_stalls`` (vLLM 0.33 requeues the request
+    forever, whatever the budget); ``total`` keeps that chunk instead (left to the
+    ``speculative_mtp_prefill_stall`` warning), so :class:`MambaCheckpoint` stays total."""
     if prompt <= 0:
         return ()
     block = engine_block_size(geom)
@@ -237,7 +243,7 @@ def _chunk_ends(geom: Geometry, n: int, prompt: int, budget: int | None = None) 
             tail if last < tail < prompt else 0,  # the prompt's H-grid checkpoint
         )
         end = min((s for s in stops if start < s < end), default=end)
-        if 0 < prompt - end < reserve and (budget is not None or end - (reserve - (prompt - end)) > start):
+        if 0 < prompt - end < reserve and (not total or end - (reserve - (prompt - end)) > start):
             end -= reserve - (prompt - end)  # multi-module MTP: never end within P of the prefill end
         if end <= start:
             raise QueryError.single(
@@ -273,7 +279,11 @@ def prefill_chunk_ends(
     raises ``prefill_stalls``.
 
     Postconditions: strictly increasing, the last one is the prompt, every one before the last is a
-    multiple of H or of :func:`engine_block_size`, and with a budget no chunk is longer than it.
+    multiple of H or of :func:`engine_block_size` (unless the budget is narrower than that block), and
+    with a budget no chunk is longer than it. vLLM 0.33 run (FA 16 with the drafter + FA 16 + Mamba 16,
+    multi-module MTP K 2 without the drop, no offload, prompt 65, budget 8192): the first chunk ends at
+    63, the reserve's trim of the last cacheable boundary 64, and the request is never scheduled again;
+    here that is ``prefill_stalls`` with or without a budget.
 
     >>> import kvgeom
     >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64},
@@ -294,7 +304,5 @@ def prefill_chunk_ends(
                 "max_num_batched_tokens",
                 max_num_batched_tokens=0,
             )
-    cp = mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
-    if budget is None:
-        return tuple(accumulate(cp.prefill_chunks))
+    mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
     return _chunk_ends(geom, prompt, prompt, budget)

@@ -152,6 +152,57 @@ def test_prefill_chunks_and_mamba_stores_match_vllm(groups, extra, section, prom
     assert hits.lookup_hit(g, resend, stored=stored).hit_tokens == hit
 
 
+MTP2_NODROP = {"groups": [{**FA16, "drafter": True}, FA16, M16], "cache": {"retention_interval": 0},
+               "speculative": spec("mtp", 2, mtp_modules=2, eagle_block_drop=False, lookahead_hashes=False)}
+
+
+@pytest.mark.parametrize(
+    ("section", "prompt", "budget", "ends"),
+    [
+        # vLLM run (budget 8192): the last cacheable boundary 64 is within P = 2 of the end, the reserve trims the
+        # chunk to 63 and the next step's 1 token (to the block boundary 64) to nothing: never scheduled again
+        (None, 65, None, 63),
+        (None, 65, 100, 63),
+        # vLLM run: the next lengths finish (the reserve leaves at least one token to schedule)
+        (None, 64, None, (48, 64)),
+        (None, 66, None, (64, 66)),
+        # vLLM run: with the drop the checkpoint moves to 48 and the remainder 17 is more than P
+        ({"eagle_block_drop": True}, 65, None, (48, 65)),
+    ],
+)
+def test_multi_module_mtp_prefill_stalls_as_vllm(section, prompt, budget, ends):
+    from kvgeom.prefill import prefill_chunk_ends
+
+    cfg = {**MTP2_NODROP, "speculative": {**MTP2_NODROP["speculative"], **(section or {})}}
+    g = kvgeom.resolve(cfg)
+    if isinstance(ends, int):
+        with pytest.raises(kvgeom.QueryError) as e:
+            prefill_chunk_ends(g, prompt, max_num_batched_tokens=budget)
+        assert e.value.problems[0].code == "prefill_stalls" and e.value.problems[0].values["stalled_at"] == ends
+        assert "speculative_mtp_prefill_stall" in {w.code for w in g.warnings}
+        # mamba_checkpoint stays total: the split the prefill would take past the stall, documented as such
+        assert sum(mamba_checkpoint(g, prompt).prefill_chunks) == prompt
+    else:
+        assert prefill_chunk_ends(g, prompt, max_num_batched_tokens=budget) == ends
+
+
+def test_multi_module_mtp_reserve_survives_the_disabled_drop():
+    """vLLM run (FA 16 with the drafter + Mamba 16, H 8, MTP K 2 with two modules, drop and lookahead hashes off,
+    prompt 9): one chunk to 7 (the H-grid checkpoint 8 trimmed by P = 2), never scheduled again; without the
+    drafter the chunks end at 8 and 9; a prompt of 24 splits (16, 24) either way."""
+    from kvgeom.prefill import prefill_chunk_ends
+
+    cfg = {"groups": [{**FA16, "drafter": True}, M16], "cache": {"prefix_match_unit": 8, "retention_interval": 0},
+           "speculative": spec("mtp", 2, mtp_modules=2, eagle_block_drop=False, lookahead_hashes=False)}
+    g = kvgeom.resolve(cfg)
+    plain = kvgeom.resolve({**cfg, "groups": [FA16, M16], "speculative": None})
+    with pytest.raises(kvgeom.QueryError) as e:
+        prefill_chunk_ends(g, 9)
+    assert e.value.problems[0].values == {"num_prompt_tokens": 9, "stalled_at": 7}
+    assert prefill_chunk_ends(plain, 9) == (8, 9)
+    assert prefill_chunk_ends(g, 24) == prefill_chunk_ends(plain, 24) == (16, 24)
+
+
 def test_prefill_chunk_ends_bad_input():
     from kvgeom.prefill import prefill_chunk_ends
 

@@ -2,16 +2,19 @@
 
 * the batch lookup and store paths agree with the scalar ones under speculation;
 * no block drop (no section, ``eagle_block_drop: false``, or a method without the drop) answers exactly as
-  the same effective geometry without a drafter;
+  the same effective geometry without a drafter, but for the multi-module MTP reserve, which stalls some
+  prefills the no-drafter geometry finishes;
 * with the drop, an offload hit never includes an eagle group's volatile unit;
-* a restored Mamba state is never a lookahead state: it is at or below the shifted checkpoint of the
-  prompt that stored it;
+* a restored Mamba state is never a lookahead state: it is stored and at or below the prompt's shifted
+  checkpoint on the H grid (``prompt_hash_checkpoint``);
 * under any DCP the checkpoint shift and the connector's pop are reported consistently: without the
   ``speculative_pop_vs_mamba_shift`` warning a resend hits exactly the checkpoint, with it some resend
   falls to 0.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from _spec_strategies import speculative_geometries, tail_speculative_geometries
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom import batch, hits
-from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends
+from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends, prompt_hash_checkpoint
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -100,7 +103,12 @@ def test_batch_stores_agree_with_scalar_under_speculation(geom, data):
 
 
 def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prompt: int, stored_frac: int) -> None:
-    """Without the block drop every group, margin, hit, load and store is the no-drafter answer."""
+    """Without the block drop every group, margin, hit, load and store is the no-drafter answer; so is the
+    prefill split, except that multi-module MTP keeps its reserve of P > 1 prefill tokens without the drop
+    (vLLM 0.33 ``_reserve_prefill_lookahead``; ``disable_eagle_block_drop`` does not clear P), which changes
+    the split only by stalling it: ``prefill_chunk_ends`` then raises ``prefill_stalls`` (vLLM run: FA 16 with
+    the drafter + Mamba 16, H 8, MTP K 2 with two modules, prompt 9: one chunk to 7, never scheduled again;
+    (8, 9) without the drafter), and ``MambaCheckpoint.prefill_chunks`` is its documented total stand-in."""
     plain = without_drafter(geom)
     assert geom.speculative is not None and not geom.speculative.block_drop
     assert not any(g.eagle_group or g.proof_margin for g in geom.groups)
@@ -109,7 +117,16 @@ def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prom
         assert r[key] == q[key], key
     if any(g.is_align_mamba for g in geom.groups) and n:
         a, b = mamba_checkpoint(geom, n, num_prompt_tokens=prompt), mamba_checkpoint(plain, n, num_prompt_tokens=prompt)
-        assert a == b and a.shift == 0
+        assert replace(a, prefill_chunks=b.prefill_chunks) == b and a.shift == 0
+        P = geom.speculative.prefill_lookahead_tokens
+        assert a.prefill_chunks == b.prefill_chunks or P > 1
+        if prompt:
+            try:
+                ends = prefill_chunk_ends(geom, prompt)
+            except kvgeom.QueryError as e:
+                assert e.problems[0].code == "prefill_stalls" and P > 1
+            else:
+                assert ends == prefill_chunk_ends(plain, prompt)
     if geom.offload is None:
         return
     stored = {og.index: [e for e in store_prompt(geom, prompt)[og.index] if e % stored_frac == 0 or e <= prompt // 2]
@@ -130,6 +147,14 @@ def check_no_drop_answers_as_without_drafter(geom: kvgeom.Geometry, n: int, prom
                                {"kind": "mamba", "block_size": 16}], "offload": {},
                     "speculative": {"method": "eagle", "num_speculative_tokens": 2, "eagle_block_drop": False}}),
     100, 100, 1,
+)
+@example(  # vLLM 0.33 run: chunk ends [7], never scheduled again (prefill_stalls); without the drafter [8, 9]
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                               {"kind": "mamba", "block_size": 16}],
+                    "cache": {"prefix_match_unit": 8, "retention_interval": 0},
+                    "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2,
+                                    "eagle_block_drop": False, "lookahead_hashes": False}}),
+    0, 9, 1,
 )
 @given(speculative_geometries(block_drop=False), st.integers(0, 300), st.integers(0, 300), st.sampled_from([1, 32]))
 def test_no_block_drop_answers_exactly_as_without_drafter(geom, n, prompt, frac):
@@ -181,17 +206,24 @@ def test_offload_hit_never_includes_the_volatile_unit(geom, data):
 
 
 def check_restored_mamba_state_is_never_a_lookahead_state(geom: kvgeom.Geometry, prompt: int, n: int) -> None:
-    """A request sharing a stored prompt restores a Mamba state the prefill checkpointed: the key is in the
-    tier and at most the (shifted) checkpoint of that prompt."""
+    """A request sharing a stored prompt restores a Mamba state the prefill left in the tier, and never a
+    lookahead state: never past the prompt's checkpoint on the H grid (:func:`prompt_hash_checkpoint`, vLLM's
+    ``get_mamba_prefill_checkpoint_position`` with unit H: one H below the last full H block under the GPU drop,
+    P tokens back under lookahead hashes), the last position whose drafter input the prompt has verified.
+
+    Not the checkpoint on A's grid (:func:`mamba_checkpoint`): with H < A vLLM also ends a prefill chunk at the
+    last cacheable boundary of its engine block grid, keys the Mamba state there and restores it (vLLM run:
+    FA 32 + Mamba 16 + an FA 16 drafter, EAGLE K 1, offload, a 48-token prompt stores and restores the state at
+    32 while the A = 32 checkpoint is 0)."""
     stored = store_prompt(geom, prompt)
     hit = hits.lookup_hit(geom, n, stored=stored, num_prompt_tokens=n)
     if hit.hit_tokens == 0:
         return
-    cp = mamba_checkpoint(geom, prompt)
+    verified = prompt_hash_checkpoint(geom, prompt)
     for og in geom.offload.groups:
         if geom.groups[og.index].is_align_mamba:
             assert hit.end_token in stored[og.index]
-            assert hit.end_token <= cp.position, (hit, cp)
+            assert hit.end_token <= verified, (hit, verified)
 
 
 def check_checkpoint_state_block_in_mamba_units(geom: kvgeom.Geometry, prompt: int) -> None:
@@ -229,6 +261,13 @@ def test_checkpoint_state_block_is_in_mamba_block_units(geom, prompt):
     check_checkpoint_state_block_in_mamba_units(geom, prompt)
 
 
+@example(  # vLLM 0.33 run: chunk ends [32, 48]; Mamba stored at 32 (aligned boundary store job); B restores 32
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 16},
+                               {"kind": "full_attention", "block_size": 16, "num_kv_heads": 4, "drafter": True}],
+                    "offload": {}, "cache": {"retention_interval": 0},
+                    "speculative": {"method": "eagle", "num_speculative_tokens": 1}}),
+    48, 0,
+)
 @given(speculative_geometries(offload=True, sliding=False), st.integers(1, 300), st.integers(0, 64))
 def test_restored_mamba_state_is_never_a_lookahead_state(geom, prompt, extra):
     assume(any(g.is_align_mamba for g in geom.groups) and geom.config.cache.retention_interval == 0)
@@ -383,11 +422,12 @@ def test_resident_lookups_agree_under_speculation(geom, data):
 def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | None) -> None:
     """Chunk ends climb strictly to the prompt, land on H or the engine block grid before it (unless the
     budget is narrower than a block), respect the budget, and the unbounded split is the one
-    :func:`mamba_checkpoint` reports."""
+    :func:`mamba_checkpoint` reports. A prefill that cannot finish raises ``prefill_stalls``, under any
+    budget (vLLM 0.33 requeues it forever); only the multi-module MTP reserve (P > 1) can stall one."""
     try:
         ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget)
     except kvgeom.QueryError as e:
-        assert e.problems[0].code == "prefill_stalls" and budget is not None
+        assert e.problems[0].code == "prefill_stalls" and geom.speculative.prefill_lookahead_tokens > 1
         return
     assert list(ends) == sorted(set(ends)) and (ends[-1] == prompt if prompt else ends == ())
     B, H = engine_block_size(geom), geom.hash_block_size
@@ -405,6 +445,14 @@ def check_prefill_chunk_ends(geom: kvgeom.Geometry, prompt: int, budget: int | N
                     "cache": {"prefix_match_unit": 16}, "offload": {},
                     "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}),
     131, None,
+)
+@example(  # vLLM 0.33 run (budget 8192): chunk ends [63], never scheduled again: prefill_stalls, not (63, 64, 65)
+    kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16, "drafter": True},
+                               {"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                    "cache": {"retention_interval": 0},
+                    "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2,
+                                    "eagle_block_drop": False, "lookahead_hashes": False}}),
+    65, None,
 )
 @given(speculative_geometries(), st.integers(0, 400), st.sampled_from([None, None, 8, 24, 40, 100]))
 def test_prefill_chunk_ends_climb_to_the_prompt_on_the_grid(geom, prompt, budget):
