@@ -278,7 +278,7 @@ def block_hashes(
     *,
     algorithm: str = "sha256",
     lora_name: str | None = None,
-    lora_path: str = "",
+    lora_path: str | None = None,
     cache_salt: str | None = None,
     mm_features: Iterable[Any] | None = None,
     seed: str | None = None,
@@ -292,7 +292,8 @@ def block_hashes(
             for one group), never the per-rank block.
         token_ids: the prompt's token ids (ints >= 0; numpy integers are read as ints).
         algorithm: the engines' ``prefix_caching_hash_algo``, one of :data:`ALGORITHMS`.
-        lora_name, lora_path: the request's LoRA adapter (``LoRARequest.lora_name`` and ``.lora_path``), or None.
+        lora_name, lora_path: the request's LoRA adapter (``LoRARequest.lora_name`` and ``.lora_path``,
+            a non-empty path), or both None.
         cache_salt: the request's ``cache_salt`` (keys block 0 only; an empty salt is no salt).
         mm_features: multimodal items sorted by offset, non-overlapping: :class:`MMFeature` tuples or vLLM's
             ``MultiModalFeatureSpec`` objects.
@@ -318,15 +319,21 @@ def block_hashes(
     seed_text = _check_seed(seed, algorithm)
     tokens = _tokens(token_ids)
     lora: tuple[Any, ...] | None = None
-    if lora_name is not None:
-        lora = ("lora", _fresh(_text("lora_name", lora_name)), _fresh(_text("lora_path", lora_path)))
-    elif lora_path != "":
+    if (lora_name is None) != (lora_path is None):
+        given, missing = ("lora_name", "lora_path") if lora_path is None else ("lora_path", "lora_name")
         raise QueryError.single(
-            "lora_path_without_name",
-            f"lora_path={show(lora_path)} is given without lora_name; vLLM keys a LoRA request by both: pass "
-            f"lora_name too",
-            "lora_path",
+            "lora_incomplete",
+            f"{given} is given without {missing}; vLLM keys a LoRA request by its name and its path "
+            f"(LoRARequest.lora_name, .lora_path): pass both, or neither for a request without LoRA",
+            missing,
         )
+    if lora_name is not None and lora_path is not None:
+        if not _text("lora_path", lora_path):
+            raise QueryError.single(
+                "empty_lora_path", "lora_path is empty; vLLM refuses a LoRARequest without a path", "lora_path"
+            )
+        _text("lora_name", lora_name)
+        lora = ("lora", _fresh(lora_name), _fresh(lora_path))
     salt = _fresh(_text("cache_salt", cache_salt)) if cache_salt is not None else ""
     items = _mm_features(mm_features)
     fn = hash_function(algorithm)
