@@ -187,3 +187,13 @@ def test_lookahead_comes_from_the_geometry(v):
     tokens = list(range(5, 5 + 48))  # 48 tokens, P = 1: hashes end at 16 and 32 only
     expected, _ = vllm_block_hashes(v, "sha256", None, 16, tokens, lookahead=p)
     assert block_hashes(geom, tokens) == expected and len(expected) == 2
+
+
+def test_routing_page_hashes_are_vllms(v):
+    # docs/routing.md's end-to-end block, run as written: its chain is what vLLM 0.33 computes for that prompt
+    # with its defaults (sha256, PYTHONHASHSEED unset) and the page's cache salt, at the default geometry's H.
+    from test_docs_code import run_page
+
+    ns = run_page("routing.md")
+    expected, seed = vllm_block_hashes(v, "sha256", None, ns["H"], ns["prompt"], salt="tenant-a")
+    assert seed is None and ns["chain"] == expected
