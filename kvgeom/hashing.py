@@ -22,7 +22,7 @@ recorded values; ``tests/test_hashing_vllm.py`` compares byte for byte with vLLM
   ``extra`` becomes ``(extra, *tokens[(i+1)*H:(i+1)*H + P])``.
 
 Invariants of :func:`block_hashes` (property tests in ``tests/test_hashing.py``): the list has
-``(len(tokens) - P) // H`` hashes (P = look-ahead, 0 by default); hash *i* depends only on
+``max(0, len(tokens) - P) // H`` hashes (P = look-ahead, 0 by default); hash *i* depends only on
 ``tokens[:(i+1)*H + P]``, the seed, the algorithm and the extra keys (so the hashes of a prefix are a prefix
 of the hashes); equal inputs give equal bytes in every process.
 Not covered: prompt embeddings (vLLM adds a SHA-256 of each block's embedding tensor bytes).
@@ -301,9 +301,9 @@ def block_hashes(
         lookahead_tokens: vLLM's ``num_hash_lookahead_tokens`` P; None takes it from the geometry (0 for an int H).
 
     Returns:
-        ``(len(token_ids) - P) // H`` hashes (32 bytes for sha256*, 16 for xxhash*); hash *i* depends only on
-        ``token_ids[:(i+1)*H + P]``, the extra keys, the seed and the algorithm, so the hashes of a prefix are
-        a prefix of these; equal inputs give equal bytes in every process.
+        ``max(0, len(token_ids) - P) // H`` hashes (32 bytes for sha256*, 16 for xxhash*); hash *i* depends
+        only on ``token_ids[:(i+1)*H + P]``, the extra keys, the seed and the algorithm, so the hashes of a
+        prefix are a prefix of these; equal inputs give equal bytes in every process.
 
     Raises:
         QueryError: a token id that is negative or not an integer, an unknown algorithm, a seed that is not a

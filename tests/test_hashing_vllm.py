@@ -12,6 +12,7 @@ cache salt, LoRA, multimodal items and look-ahead hashes. Runs in the vLLM venv 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +28,7 @@ pytestmark = NEEDS_VLLM
 
 
 @pytest.fixture(scope="module")
-def v() -> Any:
+def v() -> Iterator[Any]:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import types
 
@@ -38,13 +39,17 @@ def v() -> Any:
     import vllm.v1.core.kv_cache_utils
     import vllm.v1.request
 
-    return types.SimpleNamespace(
+    kcu = vllm.v1.core.kv_cache_utils
+    saved = {name: getattr(kcu, name) for name in ("NONE_HASH", "_NONE_HASH_SEED") if hasattr(kcu, name)}
+    yield types.SimpleNamespace(
         SamplingParams=vllm.SamplingParams, LoRARequest=vllm.lora.request.LoRARequest,
         MultiModalFeatureSpec=vllm.multimodal.inputs.MultiModalFeatureSpec,
         PlaceholderRange=vllm.multimodal.inputs.PlaceholderRange,
         get_hash_fn_by_name=vllm.utils.hashing.get_hash_fn_by_name,
-        kv_cache_utils=vllm.v1.core.kv_cache_utils, Request=vllm.v1.request.Request,
+        kv_cache_utils=kcu, Request=vllm.v1.request.Request,
     )
+    for name, value in saved.items():  # leave vLLM's process-wide NONE_HASH as the other vLLM tests found it
+        setattr(kcu, name, value)
 
 
 @contextmanager
