@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _vllm import NEEDS_VLLM
 
 pytestmark = NEEDS_VLLM
