@@ -101,6 +101,7 @@ def test_docs_site_builds_strict(tmp_path):
 def test_every_vllm_marked_test_module_runs_in_ci():
     # a vllm-marked module skips in the main venv; it runs only if .ci/run's vLLM pytest list names it
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    marked = [p.name for p in sorted((ROOT / "tests").glob("test_*.py")) if "NEEDS_VLLM" in p.read_text(encoding="utf-8")]
+    marked = [p.name for p in sorted((ROOT / "tests").glob("test_*.py"))
+              if re.search(r"^pytestmark = NEEDS_VLLM", p.read_text(encoding="utf-8"), flags=re.M)]
     assert "test_docs_vllm.py" in marked
     assert [name for name in marked if f"tests/{name}" not in ci] == []
