@@ -105,3 +105,21 @@ def test_every_vllm_marked_test_module_runs_in_ci():
               if re.search(r"^pytestmark = NEEDS_VLLM", p.read_text(encoding="utf-8"), flags=re.M)]
     assert "test_docs_vllm.py" in marked
     assert [name for name in marked if f"tests/{name}" not in ci] == []
+
+
+def test_no_file_points_at_one_machines_paths():
+    # benchmarks/README.md, benchmarks/vs_vllm.py and tests/test_adapters_vllm_real.py named one machine's vLLM
+    # venv; the install script's default (.ci-vllm-venv, or $KVGEOM_VLLM_VENV) works everywhere
+    import subprocess
+
+    machine = "/" + "work/"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:  # not a git checkout (an sdist): read the tree
+        tracked = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()]
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        text_file = path.suffix in {".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt", ".cfg"} or name == ".ci/run"
+        if text_file and path.is_file() and machine in path.read_text(encoding="utf-8", errors="replace"):
+            found.append(name)
+    assert found == []
