@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -269,8 +270,11 @@ def read_file(path: Path) -> Any:
             try:
                 data = tomllib.loads(text)  # refuses duplicate keys and tables itself
             except tomllib.TOMLDecodeError as e:
+                # tomllib names the place only in its message ("... (at line 2, column 5)"; lineno from 3.14)
+                at = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+                where = {"line": int(at[1]), "column": int(at[2])} if at else {}
                 raise ConfigError.single(
-                    "unparsable_file", f"{name} is not valid TOML: {show(str(e))}", "", path=str(path)
+                    "unparsable_file", f"{name} is not valid TOML: {show(str(e))}", "", path=str(path), **where
                 ) from None
             except ValueError:  # tomllib's int() of a literal past Python's int-from-string digit limit
                 raise _Refused(
