@@ -20,8 +20,8 @@ from pydantic import Field, field_validator
 
 from kvgeom._format import show
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool, field_path
-from kvgeom.errors import ConfigError
-from kvgeom.parallel import ParallelConfig
+from kvgeom.errors import ConfigError, Problem
+from kvgeom.parallel import ParallelConfig, check_parallel
 from kvgeom.specs import KINDS, GroupSpec
 from kvgeom.speculative_config import SpeculativeConfig
 
@@ -307,7 +307,10 @@ def read_file(path: Path) -> Any:
 def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> KVGeomConfig:
     """Read a config from a dict, a ``.json``/``.toml`` path or a config model.
 
-    Every failure is a :class:`kvgeom.ConfigError` naming the field. Files are read up to
+    Every failure is a :class:`kvgeom.ConfigError` naming the field, listing every schema problem of every
+    section at once; when the schema refuses the config and its ``parallel`` section is itself well-formed,
+    the error also lists that section's rule problems (``tp_not_divisible_by_dcp``, ...: they depend on no
+    other section), so a problem in ``groups`` does not hide one in ``parallel``. Files are read up to
     :data:`MAX_FILE_BYTES`; duplicate keys, integer literals past :data:`MAX_INT_DIGITS` digits and
     nesting past :data:`MAX_NESTING` levels are refused (codes ``file_too_large``, ``duplicate_key``,
     ``integer_too_large``, ``nested_too_deep``).
@@ -331,7 +334,23 @@ def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str
     check_nesting(data)
     try:
         return KVGeomConfig.model_validate(dict(data))
+    except ConfigError as e:
+        extra = _parallel_problems(data, e.problems)
+        if not extra:
+            raise
+        raise type(e)([*e.problems, *extra]) from None
     except RecursionError:  # a cyclic or pathological Python object pydantic cannot walk
         raise ConfigError.single(
             "nested_too_deep", "the config refers to itself or nests too deeply to validate", ""
         ) from None
+
+
+def _parallel_problems(data: Mapping[str, Any], problems: tuple[Problem, ...]) -> list[Problem]:
+    """The rule problems of ``data``'s parallel section (:func:`kvgeom.parallel.check_parallel`), or none when
+    the section is absent or one of ``problems`` (the schema's) is in it or about the whole config."""
+    if "parallel" not in data or any(p.field == "" or re.match(r"parallel\b", p.field) for p in problems):
+        return []
+    try:
+        return check_parallel(ParallelConfig.model_validate(data["parallel"]))
+    except (ValueError, TypeError):  # ConfigError is a ValueError; the schema already reported the section
+        return []
