@@ -70,3 +70,18 @@ def test_the_connector_page_uses_vllms_real_objects_and_defaults():
     assert default.prefix_cache_retention_interval == 0
     assert default.prefix_caching_hash_algo == "sha256"
     assert max(scope["a"].prompt_token_ids) >= 256  # real token ids, not bytes
+
+
+def test_the_documented_conform_run_is_what_kvgeom_conform_prints(capsys):
+    # docs/checking-your-engine.md showed a run of an older checker (249 cases, 21 and 7 deviations)
+    from kvgeom.cli import main
+
+    page = (DOCS / "checking-your-engine.md").read_text(encoding="utf-8")
+    shown = page.split("$ kvgeom conform\n", 1)[1].split("```", 1)[0].splitlines()
+    assert main(["conform"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    printed = out.splitlines()
+    assert len(printed) == len(shown), (shown, printed)
+    for want, got in zip(shown, printed, strict=True):  # "..." cuts a line: the part before it is printed
+        assert got.startswith(want.split("...", 1)[0]) if "..." in want else got == want
