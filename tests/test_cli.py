@@ -197,6 +197,30 @@ def test_check_github_format(capsys):
     assert {line.split(",")[0] for line in lines[1:]} == {"::warning file=preset%3Akimi-k3-dcp8"}
 
 
+@pytest.mark.parametrize(
+    ("suffix", "text", "place"),
+    [
+        (".toml", 'groups = [\n  {kind = "full_attention", block_size = }\n]\n', ",line=2,col=42"),
+        (".json", '{"groups": [\n  {"kind": "full_attention", "block_size": 16,}\n]}\n', ",line=2,col=47"),
+    ],
+)
+def test_check_github_annotation_carries_the_parse_errors_line(capsys, tmp_path, suffix, text, place):
+    # the error text named line and column, the annotation did not: GitHub could not point at the line
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(text, encoding="utf-8")
+    code, out, _ = run(capsys, "check", "--format", "github", str(path))
+    assert code == EXIT_USAGE
+    assert out.startswith(f"::error file={path}{place},title=kvgeom unparsable_file::")
+    line, col = (int(x.split("=")[1]) for x in place[1:].split(","))
+    assert f"line {line}" in out and f"column {col}" in out  # the same place the message names
+
+
+def test_check_github_annotation_without_a_place_has_no_line(capsys):
+    path = str(INVALID / "tp-not-divisible-by-dcp.json")
+    _, out, _ = run(capsys, "check", "--format", "github", path)
+    assert ",line=" not in out
+
+
 # ------------------------------------------------------------- bad inputs
 
 

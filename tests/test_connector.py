@@ -1,9 +1,14 @@
 """The connector loop of docs/connector.md runs as written, with stand-ins for vLLM 0.33's
-KVCacheConfig and VllmConfig (attribute shapes only; no vllm import), and the index it keeps
-equals one rebuilt from the tier's final contents."""
+KVCacheConfig, VllmConfig and Request (attribute shapes and vLLM's defaults; no vllm import), and the
+index it keeps equals one rebuilt from the tier's final contents.
+
+The page's first block builds vLLM's real objects; here it is replaced by the stand-ins (same names),
+and the blocks after it run unchanged. tests/test_docs_vllm.py runs every block on vLLM's real
+objects in the vLLM venv."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +75,7 @@ class CacheConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     prefix_match_unit: int | None = None
-    prefix_cache_retention_interval: int | None = None
+    prefix_cache_retention_interval: int | None = 0  # vLLM 0.33's default
     mamba_cache_mode: str = "align"
 
 
@@ -94,32 +99,79 @@ class VllmConfig:
     kv_transfer_config: KVTransferConfig | None = field(default_factory=KVTransferConfig)
 
 
-def _doc_code() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 1
-    return blocks[0]
+def _doc_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
 
 
-def _run_doc() -> dict[str, Any]:
+@dataclass
+class Request:
+    """vLLM's Request as the page reads it: prompt_token_ids, num_tokens, block_hashes (one per H)."""
+
+    request_id: str
+    prompt_token_ids: list
+    block_hashes: list
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+def _request(req_id: str, tokens: list, hash_block_size: int) -> Request:
+    out, parent = [], b""
+    for i in range(len(tokens) // hash_block_size):
+        chunk = tokens[i * hash_block_size:(i + 1) * hash_block_size]
+        parent = hashlib.sha256(parent + b"".join(t.to_bytes(4, "little") for t in chunk)).digest()
+        out.append(parent)
+    return Request(req_id, list(tokens), out)
+
+
+def _make_vllm_config(**cache: Any) -> VllmConfig:
+    return VllmConfig(cache_config=CacheConfig(**cache))
+
+
+def _make_kv_cache_config(vllm_config: VllmConfig) -> KVCacheConfig:
+    return KVCacheConfig(100, [], [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(16)),
+                                   KVCacheGroupSpec(["layer.1"], MambaSpec(16))])
+
+
+def _run_doc(upto: int | None = None) -> dict[str, Any]:
+    """The page's blocks after the first (which builds vLLM's real objects), on the stand-ins."""
+    vllm_config = _make_vllm_config()
     scope: dict[str, Any] = {
-        "kv_cache_config": KVCacheConfig(100, [], [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(16)),
-                                                   KVCacheGroupSpec(["layer.1"], MambaSpec(16))]),
-        "vllm_config": VllmConfig(),
+        "make_vllm_config": _make_vllm_config,
+        "make_kv_cache_config": _make_kv_cache_config,
+        "request": _request,
+        "vllm_config": vllm_config,
+        "kv_cache_config": _make_kv_cache_config(vllm_config),
     }
-    exec(compile(_doc_code(), str(DOC), "exec"), scope)
+    blocks = _doc_blocks()
+    assert len(blocks) == 3 and "VllmConfig(" in blocks[0]
+    for block in blocks[1:upto]:
+        exec(compile(block, str(DOC), "exec"), scope)
     return scope
 
 
 def test_the_connector_page_runs_as_written():
-    scope = _run_doc()
+    scope = _run_doc(upto=2)
     geom = scope["geom"]
     # the stand-ins are the seed geometry: attention span 32 under DCP 2, Mamba 16
     assert [g.span for g in geom.groups] == [32, 16]
-    assert (scope["hit"].hit_tokens, scope["after"].hit_tokens) == (192, 176)  # 12 shared hash blocks
+    # on vLLM's defaults (retention 0) B resumes at A's replay boundary, C (200 shared tokens) misses
+    assert (scope["hit"].hit_tokens, scope["miss"].hit_tokens, scope["after"].hit_tokens) == (240, 0, 0)
+
+
+def test_the_retention_block_runs_as_written():
+    scope = _run_doc()
+    assert (scope["hit"].hit_tokens, scope["after"].hit_tokens) == (192, 128)  # 12 shared hash blocks
+
+
+def test_a_token_id_of_256_or_more_hashes():
+    # the page's old hash helper called bytes(tokens): ValueError on any real token id >= 256
+    assert max(_run_doc(upto=2)["a"].prompt_token_ids) >= 256
 
 
 def test_the_index_the_loop_kept_equals_one_rebuilt_from_the_tier():
-    scope = _run_doc()
+    scope = _run_doc()  # the retention-64 tier: A stored, C's state at 192 evicted
     tier, keys, evicted = scope["tier"], scope["keys"], scope["evicted"]
     rebuilt = kvgeom.Residency()
     rebuilt.add_keys(k for k in keys if k not in evicted)
@@ -129,11 +181,13 @@ def test_the_index_the_loop_kept_equals_one_rebuilt_from_the_tier():
         assert tier.contains(group, block_hash) == rebuilt.contains(group, block_hash)
     # and lookups through the kept index equal lookups through the stored end-token lists
     geom, H = scope["geom"], scope["H"]
-    b, b_hashes = scope["b"], scope["b_hashes"]
+    b, b_hashes = scope["c"].prompt_token_ids, scope["c"].block_hashes
     index = {h: i for i, h in enumerate(b_hashes)}
     stored: dict[int, list[int]] = {og.index: [] for og in geom.offload.groups}
     for k in keys:
         block_hash, group = kvgeom.split_offload_key(k)
         if k not in evicted and block_hash in index:
             stored[group].append((index[block_hash] + 1) * H)
-    assert lookup_hit(geom, len(b), stored=tier, block_hashes=b_hashes) == lookup_hit(geom, len(b), stored=stored)
+    hit = lookup_hit(geom, len(b), stored=tier, block_hashes=b_hashes)
+    assert hit == lookup_hit(geom, len(b), stored=stored)
+    assert hit.hit_tokens == 128

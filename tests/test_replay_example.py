@@ -52,3 +52,14 @@ def test_routing_page_shows_what_the_example_prints():
     page = (ROOT / "docs" / "routing.md").read_text(encoding="utf-8")
     block = page.split("$ python examples/replay_events.py\n", 1)[1].split("```", 1)[0]
     assert block == proc.stdout
+
+
+def test_replay_example_help_prints_usage_and_a_missing_file_is_a_message():
+    # --help used to be read as the stream's path (FileNotFoundError: '--help')
+    run = [sys.executable, str(ROOT / "examples" / "replay_events.py")]
+    proc = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: replay_events.py [-h] [events]")
+    proc = subprocess.run([*run, "no/such/events.jsonl"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr == "no/such/events.jsonl: cannot read the event stream (No such file or directory)\n"

