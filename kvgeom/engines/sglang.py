@@ -534,7 +534,7 @@ def dcp_transfer_plan(
     >>> dcp_transfer_plan(4, physical_page_size=2, dcp_size=2, dcp_rank=0, decode_prefix_len=2)
     Traceback (most recent call last):
     ...
-    kvgeom.engines.sglang.SGLangConfigError: decode_prefix_len: decode_prefix_len=2 is not a multiple ...$
+    kvgeom.engines.sglang.SGLangConfigError: decode_prefix_len: decode_prefix_len=2 is not a multiple ...
     """
     virtual = physical_page_size * dcp_size
     if decode_prefix_len % virtual:
