@@ -333,8 +333,9 @@ def _warnings(
             "(SGLang #22935, #38625); use 'extra_buffer' for checkpoints on the grid"))
         return out
     if grid > chunk and c.checkpoint_grid == "lcm":
-        fix = [p for p in (chunk // c.dcp_size,) if p >= 1 and chunk % (p * c.dcp_size) == 0 and p % c.page_size == 0]
-        hint = f"page_size={fix[0]}" if fix else f"a page_size with page_size*dcp_size dividing {chunk}"
+        fits = [p for p in range(c.page_size, 0, -1) if chunk % (p * c.dcp_size) == 0]
+        hint = (f"page_size={fits[0]} (tree page {fits[0] * c.dcp_size}, a divisor of {chunk})" if fits
+                else f"a page_size with page_size*dcp_size dividing {chunk}")
         out.append(SGLangWarning(
             "checkpoint_grid_widened", "sglang.page_size",
             f"the tree page page_size*dcp_size={c.page_size}*{c.dcp_size}={page} does not divide the Mamba chunk "
