@@ -78,6 +78,7 @@ __all__ = [
     "event_geometry",
     "event_reader",
     "explain_sglang",
+    "hit_warnings",
     "is_sglang_source",
     "load_sglang",
     "mamba_cache_chunk_size",
@@ -370,6 +371,25 @@ def _warnings(
             "a DSA index widens the tree page and a Mamba checkpoint can land past the cache key (SGLang "
             "#38212); check the widened page against the checkpoint grid"))
     return out
+
+
+def hit_warnings(source: SGLangConfig | Mapping[str, Any]) -> tuple[SGLangWarning, ...]:
+    """The warnings of a deployment (combinations SGLang accepts that lose or corrupt hits), also for a
+    deployment whose other settings SGLang refuses: nothing about them depends on the refused settings.
+
+    >>> [w.code for w in hit_warnings({"page_size": 16, "pools": ["full", "mamba"], "chunked_prefill_size": 32})]
+    ['chunked_prefill_below_chunk']
+    """
+    c = load_sglang(source)
+    if not c.has_mamba:
+        return ()
+    page = tree_page(c.page_size, c.dcp_size)
+    try:
+        chunk = mamba_cache_chunk_size(c.mamba_chunk_size, c.page_size)
+    except SGLangConfigError:
+        return ()
+    grid = checkpoint_grid(chunk, page) if c.checkpoint_grid == "lcm" else chunk
+    return tuple(_warnings(c, page, chunk, grid, track_grid(grid, c.mamba_track_interval)))
 
 
 def load_sglang(source: SGLangConfig | Mapping[str, Any] | str | os.PathLike[str]) -> SGLangConfig:
