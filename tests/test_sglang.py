@@ -87,3 +87,14 @@ def test_explain_text_stream_is_unchanged_for_kvgeom_configs(capsys):
     code, out, _ = _run(["check", "preset:gemma3-swa"], capsys)
     assert (code, out) == (0, "preset:gemma3-swa: ok (L=16 H=16 A=16, 0 warnings)\n")
     assert io.StringIO  # keep the import honest
+
+
+def test_the_sglang_page_code_runs():
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "engines" / "sglang.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {})
