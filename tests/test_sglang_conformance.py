@@ -65,3 +65,26 @@ def test_generated_cases_agree():
     report = run_sglang(examples=150, seed=0)
     assert report.cases_checked > 100
     assert report.exit_code == 0, report.render()
+
+
+# -- hit lengths from SGLang's shipped unified radix cache kit (full + Mamba, page 1) ---------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kvgeom.conformance.sglang_radix import kvgeom_hits, radix_hits  # noqa: E402
+
+_seqs = st.lists(st.integers(0, 2), min_size=1, max_size=12)
+
+
+def test_radix_kit_hits_agree_on_a_split():
+    # #22935's shape: a checkpoint only where an insert ends; a query branching inside gets the split point
+    # only when an insert ended there
+    inserts = [list(range(16)), list(range(8))]
+    queries = [list(range(16)), [*range(10), 99, 99], [*range(5)]]
+    assert radix_hits(inserts, queries) == kvgeom_hits(inserts, queries) == [(16, 16), (8, 10), (0, 5)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(_seqs, min_size=1, max_size=6), st.lists(_seqs, min_size=1, max_size=4))
+def test_radix_kit_hits_agree_on_generated_trees(inserts, queries):
+    assert radix_hits(inserts, queries) == kvgeom_hits(inserts, queries)

@@ -492,9 +492,11 @@ def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ..
 
 @dataclass(frozen=True, slots=True)
 class SGLangHit:
-    """What a prefix match gives: the device prefix (tree pages matched), the full-KV hit and the Mamba
-    branch point (the deepest checkpoint at or below it; None without a Mamba pool). ``hit_tokens`` is
-    what the request reuses: the branch point for a Mamba hybrid, else the full-KV hit."""
+    """What a prefix match gives, as SGLang's ``match_prefix`` reports it: the device prefix (what the
+    request reuses: the Mamba branch point for a Mamba hybrid, else the full-KV hit), the full-KV hit
+    (tree pages matched) and the Mamba branch point (the deepest checkpoint at or below the full-KV hit;
+    None without a Mamba pool). Checked against SGLang's unified radix cache kit
+    (``kvgeom/conformance/sglang_radix.py``)."""
 
     device_prefix: int
     full_kv_hit: int
@@ -502,7 +504,8 @@ class SGLangHit:
 
     @property
     def hit_tokens(self) -> int:
-        return self.full_kv_hit if self.mamba_branch_point is None else self.mamba_branch_point
+        """The tokens the request reuses (the device prefix)."""
+        return self.device_prefix
 
 
 def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[int] = ()) -> SGLangHit:
@@ -513,6 +516,8 @@ def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[
     >>> g = resolve_sglang({"page_size": 64, "dcp_size": 2, "tp_size": 2, "pools": ["full", "mamba"]})
     >>> prefix_hit(g, 300, checkpoint_positions(g, 300))
     SGLangHit(device_prefix=256, full_kv_hit=256, mamba_branch_point=256)
+    >>> prefix_hit(g, 300, [128])
+    SGLangHit(device_prefix=128, full_kv_hit=256, mamba_branch_point=128)
     >>> prefix_hit(g, 300, [128]).hit_tokens
     128
     """
@@ -523,7 +528,7 @@ def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[
     if geom.checkpoint_grid is None:
         return SGLangHit(full, full, None)
     branch = max((c for c in checkpoints if 0 < c <= full), default=0)
-    return SGLangHit(full, full, branch)
+    return SGLangHit(branch, full, branch)
 
 
 @dataclass(frozen=True, slots=True)
