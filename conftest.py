@@ -8,3 +8,6 @@ vLLM is installed; elsewhere their import would fail. Their behaviour is tested 
 import importlib.util
 
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["kvgeom/conformance/vllm_*.py"]
+# The same for SGLang (kvgeom/conformance/sglang_*.py; tests/test_sglang_conformance.py, marked ``sglang``).
+if not importlib.util.find_spec("sglang"):
+    collect_ignore_glob.append("kvgeom/conformance/sglang_*.py")

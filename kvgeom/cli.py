@@ -137,6 +137,11 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for arg in args.configs:
         item: dict[str, Any] = {"file": arg, "status": "ok", "exit_code": EXIT_OK, "problems": [], "warnings": []}
         found.append(())
+        sglang = _sglang_section(arg)
+        if sglang is not None:
+            _check_sglang(item, sglang, args.strict)
+            results.append(item)
+            continue
         try:
             geom = resolve(_load(arg))
         except KVGeomError as e:
@@ -176,7 +181,16 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 stream = err if args.strict else out
                 for w in r["warnings"]:
                     stream.write(f"{r['file']}: warning: {w['message']} [{w['code']}]\n")
-                if r["status"] in {"ok", "warned"}:
+                if r["status"] in {"ok", "warned"} and r.get("engine") == "sglang":
+                    s = r["summary"]
+                    grids = (f" checkpoint grid={s['checkpoint_grid']} track grid={s['track_grid']}"
+                             if s["checkpoint_grid"] is not None else "")
+                    out.write(
+                        f"{r['file']}: {'ok' if r['status'] == 'ok' else 'fails --strict'} "
+                        f"(SGLang: tree page={s['tree_page']}{grids}, "
+                        f"{len(r['warnings'])} warning{'' if len(r['warnings']) == 1 else 's'})\n"
+                    )
+                elif r["status"] in {"ok", "warned"}:
                     s = r["summary"]
                     out.write(
                         f"{r['file']}: {'ok' if r['status'] == 'ok' else 'fails --strict'} "
@@ -186,6 +200,39 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         case _:  # argparse restricts the choices
             raise AssertionError(args.format)
     return int(exit_code)
+
+
+def _sglang_section(arg: str) -> Any:
+    """The parsed file when ``arg`` is an SGLang deployment (a top-level ``sglang`` table), else None (a
+    file that cannot be read is left to the kvgeom path, which reports it)."""
+    from kvgeom.engines.sglang import is_sglang_source
+
+    if arg.startswith(PRESET_PREFIX):
+        return None
+    try:
+        data = read_file(Path(arg))
+    except (KVGeomError, OSError):
+        return None
+    return data if is_sglang_source(data) else None
+
+
+def _check_sglang(item: dict[str, Any], data: Any, strict: bool) -> None:
+    """Fill a ``check`` result for an SGLang deployment (kvgeom.engines.sglang)."""
+    from kvgeom.engines.sglang import resolve_sglang
+
+    item["engine"] = "sglang"
+    try:
+        geom = resolve_sglang(data)
+    except KVGeomError as e:
+        code = _exit_code(e)
+        item.update(status="malformed" if code == EXIT_USAGE else "invalid", exit_code=code,
+                    problems=[p.to_dict() for p in e.problems])
+        return
+    item["warnings"] = [{"code": w.code, "message": w.message} for w in geom.warnings]
+    item["summary"] = {"tree_page": geom.tree_page, "checkpoint_grid": geom.checkpoint_grid,
+                       "track_grid": geom.track_grid, "kv_event_block_size": geom.kv_event_block_size}
+    if strict and geom.warnings:
+        item.update(status="warned", exit_code=EXIT_INVALID)
 
 
 def _gh_escape(text: str, prop: bool) -> str:
@@ -224,6 +271,20 @@ def _pick_source(args: argparse.Namespace) -> KVGeomConfig | dict[str, Any]:
 
 def _cmd_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     label = _label(args.config or (PRESET_PREFIX + args.preset if args.preset else DEFAULT_LABEL))
+    sglang = _sglang_section(args.config) if args.config is not None and args.preset is None else None
+    if sglang is not None:
+        from kvgeom.engines.sglang import explain_sglang, resolve_sglang
+
+        try:
+            sgeom = resolve_sglang(sglang)
+        except KVGeomError as e:
+            raise _fail(label, e) from None
+        if args.json:
+            json.dump(sgeom.to_dict(), out, indent=2)
+            out.write("\n")
+        else:
+            out.write(explain_sglang(sgeom, label) + "\n")
+        return EXIT_OK
     try:
         source = _pick_source(args)
         geom = resolve(source)

@@ -225,7 +225,7 @@ def test_cli_exit_2_for_an_unknown_engine():
     err = io.StringIO()
     sys_err, sys.stderr = sys.stderr, err
     try:
-        assert main(["conform", "--engine", "sglang"]) == 2
+        assert main(["conform", "--engine", "tensorrt-llm"]) == 2
     finally:
         sys.stderr = sys_err
     assert "unknown_engine" in err.getvalue()

@@ -41,6 +41,8 @@ def _conform(engine: str, examples: int | None, seed: int, strict: bool, as_json
              err: TextIO) -> int:
     from kvgeom.conformance.engines import load_engine
 
+    if engine == "sglang":
+        return _conform_sglang(examples=examples, seed=seed, as_json=as_json, out=out, err=err)
     try:
         eng = load_engine(engine)
         try:
@@ -63,5 +65,29 @@ def _conform(engine: str, examples: int | None, seed: int, strict: bool, as_json
         for p in e.problems:
             err.write(f"kvgeom conform: {p.field + ': ' if p.field else ''}{p.message} [{p.code}]\n")
         return 2
+    out.write((json.dumps(report.to_dict(), indent=2) if as_json else report.render()) + "\n")
+    return report.exit_code
+
+
+def _conform_sglang(*, examples: int | None, seed: int, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """``kvgeom conform --engine sglang``: kvgeom.conformance.sglang_engine's run (every difference is a
+    finding; ``--strict`` changes nothing, SGLang has no documented deviation yet)."""
+    from kvgeom.conformance.engines import load_sglang_engine
+
+    try:
+        if examples is not None and (type(examples) is not int or examples < 1):
+            raise KVGeomError.single("bad_examples", f"examples must be a positive integer, got {examples!r}",
+                                     "examples")
+        if type(seed) is not int or seed < 0:
+            raise KVGeomError.single("bad_seed", f"seed must be a non-negative integer, got {seed!r}", "seed")
+        _version, warning = load_sglang_engine()
+        from kvgeom.conformance.sglang_engine import run_sglang
+    except KVGeomError as e:
+        for p in e.problems:
+            err.write(f"kvgeom conform: {p.field + ': ' if p.field else ''}{p.message} [{p.code}]\n")
+        return 2
+    if warning:
+        err.write(f"warning: {warning}\n")
+    report = run_sglang(examples=200 if examples is None else examples, seed=seed)
     out.write((json.dumps(report.to_dict(), indent=2) if as_json else report.render()) + "\n")
     return report.exit_code

@@ -28,7 +28,8 @@ from kvgeom.adapters.vllm import CHECKED_VLLM, EngineVersionWarning, engine_vers
 from kvgeom.errors import KVGeomError
 from kvgeom.geometry import Geometry
 
-__all__ = ["SUPPORTED", "Engine", "EngineError", "load_engine", "version_warning"]
+__all__ = ["SGLANG_SERIES", "SUPPORTED", "Engine", "EngineError", "load_engine", "load_sglang_engine",
+           "version_warning"]
 
 SUPPORTED: dict[str, str] = {"vllm": CHECKED_VLLM}
 """Engine name -> the release series the checker is pinned to."""
@@ -83,3 +84,35 @@ def load_engine(name: str = "vllm") -> Engine:
     if warning is not None:
         warnings.warn(warning, EngineVersionWarning, stacklevel=2)
     return Engine(name, version, warning, vllm_answers)
+
+
+SGLANG_SERIES = "0.5.23"
+"""The SGLang release ``kvgeom conform --engine sglang`` is checked against (kvgeom.engines.sglang)."""
+
+
+def load_sglang_engine() -> tuple[str, str | None]:
+    """The installed SGLang's version and a version warning (None for 0.5.23), after importing the
+    harness (:mod:`kvgeom.conformance.sglang_engine`); :class:`EngineError` when SGLang is missing or does
+    not import."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        raise EngineError.single(
+            "engine_not_installed",
+            f"sglang is not installed in this Python environment; install sglang {SGLANG_SERIES} "
+            "(scripts/install-sglang-cpu.sh) and run kvgeom conform with that environment's Python",
+            "engine",
+        ) from None
+    try:
+        import kvgeom.conformance.sglang_engine  # noqa: F401
+    except Exception as e:
+        raise EngineError.single(
+            "engine_import_failed",
+            f"sglang {version} is installed but its geometry modules do not import ({type(e).__name__}: {e}); "
+            f"kvgeom conform supports sglang {SGLANG_SERIES} (put scripts/sglang-stubs on PYTHONPATH)",
+            "engine",
+            version=version,
+        ) from None
+    warning = None if version == SGLANG_SERIES else (
+        f"sglang {version} is installed, but this kvgeom release was checked against sglang {SGLANG_SERIES} only")
+    return version, warning
