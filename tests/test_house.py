@@ -57,7 +57,7 @@ FLOORS: dict[str, int] = {
              "conformance.command", "conformance.engines", "conformance.findings", "conformance.gpu_prefix",
              "conformance.run", "conformance.vllm_engine", "conformance.vllm_objects", "conformance.vllm_prefix",
              "conformance.vllm_scheduler", "conformance.vllm_stores"),
-    **_floor(11, "engines", "engines.lmcache"),
+    **_floor(11, "engines", "engines.lmcache", "conformance.lmcache_engine"),
     # thin faces and the command line
     **_floor(12, "", "__main__", "cli", "speculative"),
 }

@@ -478,13 +478,28 @@ _ALL_FINDINGS = (
         "LMCache #4809, #4821, #4834",
     ),
     LMCacheFinding(
+        "pcp-sharded-span",
+        "LMCache's span ignores PCP where PCP shards the KV cache",
+        "LMCache's span of an attention group is block_size * dcp; it does not read PCP.",
+        "Where PCP deals the KV cache too (pcp_shards_kv: the design before vLLM #46570), vLLM's span of a "
+        "sharded group is block_size * dcp * pcp.",
+        "LMCache maps a chunk to pcp times too many block ids of the group (ids past the ones a chunk owns), "
+        "storing and loading the group's KV at the wrong positions.",
+        "Run such a deployment with pcp=1 behind LMCache (vLLM 0.33's PCP does not shard the KV cache).",
+        {"groups": [{"kind": "full_attention", "block_size": 16}],
+         "parallel": {"pcp": 2, "pcp_shards_kv": True}},
+        "vLLM #46570",
+    ),
+    LMCacheFinding(
         "scheduler-block",
         "LMCache's scheduler block differs from vLLM's",
         "LMCache's scheduler block is the lcm of its own spans, and its adapters use it as vLLM's block size.",
         "vLLM's scheduler block is the lcm of its resolved spans (Geometry.scheduler_block_size).",
         "LMCache aligns chunk boundaries and scheduler steps on a different grid from vLLM's.",
-        "Follows from a span difference: fix that one (see replicated-attention-span).",
-        _SWA_DCP,
+        "Follows from a span difference: fix that one (see replicated-attention-span, pcp-sharded-span).",
+        {"groups": [{"kind": "full_attention", "block_size": 16},
+                    {"kind": "sliding_window", "block_size": 32, "sliding_window": 64, "dcp_sharded": False}],
+         "parallel": {"tp": 2, "dcp": 2}},
         "LMCache #4834",
     ),
     LMCacheFinding(
@@ -570,18 +585,22 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
             geom) else "refuses"
         msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
         out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
-        return out
+        if "spans" not in sheet:
+            return out
     spans = list(sheet["spans"])
+    p = geom.parallel
     for g, lm_span in zip(geom.groups, spans, strict=True):
-        if lm_span == g.span:
-            continue
+        if lm_span == g.span or (lm_span == 0 and not g.prefix_cacheable):
+            continue  # a scratch group: neither vLLM nor LMCache caches a token range of it
         replicated = dcp > 1 and is_attention_class(g) and not g.dcp_sharded and g.prefix_cacheable
-        fid = "replicated-attention-span" if replicated and lm_span == g.block_size * dcp else None
+        pcp_sharded = p.pcp > 1 and p.pcp_shards_kv and g.dcp_sharded and g.span == lm_span * p.pcp
+        fid = ("replicated-attention-span" if replicated and lm_span == g.block_size * dcp else
+               "pcp-sharded-span" if pcp_sharded else None)
         base = (f"group {g.index} ({g.kind}): LMCache's span {lm_span} differs from vLLM's {g.span} "
                 f"(block_size {g.block_size}, dcp {dcp}, dcp_sharded {g.dcp_sharded})")
         out.append(Parting(fid, "span", g.index, lm_span, g.span,
                            _explain(fid, base) if fid else base + "; no registered LMCache rule explains it"))
-    span_parted = any(p.finding for p in out)
+    span_parted = any(x.finding for x in out)
     theirs, ours = sheet["scheduler_block"], geom.scheduler_block_size
     if theirs != ours:
         sfid = "scheduler-block" if span_parted else None
@@ -601,14 +620,25 @@ def _interleave_only_replicated(geom: Geometry) -> bool:
     return all(not (i > g.block_size or g.block_size % i) for g in geom.groups if g.dcp_sharded)
 
 
+_LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size"})
+
+
 def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, Any]:
     """kvgeom's answer sheet for LMCache on ``geom``: what :func:`partings_of` and the conformance
     harness compare (``refused``/``refused_code``, ``spans``, ``scheduler_block``, ``coarse``,
-    ``identity``, ``holds_back_last_token``)."""
+    ``identity``, ``holds_back_last_token``). A refusal from the DCP or chunk-size checks, which LMCache
+    makes after deriving its spans, keeps ``spans``, ``scheduler_block`` and ``identity``."""
     try:
         lm = lmcache_geometry(geom, settings)
     except LMCacheRefusal as e:
-        return {"refused": True, "refused_code": e.code, "refused_message": str(e)}
+        out: dict[str, Any] = {"refused": True, "refused_code": e.code, "refused_message": str(e)}
+        if e.code in _LATE_REFUSALS:  # refused after the spans, the scheduler block and the identity
+            s = settings if settings is not None else LMCacheSettings()
+            p = geom.parallel
+            out["spans"] = [lmcache_span(g, p.dcp) for g in geom.groups]
+            out["scheduler_block"] = scheduler_block(out["spans"])
+            out["identity"] = cache_identity(s.model, p.dcp, p.cp_interleave)
+        return out
     return {
         "refused": False,
         "spans": list(lm.spans),
