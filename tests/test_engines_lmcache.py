@@ -123,3 +123,16 @@ def test_check_warns_only_with_lmcache_in_front(tmp_path, capsys):
     assert code == 1
     _, warnings = _check(tmp_path, capsys, cfg, "--lmcache", "--lmcache-chunk-size", "48")
     assert "lmcache_refuses" in [w["code"] for w in warnings]
+
+
+def test_the_docs_page_code_blocks_run():
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "engines" / "lmcache.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {})
+    text = page.read_text(encoding="utf-8")
+    assert [fid for fid in lm.FINDINGS if f"**{fid}**" not in text] == []  # the page states every finding

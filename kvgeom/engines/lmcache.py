@@ -469,9 +469,9 @@ _ALL_FINDINGS = (
         "not read the spec's dcp_sharded.",
         "vLLM deals only DCP-sharded groups over the DCP ranks; a replicated group (a sliding window, a group "
         "with dcp_sharded false, a drafter's group) keeps span = block_size.",
-        "LMCache maps a chunk of C tokens to C / (block_size * dcp) of the group's block ids instead of "
-        "C / block_size: it stores and loads only the first 1/dcp of them, each standing for dcp blocks' "
-        "worth of tokens, so that group's KV is loaded at the wrong positions.",
+        "LMCache maps chunk c (tokens [c*C, (c+1)*C)) to the group's block ids of tokens [c*C/dcp, "
+        "(c+1)*C/dcp): each stored object holds that group's KV of other positions than its key says, and a "
+        "load writes it back there.",
         "Until LMCache takes spans from vLLM's resolved groups (the LMCache #4809 -> #4834 line), run such a "
         "deployment with dcp=1 behind LMCache, or without LMCache.",
         _SWA_DCP,
