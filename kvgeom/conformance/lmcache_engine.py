@@ -57,7 +57,7 @@ from kvgeom.conformance.run import hybrid_configs  # noqa: E402
 from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.errors import KVGeomError, QueryError  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
-from kvgeom.strategies import configs  # noqa: E402
+from kvgeom.strategies import ALL_KINDS, configs  # noqa: E402
 
 __all__ = [
     "COMPARED", "DEFAULT_EXAMPLES", "LMCACHE_VERSION", "Finding", "Report", "cases", "check_case", "compare",
@@ -190,13 +190,13 @@ def compare(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[tuple[st
 
 Case = tuple[dict[str, Any], dict[str, Any]]
 
-_KINDS = ("full_attention", "mla", "mamba", "sliding_window", "chunked_local", "circular_buffer")
 
 
 def cases() -> st.SearchStrategy[Case]:
     """``(config, lmcache settings)`` pairs: configs of :func:`kvgeom.strategies.configs` (1-3 groups of
-    full attention, MLA, Mamba, sliding window, chunked local and ring-buffer scratch groups, DCP up to 4,
-    PCP, interleaves, uniform groups, prefix caching on or off), hybrids
+    every kind: full attention, MLA, sink, sliding windows, chunked local, cross attention, ring-buffer
+    scratch groups, Mamba in every mode, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
+    or off), hybrids
     (:func:`kvgeom.conformance.run.hybrid_configs`) and drafter configs; settings: chunk sizes around
     LMCache's 256 or a multiple of vLLM's scheduler block, 1-4 servers, a batch budget around the Mamba
     block. Shrinks to one-token blocks, chunk 256, one server.
@@ -205,7 +205,7 @@ def cases() -> st.SearchStrategy[Case]:
     >>> minimal(cases())[1]
     {'chunk_size': 256, 'servers': 1, 'max_num_batched_tokens': 8192}
     """
-    general = configs(kinds=_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
+    general = configs(kinds=ALL_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
     cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs())
 
     @st.composite
