@@ -136,3 +136,9 @@ def test_the_docs_page_code_blocks_run():
         exec(compile(block, str(page), "exec"), {})
     text = page.read_text(encoding="utf-8")
     assert [fid for fid in lm.FINDINGS if f"**{fid}**" not in text] == []  # the page states every finding
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("lmcache") is not None, reason="LMCache is installed")
+def test_conform_without_lmcache_exits_2_naming_the_install(capsys):
+    assert main(["conform", "--engine", "lmcache", "--examples", "5"]) == 2
+    assert "lmcache is not installed" in capsys.readouterr().err
