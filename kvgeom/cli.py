@@ -128,7 +128,25 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _pos_int(text: str) -> int:
+    value = _nonneg_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {show(value, 60)}")
+    return value
+
+
 # --------------------------------------------------------------------- check
+
+
+def _lmcache_warnings(geom: Any, args: argparse.Namespace) -> list[dict[str, str]]:
+    """``kvgeom check --lmcache``: each place LMCache 0.5.6 would part from ``geom`` harmfully (a wrong block
+    stored or loaded, or a refusal to start), as a warning naming LMCache's rule, both numbers, the
+    consequence and the fix (:func:`kvgeom.engines.lmcache.partings`)."""
+    from kvgeom.engines.lmcache import FINDINGS, LMCacheSettings, partings
+
+    found = partings(geom, LMCacheSettings(chunk_size=args.lmcache_chunk_size, servers=args.lmcache_servers))
+    return [{"code": p.code, "message": p.message} for p in found if p.finding is None or FINDINGS[p.finding].harms]
+
 
 
 def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -154,12 +172,14 @@ def _cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
         else:
             item["warnings"] = [{"code": w.code, "message": w.message} for w in geom.warnings]
+            if args.lmcache:
+                item["warnings"] += _lmcache_warnings(geom, args)
             item["summary"] = {
                 "scheduler_block_size": geom.scheduler_block_size,
                 "hash_block_size": geom.hash_block_size,
                 "hit_alignment_tokens": geom.hit_alignment_tokens,
             }
-            if args.strict and geom.warnings:
+            if args.strict and item["warnings"]:  # geom.warnings, plus LMCache's with --lmcache
                 item.update(status="warned", exit_code=EXIT_INVALID)
         results.append(item)
     exit_code = max(r["exit_code"] for r in results)
@@ -460,6 +480,12 @@ def _parser() -> _Parser:
     c.add_argument("configs", nargs="+", metavar="CONFIG")
     c.add_argument("--format", choices=["text", "json", "github"], default="text")
     c.add_argument("--strict", action="store_true", help="treat warnings as failures (exit 1)")
+    c.add_argument("--lmcache", action="store_true",
+                   help="LMCache 0.5.6 is in front of vLLM: also warn where its geometry parts from vLLM's")
+    c.add_argument("--lmcache-chunk-size", type=_pos_int, default=256, metavar="N",
+                   help="LMCache's chunk_size (default 256; with --lmcache)")
+    c.add_argument("--lmcache-servers", type=_pos_int, default=1, metavar="N",
+                   help="LMCache servers the ranks are split over (default 1; with --lmcache)")
     c.set_defaults(func=_cmd_check)
 
     e = sub.add_parser("explain", help="explain a geometry (default: the bundled seed hybrid under DCP=2)")

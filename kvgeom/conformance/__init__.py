@@ -14,7 +14,10 @@ Hypothesis: :func:`run`, :func:`cases` and :class:`Report` (Hypothesis) and :fun
 
 >>> import kvgeom.conformance as c
 >>> c.SUPPORTED, "realign-after-clamp" in c.RULES
-({'vllm': '0.33'}, True)
+({'vllm': '0.33', 'lmcache': '0.5'}, True)
+
+``kvgeom conform --engine lmcache`` checks kvgeom's model of LMCache (:mod:`kvgeom.engines.lmcache`)
+against LMCache's own functions (:mod:`kvgeom.conformance.lmcache_engine`).
 """
 
 from __future__ import annotations

@@ -52,6 +52,13 @@ def _conform(engine: str, examples: int | None, seed: int, strict: bool, as_json
             return 2
         if eng.warning:
             err.write(f"warning: {eng.warning}\n")
+        if eng.name == "lmcache":  # LMCache's own run: its sheet, kvgeom's model of it, and vLLM's geometry
+            from kvgeom.conformance.lmcache_engine import DEFAULT_EXAMPLES as LM_EXAMPLES
+            from kvgeom.conformance.lmcache_engine import run as run_lmcache
+
+            lm = run_lmcache(examples=LM_EXAMPLES if examples is None else examples, seed=seed, strict=strict)
+            out.write((json.dumps(lm.to_dict(), indent=2) if as_json else lm.render()) + "\n")
+            return lm.exit_code
         report = run(
             examples=DEFAULT_EXAMPLES if examples is None else examples,
             seed=seed,

@@ -1,7 +1,7 @@
 """Which engines ``kvgeom conform`` can check, and loading one.
 
 :func:`load_engine` finds the installed engine, checks its version against the supported series
-(:data:`SUPPORTED`: vLLM 0.33.x) and imports the code that asks it questions. An engine that is not
+(:data:`SUPPORTED`: vLLM 0.33.x, LMCache 0.5.x) and imports the code that asks it questions. An engine that is not
 installed, or whose modules do not import, is an :class:`EngineError` (``kvgeom conform`` exits 2);
 another version runs, with the warning naming it and what to do: the text on the :class:`Engine` (which
 ``kvgeom conform`` prints and records in its report) and a
@@ -31,7 +31,7 @@ from kvgeom.geometry import Geometry
 __all__ = ["SGLANG_SERIES", "SUPPORTED", "Engine", "EngineError", "load_engine", "load_sglang_engine",
            "version_warning"]
 
-SUPPORTED: dict[str, str] = {"vllm": CHECKED_VLLM}
+SUPPORTED: dict[str, str] = {"vllm": CHECKED_VLLM, "lmcache": "0.5"}
 """Engine name -> the release series the checker is pinned to."""
 
 
@@ -71,7 +71,10 @@ def load_engine(name: str = "vllm") -> Engine:
             "engine",
         ) from None
     try:
-        from kvgeom.conformance.vllm_engine import vllm_answers
+        if name == "lmcache":  # LMCache's geometry functions on vLLM's real spec objects
+            from kvgeom.conformance.lmcache_engine import lmcache_answers as answers
+        else:
+            from kvgeom.conformance.vllm_engine import vllm_answers as answers
     except Exception as e:
         raise EngineError.single(
             "engine_import_failed",
@@ -83,7 +86,7 @@ def load_engine(name: str = "vllm") -> Engine:
     warning = version_warning(name, version)
     if warning is not None:
         warnings.warn(warning, EngineVersionWarning, stacklevel=2)
-    return Engine(name, version, warning, vllm_answers)
+    return Engine(name, version, warning, answers)
 
 
 SGLANG_SERIES = "0.5.23"

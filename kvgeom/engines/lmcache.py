@@ -1,0 +1,662 @@
+"""LMCache 0.5.6's copy of the KV-cache geometry, as kvgeom answers it for a resolved vLLM geometry.
+
+LMCache runs beside vLLM (its multiprocess connector) and derives its own geometry from vLLM's group
+specs instead of reading vLLM's resolved one. This module answers that derivation for a resolved
+:class:`kvgeom.Geometry` plus LMCache's own settings (:class:`LMCacheSettings`: chunk size, servers,
+model name, max batched tokens), and names every place where it parts from vLLM's geometry.
+
+The rules (established by running LMCache 0.5.6's functions on vLLM 0.33's real spec objects:
+``kvgeom conform --engine lmcache``, ``kvgeom/conformance/lmcache_engine.py``):
+
+* **span** (:func:`lmcache_span`): tokens one block id of a group covers. 0 for a group vLLM does not
+  prefix-cache ("scratch"); ``block_size * dcp`` for every group whose vLLM spec class derives from
+  attention (full, MLA, sink, sliding window, chunked local, cross attention), *whether or not vLLM
+  shards it over DCP*; ``block_size`` for Mamba. A uniform group counts as its first layer.
+* **scheduler block** (:func:`scheduler_block`): the lcm of the non-zero spans, which LMCache's adapters
+  use as vLLM's block size and to which it rounds vLLM's prefix-cache hits; LMCache warns when it is
+  more than :data:`COARSE_FACTOR` times the largest span (:func:`is_coarse`).
+* **chunk**: a stored object covers ``chunk_size`` tokens (256 by default), a multiple of every non-zero
+  span, or the scheduler-side connector refuses to start; partial chunks are never stored.
+* **identity** (:func:`cache_identity`): the model name, plus a DCP layout suffix naming the DCP size and
+  the interleave when DCP > 1 and the interleave is not 1 (:data:`DCP_LAYOUT_TAG`).
+* **block ids of a chunk** (:func:`slice_block_ids`): group g's ids for tokens ``[start, end)`` are
+  ``ids[start // span : end // span]``; a scratch group gets none; a range off a group's span grid is
+  refused.
+* **hold-back**: with a Mamba group in ``align``/``all`` mode LMCache's lookup holds back a prompt's
+  last token (:func:`lookup_end`).
+* **refusals** (:func:`lmcache_geometry` raises :class:`LMCacheRefusal`, checked in the connector's
+  order): Mamba step alignment (one Mamba block size; ``max_num_batched_tokens`` >= it), the groups it
+  cannot serve (cross attention; Mamba outside ``align``/``all``), no cacheable group, then DCP support
+  (no PCP with DCP; the interleave divides every attention block, replicated ones included; each server
+  holds a whole set of DCP shards), then the chunk-size rule.
+
+Where it parts from vLLM (:data:`FINDINGS`, :func:`partings`): LMCache does not read vLLM's per-group
+``dcp_sharded``, so a replicated attention-class group under DCP (a sliding window, an explicitly
+replicated group, a drafter) gets a span DCP times too wide; its scheduler block and hit alignment follow;
+and its interleave check counts replicated groups vLLM does not deal.
+
+Invariants (``tests/test_engines_lmcache.py``, property tests):
+
+* every span is 0 or a multiple of the group's block size; a span is 0 iff the group is not
+  prefix-cacheable;
+* the scheduler block is a multiple of every non-zero span, and the smallest such;
+* at DCP 1 LMCache's spans equal vLLM's (:func:`partings` names no span finding);
+* :func:`slice_block_ids` over consecutive ranges concatenates to the ids of the whole range;
+* :func:`partings` names a registered :data:`FINDINGS` id for every difference it reports.
+
+>>> import kvgeom
+>>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 64, "dcp_sharded": False}],
+...     "parallel": {"tp": 2, "dcp": 2}})
+>>> lm = lmcache_geometry(geom, LMCacheSettings(chunk_size=256))
+>>> lm.spans, [g.span for g in geom.groups], lm.scheduler_block
+((32, 32), [32, 16], 32)
+>>> [p.finding for p in partings(geom)]
+['replicated-attention-span']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgeom._format import show
+from kvgeom.errors import KVGeomError, Problem
+from kvgeom.geometry import Geometry, GroupGeometry
+
+__all__ = [
+    "COARSE_FACTOR",
+    "DCP_LAYOUT_TAG",
+    "DEFAULT_CHUNK_SIZE",
+    "FINDINGS",
+    "LMCACHE_VERSION",
+    "LMCacheFinding",
+    "LMCacheGeometry",
+    "LMCacheRangeError",
+    "LMCacheRefusal",
+    "LMCacheSettings",
+    "LMCacheSettingsError",
+    "Parting",
+    "cache_identity",
+    "identities_collide",
+    "is_attention_class",
+    "is_coarse",
+    "lmcache_geometry",
+    "lmcache_span",
+    "lookup_end",
+    "partings",
+    "partings_of",
+    "scheduler_block",
+    "sheet",
+    "slice_block_ids",
+]
+
+LMCACHE_VERSION = "0.5.6"
+"""The LMCache release this model was checked against."""
+
+DEFAULT_CHUNK_SIZE = 256
+"""LMCache's default tokens per stored object."""
+
+COARSE_FACTOR = 4
+"""LMCache warns when its scheduler block exceeds this many times the largest span."""
+
+DCP_LAYOUT_TAG = "##lmcache-dcp-layout-v1-"
+"""The separator LMCache puts between the model name and the DCP layout in a cache identity (an observed
+value: identities must match LMCache's byte for byte)."""
+
+_NOT_ATTENTION = frozenset({"mamba"})
+
+
+class LMCacheSettingsError(KVGeomError):
+    """LMCache's own settings are malformed (a chunk size, server count or batch budget that is not a
+    positive integer)."""
+
+
+class LMCacheRefusal(KVGeomError):
+    """LMCache 0.5.6 refuses to serve this deployment (its connector raises at start-up)."""
+
+
+class LMCacheRangeError(KVGeomError):
+    """A token range LMCache cannot map to block ids (off a group's span grid, or reversed)."""
+
+
+def _positive(name: str, value: Any, fix: str) -> None:
+    if type(value) is not int or value < 1:
+        raise LMCacheSettingsError.single(
+            f"bad_lmcache_{name}", f"LMCache {name} must be a positive integer, got {show(value, 60)}; {fix}",
+            f"lmcache.{name}", **{name: value},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheSettings:
+    """LMCache's own settings for one deployment.
+
+    ``chunk_size``: tokens per stored object (LMCache's default 256). ``servers``: LMCache servers the
+    deployment's ranks are split over. ``model``: the model name LMCache's identity starts from.
+    ``max_num_batched_tokens``: vLLM's per-step token budget (LMCache checks it against the Mamba block).
+
+    >>> LMCacheSettings(chunk_size=0)
+    Traceback (most recent call last):
+    ...
+    kvgeom.engines.lmcache.LMCacheSettingsError: lmcache.chunk_size: LMCache chunk_size must be a positive ...
+    """
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    servers: int = 1
+    model: str = "model"
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        _positive("chunk_size", self.chunk_size, "use a multiple of every group's span (LMCache's default is 256)")
+        _positive("servers", self.servers, "use 1 or the number of LMCache servers of the deployment")
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens, "use vLLM's --max-num-batched-tokens")
+        if not isinstance(self.model, str) or not self.model:
+            raise LMCacheSettingsError.single(
+                "bad_lmcache_model", f"LMCache model must be a non-empty string, got {show(self.model, 60)}",
+                "lmcache.model", model=self.model,
+            )
+
+
+def _leaf_kind(g: GroupGeometry) -> str:
+    layers = getattr(g.spec, "layers", None)
+    return str(layers[0].kind) if layers else g.kind
+
+
+def is_attention_class(g: GroupGeometry) -> bool:
+    """Whether vLLM's spec class of ``g`` (its first layer's, for a uniform group) derives from attention:
+    every kind but Mamba. LMCache decides the span by this class rule, not by ``dcp_sharded``."""
+    return _leaf_kind(g) not in _NOT_ATTENTION
+
+
+def lmcache_span(g: GroupGeometry, dcp: int) -> int:
+    """Tokens one block id of ``g`` covers as LMCache 0.5.6 computes it.
+
+    0 when vLLM does not prefix-cache the group; ``block_size * dcp`` for an attention-class group;
+    ``block_size`` for Mamba. Invariant: 0 or a multiple of ``g.block_size``.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    >>> [lmcache_span(g, geom.parallel.dcp) for g in geom.groups]
+    [32, 16]
+    """
+    if not g.prefix_cacheable:
+        return 0
+    if dcp > 1 and is_attention_class(g):
+        return g.block_size * dcp
+    return g.block_size
+
+
+def scheduler_block(spans: Sequence[int]) -> int:
+    """LMCache's scheduler block: the lcm of the non-zero spans. :class:`LMCacheRefusal` when every span
+    is 0 (no group LMCache can store).
+
+    >>> scheduler_block([32, 0, 48])
+    96
+    """
+    live = [s for s in spans if s > 0]
+    if not live:
+        raise LMCacheRefusal.single(
+            "lmcache_no_cacheable_group",
+            f"LMCache needs at least one prefix-cacheable group, but every group's span is 0 ({list(spans)}); "
+            "do not put LMCache in front of a deployment without a prefix-cacheable group",
+            "groups", spans=list(spans),
+        )
+    return math.lcm(*live)
+
+
+def is_coarse(spans: Sequence[int]) -> bool:
+    """Whether LMCache warns that its scheduler block is too coarse (more than :data:`COARSE_FACTOR` times
+    the largest non-zero span: near-coprime spans).
+
+    >>> is_coarse([48, 64]), is_coarse([32, 16])
+    (False, False)
+    >>> is_coarse([112, 144])
+    True
+    """
+    live = [s for s in spans if s > 0]
+    return bool(live) and scheduler_block(live) > COARSE_FACTOR * max(live)
+
+
+def cache_identity(model: str, dcp: int, interleave: int) -> str:
+    """LMCache's cache identity: ``model`` alone at DCP 1 or interleave 1, else ``model`` plus a DCP layout
+    suffix with the DCP size and the interleave.
+
+    >>> cache_identity("m", 1, 16), cache_identity("m", 2, 1)
+    ('m', 'm')
+    >>> cache_identity("m", 2, 16)
+    'm##lmcache-dcp-layout-v1-d2-interleave16'
+    """
+    if dcp <= 1 or interleave == 1:
+        return model
+    return f"{model}{DCP_LAYOUT_TAG}d{dcp}-interleave{interleave}"
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheGeometry:
+    """LMCache's geometry of one deployment (:func:`lmcache_geometry`).
+
+    ``spans``: per vLLM group, tokens per block id (0: scratch). ``scheduler_block``: lcm of the non-zero
+    spans (also LMCache's hit alignment). ``coarse``: LMCache warns about it. ``chunk_blocks``: block ids
+    of each group per chunk. ``identity``: the cache identity. ``holds_back_last_token``: a Mamba group in
+    align/all mode. ``dcp``/``interleave``: the layout the identity should encode.
+    """
+
+    spans: tuple[int, ...]
+    scheduler_block: int
+    coarse: bool
+    chunk_size: int
+    chunk_blocks: tuple[int, ...]
+    identity: str
+    holds_back_last_token: bool
+    dcp: int
+    interleave: int
+
+    @property
+    def layout(self) -> tuple[int, int, tuple[int, ...]]:
+        """What a stored object's bytes depend on here: DCP size, interleave, spans."""
+        return (self.dcp, self.interleave, self.spans)
+
+
+def _cache_mamba_mode(geom: Geometry) -> str:
+    modes = {g.mamba_mode for g in geom.groups if g.mamba_mode is not None}
+    return str(modes.pop()) if len(modes) == 1 else "none"
+
+
+def _refuse(code: str, message: str, fld: str, **values: Any) -> LMCacheRefusal:
+    return LMCacheRefusal(Problem(code, message, fld, values))
+
+
+def _check_mamba_step(geom: Geometry, s: LMCacheSettings) -> None:
+    if _cache_mamba_mode(geom) != "align":
+        return
+    sizes = sorted({g.block_size for g in geom.groups if _leaf_kind(g) == "mamba"})
+    if len(sizes) > 1:
+        raise _refuse("lmcache_mamba_block_sizes",
+                      f"LMCache needs one block size for every Mamba group, got {sizes}; give the Mamba groups "
+                      "one mamba_block_size", "groups", block_sizes=sizes)
+    block = sizes[0] if sizes else 0
+    if s.max_num_batched_tokens < block:
+        raise _refuse("lmcache_mamba_step",
+                      f"LMCache needs max_num_batched_tokens >= the Mamba block ({block}) so every prefill step "
+                      f"advances a whole block, got {s.max_num_batched_tokens}; raise --max-num-batched-tokens "
+                      f"to at least {block}", "lmcache.max_num_batched_tokens",
+                      block_size=block, max_num_batched_tokens=s.max_num_batched_tokens)
+
+
+def _check_groups(geom: Geometry) -> None:
+    bad = []
+    for g in geom.groups:
+        kind = _leaf_kind(g)
+        if kind == "cross_attention":
+            bad.append(Problem("lmcache_unsupported_group",
+                               f"LMCache does not serve group {g.index} (cross attention); run it without LMCache",
+                               f"groups[{g.index}]", {"group": g.index}))
+        elif kind == "mamba" and g.mamba_mode not in ("align", "all"):
+            bad.append(Problem("lmcache_unsupported_group",
+                               f"LMCache does not serve group {g.index} (Mamba, mamba_cache_mode={g.mamba_mode!r}): "
+                               "it keeps no per-block state; set mamba_cache_mode='align'",
+                               f"groups[{g.index}].mamba_cache_mode", {"group": g.index}))
+    if bad:
+        raise LMCacheRefusal(bad)
+
+
+def _check_dcp(geom: Geometry, s: LMCacheSettings) -> None:
+    p = geom.parallel
+    if p.dcp <= 1:
+        return
+    if p.pcp > 1:
+        raise _refuse("lmcache_dcp_with_pcp",
+                      f"LMCache does not serve prefill context parallelism together with DCP (pcp={p.pcp}, "
+                      f"dcp={p.dcp}); use pcp=1 or dcp=1", "parallel.pcp", pcp=p.pcp, dcp=p.dcp)
+    interleave = p.cp_interleave
+    blocks = sorted({g.block_size for g in geom.groups if is_attention_class(g) and g.prefix_cacheable})
+    bad = [b for b in blocks if interleave > b or b % interleave]
+    if bad:
+        raise _refuse("lmcache_interleave",
+                      f"LMCache needs cp_interleave ({interleave}) to divide every attention group's block, "
+                      f"replicated groups included; these do not: {bad}; use an interleave dividing {blocks}",
+                      "parallel.cp_interleave", interleave=interleave, block_sizes=bad)
+    world = p.tp * p.pp
+    if world // s.servers < p.dcp:
+        raise _refuse("lmcache_servers",
+                      f"each LMCache server must hold a whole set of DCP shards: {s.servers} server(s) over "
+                      f"{world} rank(s) leave {world // s.servers} per server, fewer than dcp={p.dcp}; use at "
+                      f"most {world // p.dcp} server(s)", "lmcache.servers",
+                      servers=s.servers, ranks=world, dcp=p.dcp)
+
+
+def _check_chunk(spans: Sequence[int], s: LMCacheSettings) -> None:
+    for i, span in enumerate(spans):
+        if span and s.chunk_size % span:
+            raise _refuse("lmcache_chunk_size",
+                          f"LMCache chunk_size {s.chunk_size} must be a multiple of group {i}'s span {span}; "
+                          f"use a multiple of {scheduler_block(spans)}", "lmcache.chunk_size",
+                          chunk_size=s.chunk_size, group=i, span=span)
+
+
+def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) -> LMCacheGeometry:
+    """LMCache 0.5.6's geometry of the deployment ``geom`` under ``settings`` (defaults:
+    :class:`LMCacheSettings`), or :class:`LMCacheRefusal` with the first check its connector fails, in
+    its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size.
+
+    >>> import kvgeom
+    >>> lm = lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    >>> lm.spans, lm.scheduler_block, lm.chunk_blocks, lm.holds_back_last_token
+    ((32, 16), 32, (8, 16), True)
+    >>> lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), LMCacheSettings(chunk_size=48)).spans
+    Traceback (most recent call last):
+    ...
+    kvgeom.engines.lmcache.LMCacheRefusal: lmcache.chunk_size: LMCache chunk_size 48 must be a multiple of ...
+    """
+    s = settings if settings is not None else LMCacheSettings()
+    p = geom.parallel
+    _check_mamba_step(geom, s)
+    _check_groups(geom)
+    spans = tuple(lmcache_span(g, p.dcp) for g in geom.groups)
+    block = scheduler_block(spans)
+    _check_dcp(geom, s)
+    _check_chunk(spans, s)
+    return LMCacheGeometry(
+        spans=spans,
+        scheduler_block=block,
+        coarse=is_coarse(spans),
+        chunk_size=s.chunk_size,
+        chunk_blocks=tuple(s.chunk_size // span if span else 0 for span in spans),
+        identity=cache_identity(s.model, p.dcp, p.cp_interleave),
+        holds_back_last_token=any(g.mamba_mode in ("align", "all") for g in geom.groups),
+        dcp=p.dcp,
+        interleave=p.cp_interleave,
+    )
+
+
+def identities_collide(a: LMCacheGeometry, b: LMCacheGeometry) -> bool:
+    """Whether two deployments share LMCache's identity while their layouts (DCP size, interleave, spans)
+    differ: objects one stores would be found by the other. Symmetric; False for equal layouts.
+
+    >>> import kvgeom
+    >>> one = lmcache_geometry(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
+    >>> two = lmcache_geometry(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}],
+    ...                                        "parallel": {"tp": 2, "dcp": 2}}))
+    >>> one.identity == two.identity, identities_collide(one, two)
+    (True, True)
+    """
+    return a.identity == b.identity and a.layout != b.layout
+
+
+def slice_block_ids(
+    block_ids: Mapping[int, Sequence[int]], spans: Sequence[int], start: int, end: int
+) -> list[list[int]]:
+    """Each group's block ids for tokens ``[start, end)`` as LMCache maps them: group g's
+    ``ids[start // span : end // span]``; a span-0 group and a group missing from ``block_ids`` get none.
+    :class:`LMCacheRangeError` when ``start`` or ``end`` is off a group's span grid, or ``end < start``.
+
+    >>> slice_block_ids({0: [10, 11, 12, 13], 1: [20, 21]}, [16, 32], 32, 64)
+    [[12, 13], [21]]
+    """
+    if end < start:
+        raise LMCacheRangeError.single("lmcache_range_reversed", f"range end {end} is before its start {start}; "
+                                       "pass start <= end", "end", start=start, end=end)
+    out: list[list[int]] = []
+    for g, span in enumerate(spans):
+        if span == 0:
+            out.append([])
+            continue
+        if start % span or end % span:
+            raise LMCacheRangeError.single(
+                "lmcache_range_unaligned",
+                f"token range [{start}, {end}) is off group {g}'s span grid ({span}); use multiples of {span} "
+                "(LMCache's chunks are)", "start", start=start, end=end, group=g, span=span,
+            )
+        out.append(list(block_ids.get(g, ())[start // span:end // span]))
+    return out
+
+
+def lookup_end(lm: LMCacheGeometry, num_tokens: int) -> int:
+    """How far LMCache's lookup of a ``num_tokens`` prompt can reach: whole chunks only (partial chunks are
+    never stored), after holding back the last token when a Mamba group snapshots (align/all).
+    Invariant: a multiple of ``lm.chunk_size``, at most ``num_tokens``.
+
+    >>> import kvgeom
+    >>> lm = lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    >>> lookup_end(lm, 512), lookup_end(lm, 513)
+    (256, 512)
+    """
+    n = num_tokens - 1 if lm.holds_back_last_token and num_tokens > 0 else num_tokens
+    return n // lm.chunk_size * lm.chunk_size
+
+
+# --------------------------------------------------------------------------- where LMCache parts from vLLM
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheFinding:
+    """One registered place where LMCache 0.5.6's geometry parts from vLLM 0.33's.
+
+    ``rule``: LMCache's rule; ``vllm``: what vLLM does; ``consequence``: which blocks are stored or loaded
+    wrongly; ``fix``: what to do; ``reproducer``: a minimal kvgeom config (plus ``lmcache`` settings under
+    the key ``"lmcache"``) that hits it.
+    """
+
+    id: str
+    title: str
+    rule: str
+    vllm: str
+    consequence: str
+    fix: str
+    reproducer: dict[str, Any] = field(default_factory=dict)
+    reports: str = ""
+    harms: bool = True
+    """Whether hitting it stores or loads wrong blocks, or stops the deployment (``kvgeom check --lmcache``
+    warns); False for a cost only (extra transfers), which conformance and the docs still report."""
+
+
+_SWA_DCP = {
+    "groups": [
+        {"kind": "full_attention", "block_size": 16},
+        {"kind": "sliding_window", "block_size": 16, "sliding_window": 64, "dcp_sharded": False},
+    ],
+    "parallel": {"tp": 2, "dcp": 2},
+}
+
+_ALL_FINDINGS = (
+    LMCacheFinding(
+        "replicated-attention-span",
+        "A replicated attention group under DCP gets a span DCP times too wide",
+        "LMCache's span of a group is block_size * dcp for every spec class derived from attention; it does "
+        "not read the spec's dcp_sharded.",
+        "vLLM deals only DCP-sharded groups over the DCP ranks; a replicated group (a sliding window, a group "
+        "with dcp_sharded false, a drafter's group) keeps span = block_size.",
+        "LMCache maps chunk c (tokens [c*C, (c+1)*C)) to the group's block ids of tokens [c*C/dcp, "
+        "(c+1)*C/dcp): each stored object holds that group's KV of other positions than its key says, and a "
+        "load writes it back there.",
+        "Until LMCache takes spans from vLLM's resolved groups (the LMCache #4809 -> #4834 line), run such a "
+        "deployment with dcp=1 behind LMCache, or without LMCache.",
+        _SWA_DCP,
+        "LMCache #4809, #4821, #4834",
+    ),
+    LMCacheFinding(
+        "pcp-sharded-span",
+        "LMCache's span ignores PCP where PCP shards the KV cache",
+        "LMCache's span of an attention group is block_size * dcp; it does not read PCP.",
+        "Where PCP deals the KV cache too (pcp_shards_kv: the design before vLLM #46570), vLLM's span of a "
+        "sharded group is block_size * dcp * pcp.",
+        "LMCache maps a chunk to pcp times too many block ids of the group (ids past the ones a chunk owns), "
+        "storing and loading the group's KV at the wrong positions.",
+        "Run such a deployment with pcp=1 behind LMCache (vLLM 0.33's PCP does not shard the KV cache).",
+        {"groups": [{"kind": "full_attention", "block_size": 16}],
+         "parallel": {"pcp": 2, "pcp_shards_kv": True}},
+        "vLLM #46570",
+    ),
+    LMCacheFinding(
+        "scheduler-block",
+        "LMCache's scheduler block differs from vLLM's",
+        "LMCache's scheduler block is the lcm of its own spans, and its adapters use it as vLLM's block size.",
+        "vLLM's scheduler block is the lcm of its resolved spans (Geometry.scheduler_block_size).",
+        "LMCache aligns chunk boundaries and scheduler steps on a different grid from vLLM's.",
+        "Follows from a span difference: fix that one (see replicated-attention-span, pcp-sharded-span).",
+        {"groups": [{"kind": "full_attention", "block_size": 16},
+                    {"kind": "sliding_window", "block_size": 32, "sliding_window": 64, "dcp_sharded": False}],
+         "parallel": {"tp": 2, "dcp": 2}},
+        "LMCache #4834",
+    ),
+    LMCacheFinding(
+        "hit-alignment",
+        "LMCache rounds vLLM's prefix-cache hits to a different unit",
+        "LMCache rounds vLLM's prefix-cache hit count down to the lcm of its own spans before skipping that "
+        "many tokens of a retrieve.",
+        "vLLM's prefix-cache hits are multiples of Geometry.hit_alignment_tokens.",
+        "A vLLM hit that is a multiple of vLLM's unit but not of LMCache's is cut: LMCache loads again up to "
+        "(its unit - vLLM's unit) tokens vLLM already holds (extra transfers, same bytes when the keys agree).",
+        "None needed for correctness; a finer LMCache unit needs LMCache to read vLLM's hit alignment.",
+        {"groups": [{"kind": "full_attention", "block_size": 16},
+                    {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}], "parallel": {"tp": 2, "dcp": 2}},
+        harms=False,
+    ),
+    LMCacheFinding(
+        "interleave-replicated-group",
+        "LMCache's interleave check counts replicated attention groups",
+        "LMCache refuses a DCP deployment when cp_interleave does not divide every non-scratch attention "
+        "group's block, replicated groups included.",
+        "vLLM deals only DCP-sharded groups, so only their blocks must be multiples of the interleave "
+        "(kvgeom's rule; docs/deviations.md interleave-per-sharded-group).",
+        "LMCache refuses to start a deployment vLLM runs (no data is harmed).",
+        "Give the replicated group a block that the interleave divides, or lower cp_interleave.",
+        {
+            "groups": [
+                {"kind": "full_attention", "block_size": 16},
+                {"kind": "sliding_window", "block_size": 8, "sliding_window": 64, "dcp_sharded": False},
+            ],
+            "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 16},
+        },
+    ),
+    LMCacheFinding(
+        "refuses",
+        "LMCache refuses a deployment vLLM runs",
+        "LMCache's start-up checks: Mamba step alignment, the groups it serves (no cross attention; Mamba only "
+        "in align/all mode), at least one cacheable group, DCP support (no PCP with DCP; servers hold whole "
+        "shard sets), chunk size a multiple of every span.",
+        "vLLM runs the deployment.",
+        "The connector raises at start-up; nothing is stored.",
+        "The refusal's message names the setting to change.",
+        {"groups": [{"kind": "full_attention", "block_size": 16}], "lmcache": {"chunk_size": 24}},
+    ),
+)
+
+FINDINGS: dict[str, LMCacheFinding] = {f.id: f for f in _ALL_FINDINGS}
+"""Every registered LMCache finding by id, in documentation order (docs/engines/lmcache.md states each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parting:
+    """One place where LMCache's answer for a deployment differs from vLLM's: the registered finding
+    (``None`` when no registered rule explains it), the group (``None`` for a whole-deployment answer),
+    the question, both numbers, and a message naming LMCache's rule, the consequence and the fix."""
+
+    finding: str | None
+    question: str
+    group: int | None
+    lmcache: Any
+    vllm: Any
+    message: str
+
+    @property
+    def code(self) -> str:
+        return f"lmcache_{(self.finding or 'unregistered').replace('-', '_')}"
+
+
+def _explain(fid: str, base: str) -> str:
+    f = FINDINGS[fid]
+    return f"{base}; LMCache rule: {f.rule} Consequence: {f.consequence} Fix: {f.fix}"
+
+
+def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
+    """The partings of an LMCache answer ``sheet`` (``spans``, ``scheduler_block``, or ``refused`` with a
+    ``refused_code``; from :func:`lmcache_geometry` or from the installed LMCache) from vLLM's ``geom``.
+    Each difference is attributed to a registered finding by that finding's own signature, or to None."""
+    out: list[Parting] = []
+    fid: str | None
+    dcp = geom.parallel.dcp
+    if sheet.get("refused"):
+        code = sheet.get("refused_code")
+        fid = "interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(
+            geom) else "refuses"
+        msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
+        out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
+        if "spans" not in sheet:
+            return out
+    spans = list(sheet["spans"])
+    p = geom.parallel
+    for g, lm_span in zip(geom.groups, spans, strict=True):
+        if lm_span == g.span or (lm_span == 0 and not g.prefix_cacheable):
+            continue  # a scratch group: neither vLLM nor LMCache caches a token range of it
+        replicated = dcp > 1 and is_attention_class(g) and not g.dcp_sharded and g.prefix_cacheable
+        pcp_sharded = p.pcp > 1 and p.pcp_shards_kv and g.dcp_sharded and g.span == lm_span * p.pcp
+        fid = ("replicated-attention-span" if replicated and lm_span == g.block_size * dcp else
+               "pcp-sharded-span" if pcp_sharded else None)
+        base = (f"group {g.index} ({g.kind}): LMCache's span {lm_span} differs from vLLM's {g.span} "
+                f"(block_size {g.block_size}, dcp {dcp}, dcp_sharded {g.dcp_sharded})")
+        out.append(Parting(fid, "span", g.index, lm_span, g.span,
+                           _explain(fid, base) if fid else base + "; no registered LMCache rule explains it"))
+    span_parted = any(x.finding for x in out)
+    theirs, ours = sheet["scheduler_block"], geom.scheduler_block_size
+    if theirs != ours:
+        sfid = "scheduler-block" if span_parted else None
+        base = f"LMCache's scheduler block {theirs} differs from vLLM's {ours}"
+        out.append(Parting(sfid, "scheduler_block", None, theirs, ours,
+                           _explain(sfid, base) if sfid else base + "; no registered LMCache rule explains it"))
+    if theirs != geom.hit_alignment_tokens:
+        base = (f"LMCache rounds vLLM's prefix-cache hits down to {theirs} tokens, vLLM's hits are multiples of "
+                f"{geom.hit_alignment_tokens}")
+        out.append(Parting("hit-alignment", "hit_alignment", None, theirs, geom.hit_alignment_tokens,
+                           _explain("hit-alignment", base)))
+    return out
+
+
+def _interleave_only_replicated(geom: Geometry) -> bool:
+    i = geom.parallel.cp_interleave
+    return all(not (i > g.block_size or g.block_size % i) for g in geom.groups if g.dcp_sharded)
+
+
+_LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size"})
+
+
+def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, Any]:
+    """kvgeom's answer sheet for LMCache on ``geom``: what :func:`partings_of` and the conformance
+    harness compare (``refused``/``refused_code``, ``spans``, ``scheduler_block``, ``coarse``,
+    ``identity``, ``holds_back_last_token``). A refusal from the DCP or chunk-size checks, which LMCache
+    makes after deriving its spans, keeps ``spans``, ``scheduler_block`` and ``identity``."""
+    try:
+        lm = lmcache_geometry(geom, settings)
+    except LMCacheRefusal as e:
+        out: dict[str, Any] = {"refused": True, "refused_code": e.code, "refused_message": str(e)}
+        if e.code in _LATE_REFUSALS:  # refused after the spans, the scheduler block and the identity
+            s = settings if settings is not None else LMCacheSettings()
+            p = geom.parallel
+            out["spans"] = [lmcache_span(g, p.dcp) for g in geom.groups]
+            out["scheduler_block"] = scheduler_block(out["spans"])
+            out["identity"] = cache_identity(s.model, p.dcp, p.cp_interleave)
+        return out
+    return {
+        "refused": False,
+        "spans": list(lm.spans),
+        "scheduler_block": lm.scheduler_block,
+        "coarse": lm.coarse,
+        "identity": lm.identity,
+        "holds_back_last_token": lm.holds_back_last_token,
+    }
+
+
+def partings(geom: Geometry, settings: LMCacheSettings | None = None) -> list[Parting]:
+    """Where LMCache 0.5.6 (as kvgeom models it) parts from vLLM's geometry ``geom`` under ``settings``:
+    ``kvgeom check --lmcache`` warns about those whose finding ``harms``. Empty when LMCache and vLLM agree.
+
+    >>> import kvgeom
+    >>> [(p.finding, p.lmcache, p.vllm) for p in partings(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))]
+    [('hit-alignment', 32, 16)]
+    >>> partings(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
+    []
+    """
+    return partings_of(geom, sheet(geom, settings))

@@ -1,0 +1,144 @@
+"""kvgeom's model of LMCache 0.5.6 (``kvgeom/engines/lmcache.py``): its invariants as property tests, its
+findings' reproducers, and ``kvgeom check --lmcache``. Needs no LMCache: the model is checked against the
+installed LMCache in ``tests/test_lmcache_conformance.py``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kvgeom
+from kvgeom.cli import main
+from kvgeom.engines import lmcache as lm
+from kvgeom.errors import KVGeomError
+from kvgeom.strategies import configs
+
+KINDS = ("full_attention", "mla", "mamba", "sliding_window", "chunked_local", "circular_buffer")
+
+
+@given(configs(kinds=KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False))
+def test_spans_and_scheduler_block(cfg):
+    geom = kvgeom.resolve(cfg)
+    dcp = geom.parallel.dcp
+    spans = [lm.lmcache_span(g, dcp) for g in geom.groups]
+    for g, s in zip(geom.groups, spans, strict=True):
+        assert s % g.block_size == 0
+        assert (s == 0) == (not g.prefix_cacheable)
+        if dcp == 1 and g.prefix_cacheable and not geom.parallel.pcp_shards_kv:
+            assert s == g.span  # at DCP 1 LMCache's spans are vLLM's
+    live = [s for s in spans if s]
+    if live:
+        block = lm.scheduler_block(spans)
+        assert all(block % s == 0 for s in live)
+        assert block == math.lcm(*live)
+    else:
+        with pytest.raises(lm.LMCacheRefusal):
+            lm.scheduler_block(spans)
+    for p in lm.partings(geom):
+        assert p.finding is None or p.finding in lm.FINDINGS
+        assert p.lmcache != p.vllm
+
+
+@given(st.lists(st.sampled_from([0, 1, 2, 4, 8, 16]), min_size=1, max_size=4), st.integers(1, 4),
+       st.integers(0, 3))
+def test_slicing_consecutive_ranges_concatenates(spans, k, cut):
+    unit = math.lcm(*[s for s in spans if s] or [1])
+    end = unit * (k + cut)
+    ids = {g: list(range(100 * g, 100 * g + (end // s if s else 0))) for g, s in enumerate(spans)}
+    whole = lm.slice_block_ids(ids, spans, 0, end)
+    parts = [lm.slice_block_ids(ids, spans, 0, unit * k), lm.slice_block_ids(ids, spans, unit * k, end)]
+    assert whole == [a + b for a, b in zip(*parts, strict=True)]
+
+
+def test_slicing_refuses_off_grid_and_reversed_ranges():
+    with pytest.raises(lm.LMCacheRangeError, match="off group 0's span grid") as e:
+        lm.slice_block_ids({0: [1, 2]}, [16], 8, 16)
+    assert e.value.values["span"] == 16
+    with pytest.raises(lm.LMCacheRangeError, match="before its start"):
+        lm.slice_block_ids({0: [1, 2]}, [16], 32, 16)
+
+
+@given(st.integers(0, 5000), st.sampled_from([32, 256]))
+def test_lookup_end_is_whole_chunks(n, chunk):
+    geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    g = lm.lmcache_geometry(geom, lm.LMCacheSettings(chunk_size=chunk))
+    end = lm.lookup_end(g, n)
+    assert end % chunk == 0 and end <= n and (end < n or n == 0)  # a Mamba hybrid holds back the last token
+
+
+def test_identity_collision_is_symmetric_and_needs_a_layout_difference():
+    one = lm.lmcache_geometry(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
+    assert not lm.identities_collide(one, one)
+    four = lm.lmcache_geometry(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}],
+                                               "parallel": {"tp": 4, "dcp": 4, "cp_interleave": 16}}))
+    assert four.identity.endswith("d4-interleave16")
+    assert not lm.identities_collide(one, four) and not lm.identities_collide(four, one)
+
+
+@pytest.mark.parametrize("fid", sorted(lm.FINDINGS))
+def test_every_finding_reproducer_hits_it(fid):
+    f = lm.FINDINGS[fid]
+    cfg = {k: v for k, v in f.reproducer.items() if k != "lmcache"}
+    found = lm.partings(kvgeom.resolve(cfg), lm.LMCacheSettings(**f.reproducer.get("lmcache", {})))
+    assert fid in {p.finding for p in found}
+
+
+@pytest.mark.parametrize("bad", [{"chunk_size": 0}, {"servers": -1}, {"chunk_size": 2.5}, {"model": ""},
+                                 {"max_num_batched_tokens": True}])
+def test_bad_settings_are_kvgeom_errors_naming_the_field(bad):
+    with pytest.raises(lm.LMCacheSettingsError) as e:
+        lm.LMCacheSettings(**bad)
+    assert isinstance(e.value, KVGeomError) and e.value.field == f"lmcache.{next(iter(bad))}"
+
+
+def test_refusals_name_field_numbers_and_fix():
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "parallel": {"tp": 2, "dcp": 2}})
+    with pytest.raises(lm.LMCacheRefusal) as e:
+        lm.lmcache_geometry(geom, lm.LMCacheSettings(servers=2))
+    assert e.value.code == "lmcache_servers" and e.value.values == {"servers": 2, "ranks": 2, "dcp": 2}
+    assert "use at most 1 server" in str(e.value)
+
+
+def _check(tmp_path, capsys, cfg, *args):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    capsys.readouterr()
+    code = main(["check", str(path), "--format", "json", *args])
+    return code, json.loads(capsys.readouterr().out)["files"][0]["warnings"]
+
+
+def test_check_warns_only_with_lmcache_in_front(tmp_path, capsys):
+    cfg = lm.FINDINGS["replicated-attention-span"].reproducer
+    code, warnings = _check(tmp_path, capsys, cfg)
+    assert code == 0 and warnings == []
+    code, warnings = _check(tmp_path, capsys, cfg, "--lmcache")
+    assert code == 0 and [w["code"] for w in warnings] == ["lmcache_replicated_attention_span"]
+    msg = warnings[0]["message"]
+    assert "span 32 differs from vLLM's 16" in msg and "Consequence:" in msg and "Fix:" in msg
+    code, _ = _check(tmp_path, capsys, cfg, "--lmcache", "--strict")
+    assert code == 1
+    _, warnings = _check(tmp_path, capsys, cfg, "--lmcache", "--lmcache-chunk-size", "48")
+    assert "lmcache_refuses" in [w["code"] for w in warnings]
+
+
+def test_the_docs_page_code_blocks_run():
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "engines" / "lmcache.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {})
+    text = page.read_text(encoding="utf-8")
+    assert [fid for fid in lm.FINDINGS if f"**{fid}**" not in text] == []  # the page states every finding
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("lmcache") is not None, reason="LMCache is installed")
+def test_conform_without_lmcache_exits_2_naming_the_install(capsys):
+    assert main(["conform", "--engine", "lmcache", "--examples", "5"]) == 2
+    assert "lmcache is not installed" in capsys.readouterr().err
