@@ -532,7 +532,11 @@ def _parser() -> _Parser:
     ps.set_defaults(func=_cmd_presets)
 
     cf = sub.add_parser("conform", help="check an installed engine against kvgeom; exit 1 on a new finding")
-    cf.add_argument("--engine", default="vllm", help="engine to check (default: vllm; supported: vLLM 0.33.x)")
+    cf.add_argument(
+        "--engine",
+        default="vllm",
+        help="engine to check (default: vllm; supported: vllm 0.33.x, lmcache 0.5.6 beside vllm, sglang 0.5.23)",
+    )
     cf.add_argument("--examples", type=int, metavar="N", help="generated cases per round (default 300)")
     cf.add_argument("--seed", type=int, default=0, metavar="S", help="Hypothesis seed (default 0)")
     cf.add_argument("--strict", action="store_true", help="report documented deviations as findings too")
