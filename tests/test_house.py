@@ -57,7 +57,8 @@ FLOORS: dict[str, int] = {
     # the edges: engine adapters, conformance harnesses, Hypothesis strategies
     **_floor(11, "adapters", "adapters.vllm", "strategies", "conformance", "conformance.answers",
              "conformance.command", "conformance.engines", "conformance.findings", "conformance.gpu_prefix",
-             "conformance.run", "conformance.vllm_engine", "conformance.vllm_objects", "conformance.vllm_prefix",
+             "conformance.run", "conformance.search", "conformance.vllm_engine", "conformance.vllm_objects",
+             "conformance.vllm_prefix",
              "conformance.vllm_scheduler", "conformance.vllm_stores"),
     # engine homes (docs/architecture.md, "Where a new engine goes")
     **_floor(11, "engines", "engines.sglang", "conformance.sglang_engine",

@@ -43,8 +43,6 @@ import kvgeom.conformance.vllm_objects as vo  # first: quiets vLLM's logging bef
 logging.getLogger("lmcache").setLevel(logging.WARNING)
 
 import lmcache  # noqa: E402
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings  # noqa: E402
-from hypothesis import seed as hypothesis_seed  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from lmcache.integration.vllm import lmcache_mp_connector as mp  # noqa: E402
 from lmcache.integration.vllm.kv_cache_group_edits import validate_kv_cache_groups  # noqa: E402
@@ -54,6 +52,7 @@ from vllm.config import KVTransferConfig, VllmConfig  # noqa: E402
 from kvgeom._resolve import resolve  # noqa: E402
 from kvgeom.conformance.gpu_prefix import drafter_configs  # noqa: E402
 from kvgeom.conformance.run import hybrid_configs  # noqa: E402
+from kvgeom.conformance.search import NewFinding, search_rounds  # noqa: E402
 from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.errors import KVGeomError, QueryError  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
@@ -302,12 +301,6 @@ class Report:
         return "\n".join(lines)
 
 
-class _Found(Exception):
-    def __init__(self, finding: Finding) -> None:
-        super().__init__(str(finding.signature))
-        self.finding = finding
-
-
 def _size(f: Finding) -> tuple[int, str]:
     return (len(f.config.get("groups", ())), json.dumps(f.config, sort_keys=True))
 
@@ -361,22 +354,12 @@ def run(*, examples: int = DEFAULT_EXAMPLES, seed: int = 0, strict: bool = False
                     if best is None or _size(f) < _size(best):
                         report.examples_by_id[f.finding] = f
             elif f.signature not in known:
-                raise _Found(f)
+                raise NewFinding(f, f.signature)
 
-    for _ in range(6):
-        @hypothesis_seed(seed)
-        @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate, Phase.shrink],
-                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
-        @given(cases())
-        def search(case: Case) -> None:
-            check(case)
+    def on_found(f: Finding) -> None:
+        report.findings.append(f)
+        known.add(f.signature)
 
-        try:
-            search()
-        except _Found as e:
-            report.findings.append(e.finding)
-            known.add(e.finding.signature)
-            continue
-        break
+    search_rounds(cases(), check, on_found, seed=seed, examples=examples, rounds=6)
     report.cases_checked = len(seen)
     return report

@@ -24,14 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from kvgeom._resolve import resolve
 from kvgeom.conformance.answers import kvgeom_answers
 from kvgeom.conformance.findings import Finding, classify, compare
 from kvgeom.conformance.gpu_prefix import drafter_configs, gpu_residencies
+from kvgeom.conformance.search import NewFinding, search_rounds
 from kvgeom.deviations import DEVIATIONS
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
@@ -191,12 +190,6 @@ class Report:
         return "\n".join(lines)
 
 
-class _Found(Exception):
-    def __init__(self, finding: Finding) -> None:
-        super().__init__(finding.signature)
-        self.finding = finding
-
-
 def _size(f: Finding) -> tuple[int, int, str]:
     return (f.scenario.get("num_tokens", 0), len(f.config.get("groups", ())), json.dumps(f.config, sort_keys=True))
 
@@ -252,31 +245,12 @@ def run(
             if best is None or _size(f) < _size(best):
                 report.deviation_examples[dev] = f
         if (dev is None or strict) and f.signature not in known:
-            raise _Found(f)
+            raise NewFinding(f, f.signature)
 
-    strategy = cases(kinds=kinds)
-    for _ in range(_MAX_ROUNDS):
-        @hypothesis_seed(seed)
-        @settings(
-            max_examples=examples,
-            database=None,
-            deadline=None,
-            derandomize=False,
-            phases=[Phase.generate, Phase.shrink],
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            verbosity=Verbosity.quiet,
-        )
-        @given(strategy)
-        def search(case: tuple[dict[str, Any], dict[str, Any]]) -> None:
-            check(case)
+    def found(f: Finding) -> None:
+        report.findings.append(f)
+        known.add(f.signature)
 
-        try:
-            search()
-        except _Found as e:
-            report.findings.append(e.finding)
-            known.add(e.finding.signature)
-            continue
-        break
+    search_rounds(cases(kinds=kinds), check, found, seed=seed, examples=examples, rounds=_MAX_ROUNDS)
     report.cases_checked = len(seen)
     return report
