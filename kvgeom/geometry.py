@@ -248,6 +248,15 @@ class Geometry:
         """Ranks a sharded group's positions are dealt across (``dcp``, or ``dcp*pcp`` with ``pcp_shards_kv``)."""
         return self.config.parallel.kv_shards
 
+    @property
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past a block a request hash also covers: P (``speculative.prefill_lookahead_tokens``) under
+        lookahead hashes, else 0 (vLLM 0.33 ``VllmConfig.num_hash_lookahead_tokens``). The one home of this
+        rule: the hash chain, the Mamba checkpoint and the hasher all read it. A hash over ``[0, e)`` exists
+        once ``e + hash_lookahead_tokens`` tokens do."""
+        sg = self.speculative
+        return sg.prefill_lookahead_tokens if sg is not None and sg.lookahead_hashes else 0
+
     def group(self, index: int) -> GroupGeometry:
         """Group ``index``; :class:`kvgeom.QueryError` when out of range."""
         if type(index) is int and 0 <= index < len(self.groups):  # fast path of the check below (benchmarks)

@@ -249,8 +249,7 @@ def _mm_features(mm_features: Any) -> list[MMFeature]:
 def _resolve_unit(geom_or_h: Any, lookahead_tokens: Any) -> tuple[int, int]:
     if isinstance(geom_or_h, Geometry):
         h = geom_or_h.hash_block_size
-        spec = geom_or_h.speculative
-        default_p = spec.prefill_lookahead_tokens if spec is not None and spec.lookahead_hashes else 0
+        default_p = geom_or_h.hash_lookahead_tokens
     elif isinstance(geom_or_h, int) and not isinstance(geom_or_h, bool) and geom_or_h >= 1:
         h, default_p = geom_or_h, 0
     else:

@@ -76,7 +76,7 @@ def checkpoint_settings(geom: Geometry) -> tuple[bool, int]:
     (False, 0)
     """
     sg = geom.speculative
-    return bool(sg and sg.gpu_drop), (sg.prefill_lookahead_tokens if sg and sg.lookahead_hashes else 0)
+    return bool(sg and sg.gpu_drop), geom.hash_lookahead_tokens
 
 
 def prompt_hash_checkpoint(geom: Geometry, num_prompt_tokens: int) -> int:

@@ -445,10 +445,7 @@ def _chain_tokens(geom: Geometry, n: int) -> int:
     """Tokens covered by the request's hash chain: ``floor(n / H) * H``, or ``floor((n - P) / H) * H``
     with look-ahead hashes (a hash is emitted once its P look-ahead tokens exist)."""
     H = geom.hash_block_size
-    spec = geom.speculative
-    if spec is not None and spec.lookahead_hashes:
-        return max(n - spec.prefill_lookahead_tokens, 0) // H * H
-    return n // H * H
+    return max(n - geom.hash_lookahead_tokens, 0) // H * H
 
 
 def prefix_hit(

@@ -181,3 +181,21 @@ def test_gpu_drop_groups_is_the_dropping_set(geom):
     assert geom.gpu_drop_groups == gpu_dropping_groups(list(geom.groups), geom.speculative)
     if geom.speculative is None or not geom.speculative.gpu_drop:
         assert geom.gpu_drop_groups == frozenset()
+
+
+def test_hash_lookahead_tokens_is_p_only_under_lookahead_hashes():
+    # with an offload section (a KV connector) there are no lookahead hashes: 0
+    assert kvgeom.resolve(EAGLE_DCP2).hash_lookahead_tokens == 0
+    # without a connector the hashes look ahead P = 1 token (EAGLE)
+    no_connector = kvgeom.resolve({**EAGLE_DCP2, "offload": None})
+    assert no_connector.speculative.lookahead_hashes
+    assert no_connector.hash_lookahead_tokens == no_connector.speculative.prefill_lookahead_tokens == 1
+    # no drafter: 0
+    assert kvgeom.resolve(kvgeom.DEFAULT_CONFIG).hash_lookahead_tokens == 0
+
+
+@given(geom=geometries())
+def test_hash_lookahead_tokens_equals_p_under_lookahead_hashes_else_zero(geom):
+    sg = geom.speculative
+    want = sg.prefill_lookahead_tokens if sg is not None and sg.lookahead_hashes else 0
+    assert geom.hash_lookahead_tokens == want

@@ -239,8 +239,7 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     if np.ndim(num_tokens) == 0:
         n = np.full(rows, int(n[0]), np.int64)
     H = geom.hash_block_size
-    spec = geom.speculative
-    P = spec.prefill_lookahead_tokens if spec is not None and spec.lookahead_hashes else 0
+    P = geom.hash_lookahead_tokens
     chain = np.maximum(n - P, 0) // H * H
     cols = int(chain.max()) // H if rows else 0
     cells = _held(geom, held, rows, cols)

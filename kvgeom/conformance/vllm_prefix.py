@@ -44,8 +44,7 @@ def _lookahead(geom: Geometry) -> tuple[bool, int, int]:
     spec = geom.speculative
     if spec is None:
         return False, 0, 0
-    hash_lookahead = spec.prefill_lookahead_tokens if spec.lookahead_hashes else 0
-    return spec.gpu_drop, hash_lookahead, spec.prefill_lookahead_tokens
+    return spec.gpu_drop, geom.hash_lookahead_tokens, spec.prefill_lookahead_tokens
 
 
 def _request(num_tokens: int, hash_block_size: int, hash_lookahead: int) -> Request:
