@@ -142,3 +142,129 @@ def test_the_docs_page_code_blocks_run():
 def test_conform_without_lmcache_exits_2_naming_the_install(capsys):
     assert main(["conform", "--engine", "lmcache", "--examples", "5"]) == 2
     assert "lmcache is not installed" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- staging, hold-back, relocation, the chunk map
+
+_SETTINGS = st.builds(lm.LMCacheSettings, chunk_size=st.sampled_from([64, 128, 256, 512]))
+
+
+@given(configs(kinds=KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False), _SETTINGS,
+       st.integers(0, 3))
+def test_staged_ids_are_each_chunks_tail(cfg, settings, chunks):
+    geom = kvgeom.resolve(cfg)
+    try:
+        g = lm.lmcache_geometry(geom, settings)
+    except lm.LMCacheRefusal:
+        return
+    C = settings.chunk_size
+    ids = {i: list(range(1000 * i, 1000 * i + chunks * C // s)) for i, s in enumerate(g.spans) if s}
+    staged = lm.stage_block_ids(g, ids, chunks)
+    for i, span in enumerate(g.spans):
+        keep = g.staged_blocks[i]
+        assert keep <= (C // span if span else 0)
+        assert len(staged[i]) == chunks * keep
+        for c in range(chunks):  # chunk c's staged ids are the last `keep` of its slice
+            part = lm.slice_block_ids(ids, g.spans, c * C, (c + 1) * C)[i]
+            assert staged[i][c * keep:(c + 1) * keep] == (part[len(part) - keep:] if keep else [])
+        w = g.windows[i]
+        if span and (w is None or w >= C):
+            assert keep == C // span  # nothing windowed below a chunk: every block is staged
+
+
+def test_staging_rows():
+    # LMCache's own example (downsample_and_stage_block_ids): window 64 of 32-token blocks, 128-token chunks
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+                                      {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]})
+    g = lm.lmcache_geometry(geom, lm.LMCacheSettings(chunk_size=128))
+    assert lm.stage_block_ids(g, {0: list(range(1, 9)), 1: list(range(11, 19))}, 2) == [
+        list(range(1, 9)), [13, 14, 17, 18]]
+    # an align-mode Mamba group: one state per chunk, the one ending on the chunk's last token
+    g = lm.lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
+    assert g.windows == (None, 16) and g.staged_blocks == (8, 1)
+    assert lm.stage_block_ids(g, {0: list(range(16)), 1: list(range(32))}, 2)[1] == [15, 31]
+
+
+def test_window_off_the_span_grid_is_refused_by_the_workers():
+    geom = kvgeom.resolve(lm.FINDINGS["window-grid"].reproducer)
+    with pytest.raises(lm.LMCacheRefusal) as e:
+        lm.lmcache_geometry(geom)
+    assert e.value.code == "lmcache_window_grid"
+    assert e.value.values == {"group": 1, "window": 40, "span": 16, "chunk_size": 256}
+    assert lm.lmcache_geometry(geom, lm.LMCacheSettings(chunk_size=32)).staged_blocks == (2, 2)  # window >= chunk
+
+
+def test_servers_must_split_the_ranks_evenly():
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "parallel": {"tp": 3}})
+    with pytest.raises(lm.LMCacheRefusal) as e:
+        lm.lmcache_geometry(geom, lm.LMCacheSettings(servers=2))
+    assert e.value.code == "lmcache_servers_split" and e.value.values == {"servers": 2, "ranks": 3}
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}], "parallel": {"tp": 2, "pp": 2}})
+    with pytest.raises(lm.LMCacheRefusal) as e:
+        lm.lmcache_geometry(geom, lm.LMCacheSettings(servers=2))
+    assert e.value.code == "lmcache_servers_pp"
+
+
+def test_window_staging_short_needs_two_retained_tokens():
+    def found(extra):
+        geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {
+            "kind": "sliding_window", "block_size": 16, "sliding_window": 64, "extra_retained_tokens": extra}]})
+        return [(p.finding, p.lmcache, p.vllm) for p in lm.staging_partings(geom)]
+
+    assert found(0) == [] and found(1) == []  # cdiv(63 + extra, 16) == 4 == 64 // 16
+    assert found(2) == [("window-staging-short", 4, 5)]
+
+
+@pytest.mark.parametrize(("cfg", "n", "end"), [
+    ({"groups": [{"kind": "full_attention", "block_size": 16}]}, 512, 512),  # no Mamba: whole chunks
+    (kvgeom.DEFAULT_CONFIG, 512, 256),  # align-mode Mamba: the last token is held back
+    (kvgeom.DEFAULT_CONFIG, 513, 512),
+    (kvgeom.DEFAULT_CONFIG, 256, 0),  # a one-chunk prompt: nothing left to look up
+])
+def test_lookup_end_rows(cfg, n, end):
+    assert lm.lookup_end(lm.lmcache_geometry(kvgeom.resolve(cfg)), n) == end
+
+
+def test_relocation_window_is_the_draft_count_in_align_mode_only():
+    base = {"groups": [{"kind": "full_attention", "block_size": 16},
+                       {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}]}
+    spec = {"speculative": {"method": "mtp", "num_speculative_tokens": 3}}
+    assert lm.relocation_window(kvgeom.resolve(base)) == 0
+    assert lm.relocation_window(kvgeom.resolve({**base, **spec})) == 3
+    full = {"groups": [{"kind": "full_attention", "block_size": 16}]}
+    assert lm.relocation_window(kvgeom.resolve({**full, **spec})) == 0
+
+
+@given(configs(kinds=KINDS, max_groups=3, max_dcp=2, max_block_size=32, max_model_len=False, offload=True),
+       _SETTINGS, st.integers(0, 1500))
+def test_chunk_map_tiles_whole_chunks_and_reverses(cfg, settings, n):
+    geom = kvgeom.resolve(cfg)
+    try:
+        cover = lm.chunk_map(geom, n, settings)
+    except lm.LMCacheRefusal:
+        return
+    C, H = settings.chunk_size, geom.hash_block_size
+    assert [(c.start, c.end) for c in cover] == [(i * C, (i + 1) * C) for i in range(n // C)]  # partial dropped
+    g = lm.lmcache_geometry(geom, settings)
+    for c in cover:
+        assert c.hash_index == (c.end // H - 1 if c.end % H == 0 else None)
+        for key in c.keys:  # the reverse map finds the chunk back
+            assert c.chunk in lm.chunks_of_key(geom, key, settings)
+        for i, r in enumerate(c.lmcache_blocks):
+            assert all(lm.lmcache_chunk_of_block(geom, i, e, settings) == c.chunk for e in r)
+            assert (r == c.blocks[i]) == (g.spans[i] == geom.groups[i].span or not g.spans[i])
+            assert list(c.staged[i]) == list(r)[len(r) - g.staged_blocks[i]:] if g.staged_blocks[i] else not c.staged[i]
+
+
+def test_chunk_map_errors_name_the_field():
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})
+    with pytest.raises(KVGeomError) as e:
+        lm.chunk_map(geom, -1)
+    assert e.value.field == "num_tokens"
+    from kvgeom.keys import OffloadKey
+    with pytest.raises(KVGeomError) as e:
+        lm.chunks_of_key(geom, OffloadKey(-5, 0))
+    assert e.value.code == "not_a_chunk_key"
+    with pytest.raises(KVGeomError) as e:
+        lm.stage_block_ids(lm.lmcache_geometry(geom), {}, -1)
+    assert e.value.field == "num_chunks"

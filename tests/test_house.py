@@ -63,7 +63,7 @@ FLOORS: dict[str, int] = {
     # engine homes (docs/architecture.md, "Where a new engine goes")
     **_floor(11, "engines", "engines.sglang", "conformance.sglang_engine",
              "conformance.sglang_radix"),
-    **_floor(11, "engines", "engines.lmcache", "conformance.lmcache_engine"),
+    **_floor(11, "engines", "engines.lmcache", "conformance.lmcache_engine", "conformance.lmcache_transfer"),
     # thin faces and the command line
     **_floor(12, "", "__main__", "cli", "speculative"),
 }

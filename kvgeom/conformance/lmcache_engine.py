@@ -50,17 +50,19 @@ from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group  # noqa
 from vllm.config import KVTransferConfig, VllmConfig  # noqa: E402
 
 from kvgeom._resolve import resolve  # noqa: E402
+from kvgeom.conformance import lmcache_transfer as transfer  # noqa: E402
 from kvgeom.conformance.gpu_prefix import drafter_configs  # noqa: E402
 from kvgeom.conformance.run import hybrid_configs  # noqa: E402
 from kvgeom.conformance.search import NewFinding, search_rounds  # noqa: E402
 from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.errors import KVGeomError, QueryError  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
+from kvgeom.hashing import block_hashes  # noqa: E402
 from kvgeom.strategies import ALL_KINDS, configs  # noqa: E402
 
 __all__ = [
     "COMPARED", "DEFAULT_EXAMPLES", "LMCACHE_VERSION", "Finding", "Report", "cases", "check_case", "compare",
-    "kvgeom_answers", "lmcache_answers", "run",
+    "hash_chain_differences", "kvgeom_answers", "lmcache_answers", "lookup_lengths", "run", "windowed_configs",
 ]
 
 LMCACHE_VERSION: str = str(getattr(lmcache, "__version__", "")) or "0.5.6"
@@ -69,7 +71,8 @@ LMCACHE_VERSION: str = str(getattr(lmcache, "__version__", "")) or "0.5.6"
 DEFAULT_EXAMPLES = 200
 """Generated cases per round of a default ``kvgeom conform --engine lmcache`` run."""
 
-COMPARED = ("refused", "refused_code", "spans", "scheduler_block", "coarse", "identity", "chunk_block_ids")
+COMPARED = ("refused", "refused_code", "spans", "scheduler_block", "coarse", "identity", "chunk_block_ids", "staged",
+            "holds_back_last_token", "lookup_ends", "relocation_window", "hit_alignment")
 """The questions on which kvgeom's model and LMCache are compared."""
 
 
@@ -149,21 +152,41 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
             code = ("lmcache_dcp_with_pcp" if "prefill-context" in msg else
                     "lmcache_interleave" if "cp_kv_cache_interleave_size" in msg else "lmcache_servers")
             return _refused(code, e) | derived
+        step = "connector"  # the scheduler-side connector, constructed; its lookup of a few prompt lengths
+        conn = transfer.connector_answers(geom, scenario, lookup_lengths(s.chunk_size))
+        if conn["refused"]:
+            msg = conn["refused_message"]
+            code = ("lmcache_servers_split" if "n_servers" in msg and "divisible" in msg else
+                    "lmcache_servers_pp" if "pipeline parallelism" in msg else
+                    "lmcache_chunk_size" if "chunk size" in msg.lower() else "lmcache_connector_other")
+            return {"refused": True, "refused_code": code, "refused_message": msg} | derived
         step = "chunk"
         try:
             chunk_ids = _chunk_ids(spans, s.chunk_size, 2, slice_block_ids_per_group)
         except ValueError as e:
             return _refused("lmcache_chunk_size", e) | derived
+        step = "registration"  # the worker's groups, checked and staged (lmcache_transfer)
+        staged = transfer.lmcache_staged(geom, scenario, 2)
+        if staged["refused"]:
+            return staged | derived
     except Exception as e:
         return {"crash": f"{step}: {type(e).__name__}: {e}"}
-    return {
+    out = {
         "refused": False,
         "spans": spans,
         "scheduler_block": block,
         "coarse": any("scheduler block" in m for m in capture.messages),
         "identity": identity,
         "chunk_block_ids": chunk_ids,
+        "staged": staged["staged"],
     }
+    return out | {k: conn[k] for k in ("holds_back_last_token", "lookup_ends", "relocation_window", "hit_alignment")}
+
+
+def lookup_lengths(chunk_size: int) -> list[int]:
+    """The prompt lengths whose lookup end is compared: around one and two chunks, where the hold-back
+    matters (a prompt of exactly k chunks reaches only k - 1 with it)."""
+    return [0, 1, chunk_size - 1, chunk_size, chunk_size + 1, 2 * chunk_size, 2 * chunk_size + 1]
 
 
 def kvgeom_answers(geom: Geometry, settings_: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,6 +195,49 @@ def kvgeom_answers(geom: Geometry, settings_: Mapping[str, Any]) -> dict[str, An
     out = model.sheet(geom, s)
     if not out["refused"]:
         out["chunk_block_ids"] = _chunk_ids(out["spans"], s.chunk_size, 2, model.slice_block_ids)
+        lm = model.lmcache_geometry(geom, s)
+        ids = {g: list(range(2 * s.chunk_size // sp)) for g, sp in enumerate(lm.spans) if sp}
+        out["staged"] = model.stage_block_ids(lm, ids, 2)
+        out["lookup_ends"] = [model.lookup_end(lm, n) for n in lookup_lengths(s.chunk_size)]
+        out["relocation_window"] = lm.relocation_window
+        out["hit_alignment"] = lm.scheduler_block
+    return out
+
+
+def hash_chain_differences(geom: Geometry, settings_: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """LMCache's chunk hash chain against kvgeom's map of it (:func:`kvgeom.engines.lmcache.chunk_map`) and
+    vLLM's request hashes, on real token lists: two prompts of ``2.5`` chunks that part at each of a few
+    positions p. LMCache's ``TokenHasher`` and ``ChunkedTokenDatabase`` must chunk as the map says (whole
+    chunks only), and a chunk's hash must agree between the prompts exactly when the map says its prefix
+    ends by p, as must vLLM's request hash at the chunk's ``hash_index``. Empty when all agree (or when
+    LMCache refuses the deployment)."""
+    s = _settings(settings_)
+    C = s.chunk_size
+    n = 2 * C + C // 2
+    try:
+        cover = model.chunk_map(geom, n, s)
+    except model.LMCacheRefusal:
+        return []
+    base = [(7 * i + 3) % 50_000 for i in range(n)]
+    first = transfer.lmcache_chunks(base, C)
+    out: list[tuple[str, Any, Any]] = []
+    ranges = [(c.start, c.end) for c in cover]
+    if first["ranges"] != ranges or len(first["hashes"]) != len(cover):
+        return [("chunk_ranges", first["ranges"], ranges)]  # the chunks themselves differ: nothing to pair up
+    H = geom.hash_block_size
+    ours_base = block_hashes(H, base, lookahead_tokens=0)
+    for p in sorted({0, C - 1, C, n - 1}):
+        other = [*base[:p], 50_001, *base[p + 1:]]
+        second = transfer.lmcache_chunks(other, C)
+        theirs = [a == b for a, b in zip(first["hashes"], second["hashes"], strict=True)]
+        db = [a == b for a, b in zip(first["db_hashes"], second["db_hashes"], strict=True)]
+        ours = [c.end <= p for c in cover]
+        if theirs != ours or db != ours:
+            out.append((f"shared_chunks@{p}", theirs, ours))
+        vllm_other = block_hashes(H, other, lookahead_tokens=0)
+        vllm = [ours_base[c.hash_index] == vllm_other[c.hash_index] for c in cover if c.hash_index is not None]
+        if vllm != [c.end <= p for c in cover if c.hash_index is not None]:
+            out.append((f"vllm_hash_at_chunk_end@{p}", vllm, ours))
     return out
 
 
@@ -191,12 +257,40 @@ Case = tuple[dict[str, Any], dict[str, Any]]
 
 
 
+def windowed_configs() -> st.SearchStrategy[dict[str, Any]]:
+    """Full attention beside a windowed group LMCache cuts per chunk: a sliding window (1-8 blocks, on or
+    off the block grid, ``extra_retained_tokens`` 0-3, as speculative decoding sets it) or an align-mode
+    Mamba group (vLLM 0.33's ``CacheConfig`` takes no other snapshotting mode), blocks of 1-32 tokens, no
+    parallelism: the cases LMCache's staging is exercised on (:func:`kvgeom.strategies.configs` draws
+    windows mostly wider than a chunk). Shrinks to a one-token-block Mamba group.
+
+    >>> from kvgeom.strategies import minimal
+    >>> minimal(windowed_configs())["groups"][1]
+    {'kind': 'mamba', 'block_size': 1, 'mamba_cache_mode': 'align'}
+    """
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, Any]:
+        block = draw(st.sampled_from([1, 2, 4, 8, 16, 32]))
+        if draw(st.booleans()):
+            window = draw(st.integers(1, 8)) * block - draw(st.sampled_from([0, 0, 1]))
+            second: dict[str, Any] = {"kind": "sliding_window", "block_size": block, "sliding_window": max(window, 1),
+                                      "extra_retained_tokens": draw(st.integers(0, 3))}
+        else:
+            second = {"kind": "mamba", "block_size": block * draw(st.sampled_from([1, 2, 4])),
+                      "mamba_cache_mode": "align"}
+        return {"groups": [{"kind": "full_attention", "block_size": block}, second]}
+
+    return build()
+
+
 def cases() -> st.SearchStrategy[Case]:
     """``(config, lmcache settings)`` pairs: configs of :func:`kvgeom.strategies.configs` (1-3 groups of
     every kind: full attention, MLA, sink, sliding windows, chunked local, cross attention, ring-buffer
     scratch groups, Mamba in every mode, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
     or off), hybrids
-    (:func:`kvgeom.conformance.run.hybrid_configs`) and drafter configs; settings: chunk sizes around
+    (:func:`kvgeom.conformance.run.hybrid_configs`), drafter configs and windowed groups
+    (:func:`windowed_configs`); settings: chunk sizes around
     LMCache's 256 or a multiple of vLLM's scheduler block, 1-4 servers, a batch budget around the Mamba
     block. Shrinks to one-token blocks, chunk 256, one server.
 
@@ -205,7 +299,7 @@ def cases() -> st.SearchStrategy[Case]:
     {'chunk_size': 256, 'servers': 1, 'max_num_batched_tokens': 8192}
     """
     general = configs(kinds=ALL_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
-    cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs())
+    cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs(), windowed_configs())
 
     @st.composite
     def build(draw: st.DrawFn) -> Case:
@@ -314,10 +408,13 @@ def check_case(cfg: dict[str, Any], opts: dict[str, Any]) -> list[Finding] | Non
     if "crash" in theirs:
         return [Finding("crash", None, cfg, opts, (("crash", theirs["crash"], None),))]
     out = []
-    diffs = compare(theirs, kvgeom_answers(geom, opts))
+    diffs = compare(theirs, kvgeom_answers(geom, opts)) + hash_chain_differences(geom, opts)
     if diffs:
         out.append(Finding("model", None, cfg, opts, tuple(diffs)))
-    for p in model.partings_of(geom, theirs):
+    found = model.partings_of(geom, theirs)
+    if not theirs.get("refused") and not diffs:  # the staging partings, from LMCache's own staged ids
+        found += model.staging_partings(geom, _settings(opts), theirs["staged"])
+    for p in found:
         out.append(Finding("parting", p.finding, cfg, opts, ((p.question, p.lmcache, p.vllm),)))
     return out
 

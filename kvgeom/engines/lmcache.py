@@ -28,12 +28,23 @@ The rules (established by running LMCache 0.5.6's functions on vLLM 0.33's real 
   order): Mamba step alignment (one Mamba block size; ``max_num_batched_tokens`` >= it), the groups it
   cannot serve (cross attention; Mamba outside ``align``/``all``), no cacheable group, then DCP support
   (no PCP with DCP; the interleave divides every attention block, replicated ones included; each server
-  holds a whole set of DCP shards), then the chunk-size rule.
+  holds a whole set of DCP shards), the servers (they divide ``tp * pp * pcp``; one server under PP), the
+  chunk-size rule, and then, on the workers, a window smaller than the chunk must be on its span grid.
+* **staging** (:func:`stage_block_ids`): per chunk LMCache stores and loads only the last
+  ``min(chunk_size, window) // span`` block ids of a windowed group (:func:`window_tokens`: a sliding
+  window's ``sliding_window``, a Mamba group's block), all of them otherwise.
+* **relocation window** (:func:`relocation_window`): with align-mode Mamba and speculative decoding LMCache
+  nulls a tracked block slot vLLM moved within the last ``num_speculative_tokens`` slots (LMCache #5004).
+* **chunk map** (:func:`chunk_map`, :func:`chunks_of_key`, :func:`lmcache_chunk_of_block`): LMCache's chunk
+  hash chain in kvgeom's terms: chunk c fingerprints ``[0, (c+1)*C)`` like vLLM's request hash
+  ``(c+1)*C // H - 1``, and holds each group's block ids of its tokens.
 
 Where it parts from vLLM (:data:`FINDINGS`, :func:`partings`): LMCache does not read vLLM's per-group
 ``dcp_sharded``, so a replicated attention-class group under DCP (a sliding window, an explicitly
 replicated group, a drafter) gets a span DCP times too wide; its scheduler block and hit alignment follow;
-and its interleave check counts replicated groups vLLM does not deal.
+its interleave check counts replicated groups vLLM does not deal; its staging reads the spec's
+``sliding_window``, not vLLM's window need widened by ``extra_retained_tokens``; its workers refuse a
+sub-chunk window off the span grid; its scheduler block leaves out scratch groups.
 
 Invariants (``tests/test_engines_lmcache.py``, property tests):
 
@@ -63,11 +74,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgeom._format import show
-from kvgeom.errors import KVGeomError, Problem
+from kvgeom.errors import KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
+from kvgeom.keys import OffloadKey, boundary_hash_index, chunk_for_end_token, offload_group
+from kvgeom.masks import reachable_block_mask
+from kvgeom.specs import sliding_window_of
 
 __all__ = [
     "COARSE_FACTOR",
+    "ChunkCover",
     "DCP_LAYOUT_TAG",
     "DEFAULT_CHUNK_SIZE",
     "FINDINGS",
@@ -80,17 +95,25 @@ __all__ = [
     "LMCacheSettingsError",
     "Parting",
     "cache_identity",
+    "chunk_map",
+    "chunks_of_key",
     "identities_collide",
     "is_attention_class",
     "is_coarse",
     "lmcache_geometry",
     "lmcache_span",
+    "lmcache_chunk_of_block",
     "lookup_end",
     "partings",
     "partings_of",
+    "relocation_window",
     "scheduler_block",
     "sheet",
     "slice_block_ids",
+    "stage_block_ids",
+    "staged_blocks_per_chunk",
+    "staging_partings",
+    "window_tokens",
 ]
 
 LMCACHE_VERSION = "0.5.6"
@@ -234,6 +257,46 @@ def cache_identity(model: str, dcp: int, interleave: int) -> str:
     return f"{model}{DCP_LAYOUT_TAG}d{dcp}-interleave{interleave}"
 
 
+def window_tokens(g: GroupGeometry) -> int | None:
+    """LMCache's cross-chunk window of ``g`` in tokens (its ``sw_size_tokens``): the ``sliding_window`` of a
+    sliding-window group (not widened by vLLM's ``extra_retained_tokens``), the block size of a Mamba group
+    in ``align``/``all`` mode (a one-block window: a restore reads only the last state), None for every
+    other group (LMCache keeps all of its blocks).
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 64},
+    ...     {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}]})
+    >>> [window_tokens(g) for g in geom.groups]
+    [None, 64, 32]
+    """
+    sw = sliding_window_of(g.spec)
+    if sw is not None:
+        return sw[0]
+    if _leaf_kind(g) == "mamba" and g.mamba_mode in ("align", "all"):
+        return g.block_size
+    return None
+
+
+def staged_blocks_per_chunk(g: GroupGeometry, dcp: int, chunk_size: int) -> int:
+    """Block ids of ``g`` LMCache stages (stores, and loads back) per chunk of ``chunk_size`` tokens: the
+    chunk's last ``min(chunk_size, window) // span`` ids for a windowed group (:func:`window_tokens`), all
+    ``chunk_size // span`` otherwise, 0 for a scratch group. Invariant: at most ``chunk_size // span``.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+    ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]})
+    >>> [staged_blocks_per_chunk(g, 1, 128) for g in geom.groups]  # LMCache's own docstring example
+    [4, 2]
+    """
+    span = lmcache_span(g, dcp)
+    if span == 0:
+        return 0
+    w = window_tokens(g)
+    tokens = chunk_size if w is None or w >= chunk_size else w
+    return tokens // span
+
+
 @dataclass(frozen=True, slots=True)
 class LMCacheGeometry:
     """LMCache's geometry of one deployment (:func:`lmcache_geometry`).
@@ -253,6 +316,12 @@ class LMCacheGeometry:
     holds_back_last_token: bool
     dcp: int
     interleave: int
+    windows: tuple[int | None, ...] = ()
+    """Per group, LMCache's cross-chunk window in tokens (:func:`window_tokens`; None: no window)."""
+    staged_blocks: tuple[int, ...] = ()
+    """Per group, the block ids LMCache stages per chunk (:func:`staged_blocks_per_chunk`)."""
+    relocation_window: int = 0
+    """Tail block slots LMCache checks for a block vLLM moved (:func:`relocation_window`)."""
 
     @property
     def layout(self) -> tuple[int, int, tuple[int, ...]]:
@@ -328,6 +397,22 @@ def _check_dcp(geom: Geometry, s: LMCacheSettings) -> None:
                       servers=s.servers, ranks=world, dcp=p.dcp)
 
 
+def _check_servers(geom: Geometry, s: LMCacheSettings) -> None:
+    p = geom.parallel
+    world = p.tp * p.pp * p.pcp
+    if world % s.servers:
+        # an ``assert`` in LMCache 0.5.6's connector: python -O skips it and the ranks are split unevenly
+        raise _refuse("lmcache_servers_split",
+                      f"LMCache splits the {world} rank(s) (tp*pp*pcp) evenly over its servers, but {s.servers} "
+                      f"server(s) do not divide them; use a number of servers dividing {world}", "lmcache.servers",
+                      servers=s.servers, ranks=world)
+    if s.servers > 1 and p.pp > 1:
+        raise _refuse("lmcache_servers_pp",
+                      f"LMCache serves several servers ({s.servers}) with tensor parallelism only, not pipeline "
+                      f"parallelism (pp={p.pp}); use one server or pp=1", "lmcache.servers",
+                      servers=s.servers, pp=p.pp)
+
+
 def _check_chunk(spans: Sequence[int], s: LMCacheSettings) -> None:
     for i, span in enumerate(spans):
         if span and s.chunk_size % span:
@@ -335,6 +420,36 @@ def _check_chunk(spans: Sequence[int], s: LMCacheSettings) -> None:
                           f"LMCache chunk_size {s.chunk_size} must be a multiple of group {i}'s span {span}; "
                           f"use a multiple of {scheduler_block(spans)}", "lmcache.chunk_size",
                           chunk_size=s.chunk_size, group=i, span=span)
+
+
+def _check_windows(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> None:
+    for g, span in zip(geom.groups, spans, strict=True):
+        w = window_tokens(g)
+        if span and w is not None and 0 < w < s.chunk_size and w % span:
+            raise _refuse("lmcache_window_grid",
+                          f"LMCache's workers refuse group {g.index} ({g.kind}): its window {w} is smaller than the "
+                          f"chunk ({s.chunk_size}) and not a multiple of its span {span}; use a chunk_size no larger "
+                          f"than the window ({w}), or a window that is a multiple of {span}", f"groups[{g.index}]",
+                          group=g.index, window=w, span=span, chunk_size=s.chunk_size)
+
+
+def relocation_window(geom: Geometry) -> int:
+    """Tail block slots LMCache's request tracker checks for a block vLLM moved: the number of speculative
+    tokens when the cache's Mamba mode is ``align`` and speculative decoding is on, else 0 (LMCache #5004:
+    with MTP, vLLM keeps one speculative Mamba block per draft token at the tail of the block list and moves
+    the state block; LMCache nulls the old slot so that chunk is not stored from an unwritten block).
+
+    >>> import kvgeom
+    >>> cfg = {"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+    ...     "speculative": {"method": "mtp", "num_speculative_tokens": 2}}
+    >>> relocation_window(kvgeom.resolve(cfg))
+    2
+    """
+    spec = geom.config.speculative
+    if spec is None or _cache_mamba_mode(geom) != "align":
+        return 0
+    return int(spec.num_speculative_tokens)
 
 
 def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) -> LMCacheGeometry:
@@ -358,7 +473,9 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     spans = tuple(lmcache_span(g, p.dcp) for g in geom.groups)
     block = scheduler_block(spans)
     _check_dcp(geom, s)
+    _check_servers(geom, s)
     _check_chunk(spans, s)
+    _check_windows(geom, spans, s)
     return LMCacheGeometry(
         spans=spans,
         scheduler_block=block,
@@ -369,6 +486,9 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
         holds_back_last_token=any(g.mamba_mode in ("align", "all") for g in geom.groups),
         dcp=p.dcp,
         interleave=p.cp_interleave,
+        windows=tuple(window_tokens(g) for g in geom.groups),
+        staged_blocks=tuple(staged_blocks_per_chunk(g, p.dcp, s.chunk_size) for g in geom.groups),
+        relocation_window=relocation_window(geom),
     )
 
 
@@ -412,6 +532,149 @@ def slice_block_ids(
             )
         out.append(list(block_ids.get(g, ())[start // span:end // span]))
     return out
+
+
+def stage_block_ids(lm: LMCacheGeometry, block_ids: Mapping[int, Sequence[int]], num_chunks: int) -> list[list[int]]:
+    """The block ids LMCache stages for ``num_chunks`` whole chunks from tokens 0: for each group, the ids
+    LMCache slices for each chunk (:func:`slice_block_ids`), cut to the chunk's last ``lm.staged_blocks[g]``
+    for a windowed group (a sliding window smaller than the chunk, a Mamba group). What is not staged is
+    neither stored nor loaded back. Invariant: each group's list has ``num_chunks * lm.staged_blocks[g]`` ids,
+    each one of that chunk's slice.
+
+    >>> import kvgeom
+    >>> lm = lmcache_geometry(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+    ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]}), LMCacheSettings(chunk_size=128))
+    >>> stage_block_ids(lm, {0: [1, 2, 3, 4, 5, 6, 7, 8], 1: [11, 12, 13, 14, 15, 16, 17, 18]}, 2)
+    [[1, 2, 3, 4, 5, 6, 7, 8], [13, 14, 17, 18]]
+    """
+    if type(num_chunks) is not int or num_chunks < 0:
+        raise QueryError.single("bad_num_chunks", f"num_chunks must be a non-negative integer, got "
+                                f"{show(num_chunks, 60)}", "num_chunks", num_chunks=num_chunks)
+    out: list[list[int]] = [[] for _ in lm.spans]
+    for c in range(num_chunks):
+        sliced = slice_block_ids(block_ids, lm.spans, c * lm.chunk_size, (c + 1) * lm.chunk_size)
+        for g, ids in enumerate(sliced):
+            keep = lm.staged_blocks[g]
+            out[g].extend(ids[len(ids) - keep:] if keep else [])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCover:
+    """What one LMCache chunk (one stored object, one link of its hash chain) covers in kvgeom's terms
+    (:func:`chunk_map`).
+
+    ``chunk``: its index; ``start``/``end``: its tokens ``[start, end)`` (its hash fingerprints ``[0, end)``).
+    ``hash_index``: the vLLM request hash that fingerprints the same prefix (``end // H - 1``), None when
+    ``end`` is off the hash grid. ``blocks``: per group, the block-table entries vLLM holds those tokens in
+    (vLLM's span); ``lmcache_blocks``: the entries LMCache maps the chunk to (its span; they differ where a
+    span finding applies); ``staged``: the entries LMCache stages (the tail of ``lmcache_blocks`` for a
+    windowed group). ``keys``: kvgeom's offload keys (vLLM's offloading connector) whose token range lies
+    inside the chunk, empty without an offload section.
+    """
+
+    chunk: int
+    start: int
+    end: int
+    hash_index: int | None
+    blocks: tuple[range, ...]
+    lmcache_blocks: tuple[range, ...]
+    staged: tuple[range, ...]
+    keys: tuple[OffloadKey, ...]
+
+
+def _offload_keys_in(geom: Geometry, start: int, end: int) -> tuple[OffloadKey, ...]:
+    if geom.offload is None:
+        return ()
+    keys = []
+    for og in geom.offload.groups:
+        c = og.tokens_per_chunk
+        for j in range(-(-start // c), end // c):
+            keys.append(OffloadKey(boundary_hash_index(geom, (j + 1) * c), og.index))
+    return tuple(keys)
+
+
+def chunk_map(geom: Geometry, num_tokens: int, settings: LMCacheSettings | None = None) -> list[ChunkCover]:
+    """LMCache's chunks of a ``num_tokens`` prompt mapped to kvgeom's keys and block ranges: one
+    :class:`ChunkCover` per whole chunk (``num_tokens // chunk_size`` of them: a partial chunk is never
+    hashed nor stored). :class:`LMCacheRefusal` when LMCache refuses the deployment.
+
+    Invariants: chunk c covers ``[c*C, (c+1)*C)``; consecutive chunks tile ``[0, num_tokens // C * C)``;
+    ``hash_index`` is ``(c+1)*C // H - 1`` when H divides ``(c+1)*C``; every offload key of a prompt whose range
+    ends by the last whole chunk lies in exactly one chunk when its chunk size divides C. The reverse is
+    :func:`chunks_of_key` and :func:`lmcache_chunk_of_block`.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 4}})
+    >>> c = chunk_map(geom, 600)
+    >>> len(c), (c[1].start, c[1].end, c[1].hash_index), c[1].blocks, c[1].staged
+    (2, (256, 512, 31), (range(8, 16), range(16, 32)), (range(8, 16), range(31, 32)))
+    >>> [k.hash_index for k in c[1].keys if k.group == 0]  # group 0's 128-token keys ending at 384 and 512
+    [23, 31]
+    """
+    lm = lmcache_geometry(geom, settings)
+    n = num_tokens
+    if type(n) is not int or n < 0:
+        raise QueryError.single("bad_num_tokens", f"num_tokens must be a non-negative integer, got {show(n, 60)}",
+                                "num_tokens", num_tokens=n)
+    C = lm.chunk_size
+    h = geom.hash_block_size
+    out = []
+    for c in range(n // C):
+        start, end = c * C, (c + 1) * C
+        ours = tuple(range(start // g.span, end // g.span) if g.prefix_cacheable else range(0) for g in geom.groups)
+        theirs = tuple(range(start // sp, end // sp) if sp else range(0) for sp in lm.spans)
+        staged = tuple(range(r.stop - k, r.stop) for r, k in zip(theirs, lm.staged_blocks, strict=True))
+        out.append(ChunkCover(c, start, end, end // h - 1 if end % h == 0 else None, ours, theirs, staged,
+                              _offload_keys_in(geom, start, end)))
+    return out
+
+
+def chunks_of_key(geom: Geometry, key: OffloadKey, settings: LMCacheSettings | None = None) -> range:
+    """The LMCache chunks that hold the tokens of kvgeom's offload key ``key`` (the reverse of
+    :func:`chunk_map`): those meeting the key's range ``[j*C_g, (j+1)*C_g)``. One chunk when the key's
+    chunk size divides LMCache's and both grids start at 0; :class:`kvgeom.QueryError` when ``key`` names no
+    chunk end of its group.
+
+    >>> import kvgeom
+    >>> from kvgeom.keys import OffloadKey
+    >>> geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 4}})
+    >>> chunks_of_key(geom, OffloadKey(31, 0)), chunks_of_key(geom, OffloadKey(15, 0))
+    (range(1, 2), range(0, 1))
+    """
+    lm = lmcache_geometry(geom, settings)
+    og = offload_group(geom, key.group)
+    end = (key.hash_index + 1) * geom.hash_block_size
+    j = chunk_for_end_token(geom, key.group, end) if key.hash_index >= 0 else None
+    if j is None:
+        raise QueryError.single(
+            "not_a_chunk_key", f"hash index {key.hash_index} of group {key.group} ends at token {end}, not at a "
+            f"multiple of the group's offload chunk ({og.tokens_per_chunk}); it names no offload key", "key",
+            hash_index=key.hash_index, group=key.group)
+    start = j * og.tokens_per_chunk
+    C = lm.chunk_size
+    return range(start // C, -(-end // C))
+
+
+def lmcache_chunk_of_block(geom: Geometry, group: int, entry: int, settings: LMCacheSettings | None = None) -> int:
+    """The LMCache chunk that stores block-table entry ``entry`` of ``group`` (LMCache's span: ``entry *
+    span // C``). It is the chunk of vLLM's tokens for that entry only when LMCache's span equals vLLM's
+    (:func:`partings` names the finding otherwise). :class:`kvgeom.QueryError` for a scratch group.
+
+    >>> import kvgeom
+    >>> lmcache_chunk_of_block(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, 20)
+    1
+    """
+    lm = lmcache_geometry(geom, settings)
+    g = geom.group(group)
+    span = lm.spans[g.index]
+    if type(entry) is not int or entry < 0:
+        raise QueryError.single("bad_entry", f"entry must be a non-negative integer, got {show(entry, 60)}",
+                                "entry", entry=entry)
+    if span == 0:
+        raise QueryError.single("lmcache_scratch_group", f"group {group} ({g.kind}) is not prefix-cacheable: "
+                                "LMCache stores none of its blocks", "group", group=group)
+    return entry * span // lm.chunk_size
 
 
 def lookup_end(lm: LMCacheGeometry, num_tokens: int) -> int:
@@ -516,6 +779,19 @@ _ALL_FINDINGS = (
         harms=False,
     ),
     LMCacheFinding(
+        "scheduler-block-scratch",
+        "LMCache's scheduler block leaves out scratch groups, vLLM's counts them",
+        "LMCache's scheduler block is the lcm of its non-zero spans: a group vLLM does not prefix-cache "
+        "(span 0 for LMCache) takes no part.",
+        "vLLM's scheduler block is the lcm of every group's span, ring-buffer scratch groups included "
+        "(Geometry.scheduler_block_size).",
+        "LMCache's chunk-size check and the block size its adapters take for vLLM's are finer than vLLM's "
+        "scheduler block; no cached group is affected (a scratch group is never stored).",
+        "None needed for correctness; pick a chunk_size that is a multiple of vLLM's scheduler block too.",
+        {"groups": [{"kind": "full_attention", "block_size": 1}, {"kind": "circular_buffer", "block_size": 2}]},
+        harms=False,
+    ),
+    LMCacheFinding(
         "interleave-replicated-group",
         "LMCache's interleave check counts replicated attention groups",
         "LMCache refuses a DCP deployment when cp_interleave does not divide every non-scratch attention "
@@ -533,11 +809,51 @@ _ALL_FINDINGS = (
         },
     ),
     LMCacheFinding(
+        "window-staging-short",
+        "LMCache stages fewer sliding-window blocks per chunk than vLLM needs before a hit",
+        "LMCache keeps, per chunk, the last min(chunk_size, sliding_window) // span block ids of a "
+        "sliding-window group (its sw_size_tokens is the spec's sliding_window) and stages only those: the "
+        "others are neither stored nor loaded back.",
+        "vLLM needs cdiv(sliding_window - 1 + extra_retained_tokens, span) blocks before a hit (the retained "
+        "tokens of speculative decoding widen the window; its own offloading connector stores that many).",
+        "With extra_retained_tokens >= 2 the oldest block(s) vLLM keeps for a restored prefix are not written by "
+        "LMCache's load: the positions vLLM retains for speculative decoding hold whatever the GPU block held "
+        "before.",
+        "Use a chunk_size no larger than the sliding window (LMCache then stages every block of each chunk), or "
+        "run speculative decoding on such a model without LMCache until LMCache reads vLLM's window need.",
+        {"groups": [{"kind": "full_attention", "block_size": 16},
+                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 64, "extra_retained_tokens": 2}]},
+    ),
+    LMCacheFinding(
+        "window-staging-extra",
+        "LMCache stages sliding-window blocks vLLM would not keep",
+        "LMCache keeps the last min(chunk_size, sliding_window) // span block ids of each chunk.",
+        "vLLM keeps cdiv(sliding_window - 1 + extra_retained_tokens, span) blocks before a hit; with a window "
+        "on the span grid that is one block fewer than sliding_window // span only when the span is 1 token.",
+        "LMCache stores and loads one block per chunk more than vLLM needs (extra transfers, no wrong data).",
+        "None needed for correctness.",
+        {"groups": [{"kind": "full_attention", "block_size": 1},
+                    {"kind": "sliding_window", "block_size": 1, "sliding_window": 8}], "lmcache": {"chunk_size": 8}},
+        harms=False,
+    ),
+    LMCacheFinding(
+        "window-grid",
+        "LMCache's workers refuse a sliding window smaller than the chunk and off its span grid",
+        "At registration LMCache refuses a group whose window (sw_size_tokens) is smaller than chunk_size and "
+        "not a multiple of the group's span (block_size * dcp for an attention class).",
+        "vLLM runs any window: a hit needs cdiv(sliding_window - 1, span) blocks before it.",
+        "The workers raise when they register their KV caches; nothing is stored (the scheduler side started).",
+        "Use a chunk_size no larger than the window, or a window that is a multiple of the span.",
+        {"groups": [{"kind": "full_attention", "block_size": 16},
+                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]},
+    ),
+    LMCacheFinding(
         "refuses",
         "LMCache refuses a deployment vLLM runs",
         "LMCache's start-up checks: Mamba step alignment, the groups it serves (no cross attention; Mamba only "
         "in align/all mode), at least one cacheable group, DCP support (no PCP with DCP; servers hold whole "
-        "shard sets), chunk size a multiple of every span.",
+        "shard sets), servers dividing the ranks (tp*pp*pcp; an assert) and no pipeline parallelism over several "
+        "servers, chunk size a multiple of every span.",
         "vLLM runs the deployment.",
         "The connector raises at start-up; nothing is stored.",
         "The refusal's message names the setting to change.",
@@ -581,8 +897,8 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
     dcp = geom.parallel.dcp
     if sheet.get("refused"):
         code = sheet.get("refused_code")
-        fid = "interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(
-            geom) else "refuses"
+        fid = ("interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(geom)
+               else "window-grid" if code == "lmcache_window_grid" else "refuses")
         msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
         out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
         if "spans" not in sheet:
@@ -603,7 +919,9 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
     span_parted = any(x.finding for x in out)
     theirs, ours = sheet["scheduler_block"], geom.scheduler_block_size
     if theirs != ours:
-        sfid = "scheduler-block" if span_parted else None
+        cached = [g.span for g in geom.groups if g.prefix_cacheable]
+        sfid = ("scheduler-block" if span_parted else
+                "scheduler-block-scratch" if cached and theirs == math.lcm(*cached) else None)
         base = f"LMCache's scheduler block {theirs} differs from vLLM's {ours}"
         out.append(Parting(sfid, "scheduler_block", None, theirs, ours,
                            _explain(sfid, base) if sfid else base + "; no registered LMCache rule explains it"))
@@ -620,7 +938,59 @@ def _interleave_only_replicated(geom: Geometry) -> bool:
     return all(not (i > g.block_size or g.block_size % i) for g in geom.groups if g.dcp_sharded)
 
 
-_LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size"})
+def staging_partings(
+    geom: Geometry, settings: LMCacheSettings | None = None, staged: Sequence[Sequence[int]] | None = None
+) -> list[Parting]:
+    """Where the blocks LMCache stages per chunk of a windowed group (:func:`stage_block_ids`) differ from
+    vLLM's store mask for a hit at every chunk end (:func:`kvgeom.masks.reachable_block_mask` with
+    LMCache's chunk ends as the reachable boundaries, ``retention=0``, ``alignment=chunk_size``), over two
+    chunks, for every group whose span LMCache and vLLM agree on (a span difference is its own finding).
+    ``window-staging-short``: vLLM needs a block LMCache does not stage; ``window-staging-extra``: LMCache
+    stages a block vLLM would not keep (a cost). Empty when LMCache refuses the deployment. ``staged``: the
+    ids LMCache staged for two chunks of a request whose block ids are 0, 1, ... in every group (the
+    conformance harness passes the installed LMCache's), else kvgeom's model of them.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 64, "extra_retained_tokens": 2}]})
+    >>> [(p.finding, p.lmcache, p.vllm) for p in staging_partings(geom)]
+    [('window-staging-short', 4, 5)]
+    """
+    try:
+        lm = lmcache_geometry(geom, settings)
+    except LMCacheRefusal:
+        return []
+    C, chunks = lm.chunk_size, 2
+    out: list[Parting] = []
+    for g in geom.groups:
+        span = lm.spans[g.index]
+        if not span or span != g.span or lm.windows[g.index] is None:
+            continue
+        n = chunks * C // span
+        if staged is None:
+            kept = set(stage_block_ids(lm, {g.index: list(range(n))}, chunks)[g.index])
+        else:
+            kept = set(staged[g.index])
+        mask = reachable_block_mask(geom, g.index, n, retention=0, alignment=C,
+                                    reachable=[(c + 1) * C for c in range(chunks)])
+        needed = set(range(n)) if mask is None else set(mask)
+        last = range(n - C // span, n)  # the last chunk: no clipping at token 0
+        ours, theirs = len(needed.intersection(last)), len(kept.intersection(last))
+        w, need = lm.windows[g.index], g.window_need
+        base = (f"group {g.index} ({g.kind}, window {w} tokens, span {span}): LMCache stages {theirs} block(s) "
+                f"per {C}-token chunk, vLLM keeps {ours} before a hit at the chunk's end"
+                + (f" (window need {need} = sliding_window - 1 + extra_retained_tokens)" if need is not None else ""))
+        if needed - kept:
+            out.append(Parting("window-staging-short", "staged_blocks", g.index, theirs, ours,
+                               _explain("window-staging-short", base)))
+        elif kept - needed:
+            out.append(Parting("window-staging-extra", "staged_blocks", g.index, theirs, ours,
+                               _explain("window-staging-extra", base)))
+    return out
+
+
+_LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size",
+                            "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp"})
 
 
 def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, Any]:
@@ -659,4 +1029,4 @@ def partings(geom: Geometry, settings: LMCacheSettings | None = None) -> list[Pa
     >>> partings(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
     []
     """
-    return partings_of(geom, sheet(geom, settings))
+    return partings_of(geom, sheet(geom, settings)) + staging_partings(geom, settings)
