@@ -5,8 +5,13 @@ resolved geometry and LMCache settings by calling the installed LMCache, in its 
 ``validate_mamba_step_alignment``, ``validate_kv_cache_groups``, ``get_group_tokens_per_block``,
 ``get_vllm_scheduler_block_size`` (its coarse-block warning captured from its logger),
 ``get_dcp_decorated_model_name`` (vLLM's real interleave adjuster bound to the stand-in config, as LMCache
-calls it), ``validate_dcp_support``, and then ``slice_block_ids_per_group`` over every chunk of a
-request (the chunk-size rule: a chunk off a group's span grid raises there). The spec objects and the
+calls it), ``validate_dcp_support``, then the scheduler-side connector constructed by its own
+``__init__`` (the server split, the chunk size against the scheduler block, the lookup's hold-back of
+prompts around one and two chunks, the relocation window, the hit unit:
+:func:`kvgeom.conformance.lmcache_transfer.connector_answers`), ``slice_block_ids_per_group`` over every
+chunk of a request (the chunk-size rule: a chunk off a group's span grid raises there), and the worker's
+registration and staging (:func:`kvgeom.conformance.lmcache_transfer.lmcache_staged`). Each case also
+checks the chunk hash chain (:func:`hash_chain_differences`). The spec objects and the
 config stand-in are :mod:`kvgeom.conformance.vllm_objects`'s (vLLM's real classes); the transfer config
 names LMCache's multiprocess connector.
 
