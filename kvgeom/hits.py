@@ -762,6 +762,7 @@ def _swa_revisit_start(
         or storable == prompt_chunks
         or geom.config.cache.retention_interval is not None
         or g.family != "sliding"
+        or og.eagle_group  # vLLM's _final_swa_alignment_blocks: None for an EAGLE group
         or align is None
         or align % og.tokens_per_block
     ):

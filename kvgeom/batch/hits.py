@@ -276,6 +276,7 @@ def _swa_revisit_starts(
     if (
         geom.config.cache.retention_interval is not None
         or g.family != "sliding"
+        or og.eagle_group
         or align is None
         or align % og.tokens_per_block
     ):
