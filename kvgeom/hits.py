@@ -36,7 +36,7 @@ from kvgeom.handoff import mamba_handoffs, partial_tail_boundary, partial_tail_k
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
-from kvgeom.probes import Probe, as_probe, eagle_pair_held
+from kvgeom.probes import HIT, MISS, PENDING, RETRY, Probe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 
 __all__ = [
@@ -130,11 +130,14 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     C = og.tokens_per_chunk
     w = g.window_need  # None: Mamba, one key
     window = og.window_chunks or 1
+    sliding = g.family == "sliding"
     contains, index = probe.contains, og.index
 
     def need(at: int) -> int:
         if w is None:  # Mamba: the single key ending at the candidate
             return 1
+        if not sliding:  # chunked local: its fixed window of chunks (``load_window_size_in_chunks``)
+            return window
         # vLLM asks for at least the group's window in chunks (``load_window_size_in_chunks``), even when
         # the positions before the hit fit in fewer (a window of 1 needs no stored position at all).
         return max(cdiv(w + (-at) % C, C), window)
@@ -213,6 +216,16 @@ def lookup_hit(
     ``[local, end_token)`` is stored; the Mamba key ending at ``end_token`` is
     stored. Every store form gives the same :class:`Hit` for the same held keys.
 
+    A tier whose ``lookup`` answers ``HIT_PENDING`` (held, not readable yet) or ``RETRY`` (location unknown)
+    for a key the lookup asks is read as vLLM 0.33's connector reads it (``_maximal_prefix_lookup``,
+    ``_sliding_window_lookup``, ``_lookup_complete_chunks``, ``_lookup``): a full-attention scan with such
+    a key before its first miss defers, and does not lower the candidate; a windowed scan defers on any
+    ``RETRY`` and on a ``HIT_PENDING`` inside the run it returns, while a miss below a pending key cancels
+    it (the scan goes on and loads what the window still supports); a group that lowers the candidate
+    clears the deferral and every group is asked again; a partial tail with such a key is no tail, and
+    defers only when the complete-chunk hit is 0. Where vLLM ends deferred, :class:`kvgeom.QueryError`
+    ``lookup_not_ready``; otherwise the hit vLLM loads.
+
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     >>> lookup_hit(g, 64, stored={0: [32, 64], 1: [16, 32, 48, 64]}).end_token
@@ -238,7 +251,21 @@ def lookup_hit(
     mnn = None if max_num_new_tokens is None else nonneg("max_num_new_tokens", max_num_new_tokens)
     mlt = None if max_load_tokens is None else nonneg("max_load_tokens", max_load_tokens)
     probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
-    return _lookup(geom, order, probe, n, prompt, local, mlt, mnn)
+    hit = _lookup(geom, order, probe, n, prompt, local, mlt, mnn)
+    if getattr(probe, "unsettled", False):
+        # the tier answered HIT_PENDING or RETRY for a key the lookup asked: ask again, by vLLM's rules for them
+        unsettled = _lookup_unsettled(geom, order, probe, n, prompt, local, mlt, mnn)
+        if unsettled is None:
+            raise QueryError.single(
+                "lookup_not_ready",
+                f"the tier answered HIT_PENDING or RETRY for a key the hit of this {n}-token request depends on; "
+                "vLLM 0.33 defers the request (get_num_new_matched_tokens answers None): ask again when the tier "
+                "settles",
+                "stored",
+                num_tokens=n,
+            )
+        return unsettled
+    return hit
 
 
 class _Order(NamedTuple):
@@ -359,6 +386,165 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
         if not changed:
             break
     return m
+
+
+def _lookup_unsettled(
+    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, local: int, mlt: int | None, mnn: int | None,
+) -> Hit | None:
+    """:func:`lookup_hit` over a tier that answered HIT_PENDING or RETRY: the same steps as :func:`_lookup`,
+    asking :meth:`kvgeom.probes.Probe.state` key by key in vLLM 0.33's order; None where vLLM defers."""
+    c = local - local % order.L
+    M = n
+    if mnn is not None:
+        M = min(M, c + mnn)
+    if mlt is not None:
+        M = min(M, c + mlt)
+    limit = M
+    if order.windowed:
+        M = _align_to_mamba_chunk(max(M - 1, 0), order.Cm)
+    done: int | None = c
+    if M - c >= order.first_chunk:
+        done = _complete_unsettled(geom, order, probe, n, c, M, mlt is not None)
+    if done is None:
+        return None
+    span = order.partial_tail_span
+    if span:
+        H = order.H
+        groups = order.off.groups
+        pending = False
+        b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+        bridge = False
+        if b >= done + span:  # the tail also loads the next block's chunk: its keys must be stored
+            for og in groups:
+                if geom.groups[og.index].is_align_mamba:
+                    continue
+                s = probe.state(og.index, done + span)
+                if s == MISS:
+                    b = done + span - H
+                    break
+                pending |= s != HIT
+            bridge = pending
+        while b > done:
+            tail_pending = bridge and b >= done + span
+            missed = False
+            for og in groups:
+                s = probe.state(og.index, partial_tail_key(og, b))
+                if s == MISS:
+                    missed = True
+                    break
+                tail_pending |= s != HIT
+            if not missed and not tail_pending:
+                return Hit(b - c, b, c, True)
+            pending |= tail_pending
+            b -= H
+        if pending and done == c:
+            return None
+    return Hit(done - c, done, c, False)
+
+
+def _complete_unsettled(
+    geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool
+) -> int | None:
+    """:func:`_complete` with three-valued answers (None: deferred): a group whose scan defers leaves the
+    candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again
+    (windowed groups alone when nothing was deferred), as vLLM 0.33's ``_lookup_complete_chunks``."""
+    Cm = order.Cm
+    keyed = n // order.H
+    everything = (*order.full, *order.windowed)
+    verified: set[int] = set()
+    deferred = False
+    m = M
+    hit = 0  # the candidate past c after the previous group
+    todo: tuple[OffloadGroupGeometry, ...] = everything
+    while todo:
+        seen_window = False
+        current, todo = todo, ()
+        for og in current:
+            C = og.tokens_per_chunk
+            keys = keyed // og.hashes_per_chunk
+            m = _clamp(og, m, keyed, load_capped, Cm)
+            if m - c < C:
+                return c
+            pop = int(og.eagle_group and og.index not in verified)
+            top = min(cdiv(min(m + C, keys * C) if pop else m, C), keys)
+            start = c // C
+            if og.window_chunks is None:
+                count = _prefix_states(probe, og.index, C, start, top)
+            else:
+                g = geom.groups[og.index]
+                first = _window_need(g, og, min(m, (top - pop) * C)) + pop
+                count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first)
+            if count == 0:
+                return c
+            if count is None:
+                deferred = True
+            else:
+                if pop:
+                    count -= 1
+                    verified.add(og.index)
+                m = _align_to_mamba_chunk(min(m, C * (start + count)), Cm)
+            if m - c < C:
+                return c
+            if m - c < hit:
+                if not og.eagle_group:
+                    verified.clear()
+                if deferred:
+                    deferred = False
+                    todo = everything
+                elif seen_window and not todo:
+                    todo = order.windowed
+            seen_window |= og.window_chunks is not None
+            hit = m - c
+    return None if deferred else m
+
+
+def _window_need(g: GroupGeometry, og: OffloadGroupGeometry, end: int) -> int:
+    """Chunks a windowed group's first run needs for a hit ending at ``end`` (``load_window_size_in_chunks``):
+    the positions before ``end`` in chunks, at least the group's window (Mamba: its one key)."""
+    if g.window_need is None:
+        return 1
+    if g.family != "sliding":
+        return og.window_chunks or 1
+    C = og.tokens_per_chunk
+    return max(cdiv(g.window_need + (-end) % C, C), og.window_chunks or 1)
+
+
+def _prefix_states(probe: Probe, group: int, C: int, start: int, stop: int) -> int | None:
+    """Held chunks from ``start`` up to the first miss below ``stop``; None when a pending or retried key
+    comes first (``_maximal_prefix_lookup``: the scan goes on past them to let the tier start its lookups)."""
+    count = 0
+    unsettled = False
+    for j in range(start, stop):
+        s = probe.state(group, (j + 1) * C)
+        if s == MISS:
+            break
+        if s != RETRY:
+            count += 1
+        unsettled |= s != HIT
+    return None if unsettled else count
+
+
+def _window_states(probe: Probe, group: int, C: int, start: int, stop: int, window: int, first: int) -> int | None:
+    """Right-to-left run search over chunks ``[start, stop)`` (``_sliding_window_lookup``): the end of the
+    first run of ``first`` (later runs: ``window``) held chunks, relative to ``start``, or the run that
+    reaches ``start``; a RETRY breaks the run and defers; a pending key defers only if it is in the run
+    returned, since a miss below it clears it; None when deferred."""
+    retried = pending = False
+    run = 0
+    need = first
+    for j in range(stop - 1, start - 1, -1):
+        s = probe.state(group, (j + 1) * C)
+        if s in (HIT, PENDING):
+            run += 1
+            pending |= s == PENDING
+        else:
+            retried |= s == RETRY
+            run = 0
+            pending = False
+            need = window
+        if run == need:
+            return None if retried or pending else j - start + need
+    return None if retried or pending else run
 
 
 def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: bool, Cm: int | None) -> int:
@@ -762,6 +948,7 @@ def _swa_revisit_start(
         or storable == prompt_chunks
         or geom.config.cache.retention_interval is not None
         or g.family != "sliding"
+        or og.eagle_group  # vLLM's _final_swa_alignment_blocks: None for an EAGLE group
         or align is None
         or align % og.tokens_per_block
     ):

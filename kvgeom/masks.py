@@ -26,6 +26,15 @@ replicated under DCP.
   ``R >= 0`` every aligned reachable boundary keeps the ``need`` blocks before it. Dense when the
   alignment is not a multiple of the span. ``R = None`` is therefore *not* "every block".
 
+  **EAGLE** (a sliding-window manager with the drop, vLLM 0.33 ``SlidingWindowManager.reachable_block_mask``
+  with ``use_eagle``): a hit matches one block past its boundary and drops it, so every kept run is one
+  block longer (``need + 1``) and ends one block later: block ``i >= 1`` is kept when
+  ``(i - 1) % per_segment >= per_segment - need - 1``, a reachable boundary keeps blocks
+  ``[end + 1 - need - 1, end + 1)``, and there is no final-segment tail. Which managers run with the drop
+  depends on the *side* (:func:`mask_side`): the connector's store mask follows the offload group's
+  ``eagle_group`` flag (no fallback), the GPU prefix cache's mask the GPU drop set
+  (``Geometry.gpu_drop_groups``); the GPU side's window is not widened by ``extra_retained_tokens``.
+
 **Deliberate difference from vLLM 0.33** (``docs/deviations.md``, ``swa-mask-own-span``): vLLM's
 sliding-window mask multiplies the block by the global DCP size, although a
 sliding-window group under DCP is replicated; its grid is then D times too
@@ -35,14 +44,27 @@ coarse. kvgeom uses the group's span.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from kvgeom._check import nonneg
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 
-__all__ = ["MAX_SCALAR_RESULT", "check_result_size", "default_alignment", "reachable_block_mask", "swa_store_horizon"]
+__all__ = [
+    "MAX_SCALAR_RESULT",
+    "MaskSide",
+    "check_result_size",
+    "default_alignment",
+    "mask_side",
+    "reachable_block_mask",
+    "swa_run",
+    "swa_store_horizon",
+]
+
+MaskSide = Literal["offload", "gpu"]
+"""Whose mask: the offloading connector's store mask (``"offload"``) or the GPU prefix cache's
+``cache_blocks`` mask (``"gpu"``)."""
 
 _UNSET: Any = object()
 
@@ -87,6 +109,57 @@ def default_alignment(geom: Geometry, group: int) -> int | None:
     return geom.offload.alignment_tokens
 
 
+def mask_side(geom: Geometry, side: MaskSide | None) -> MaskSide:
+    """The side a mask is taken for: ``side`` itself, or by default ``"offload"`` when the geometry has an
+    offload section and ``"gpu"`` without one. Anything else is a :class:`kvgeom.QueryError` ``bad_side``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)   # it has an offload section
+    >>> mask_side(g, None), mask_side(g, "gpu")
+    ('offload', 'gpu')
+    """
+    if side is None:
+        return "offload" if geom.offload is not None else "gpu"
+    if side not in ("offload", "gpu"):
+        raise QueryError.single(
+            "bad_side", f"side must be 'offload' (the connector's store mask) or 'gpu' (the GPU prefix cache's), "
+            f"got {side!r}", "side", side=repr(side),
+        )
+    return side
+
+
+def swa_run(geom: Geometry, group: int, side: MaskSide | None = None) -> tuple[int, int]:
+    """``(need, shift)`` of a sliding-window group's mask on ``side`` (:func:`mask_side`): the contiguous
+    blocks a hit at an aligned boundary needs, and how many blocks past the boundary the run ends.
+
+    ``need = cdiv(window, S) + eagle`` and ``shift = eagle``, where the window is ``window_need``
+    (``sliding_window - 1 + extra_retained_tokens``) on the connector's side and ``gpu_window_need``
+    (``sliding_window - 1``) on the GPU's, and ``eagle`` is 1 when that side's manager runs with the
+    EAGLE drop (offload: the offload group's ``eagle_group``; GPU: ``Geometry.gpu_drop_groups``; vLLM 0.33
+    ``SlidingWindowManager._contiguous_blocks_for_hit``). ``(0, 0)`` for every other family.
+    Invariant: ``shift in (0, 1)`` and ``need >= shift``.
+
+    >>> import kvgeom
+    >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 32, "drafter": True}],
+    ...     "speculative": {"method": "eagle", "num_speculative_tokens": 1}, "offload": {}})
+    >>> swa_run(swa, 1), swa_run(swa, 1, "gpu")   # the window's 2 blocks plus the one the drop pops
+    ((3, 1), (3, 1))
+    """
+    g = geom.group(group)
+    if g.family != "sliding" or g.window_need is None or g.gpu_window_need is None:
+        return 0, 0
+    if mask_side(geom, side) == "offload":
+        og = geom.offload.get(g.index) if geom.offload is not None else None
+        eagle = og is not None and og.eagle_group
+        window = g.window_need
+    else:
+        eagle = g.index in geom.gpu_drop_groups
+        window = g.gpu_window_need
+    shift = int(eagle)
+    return cdiv(window, g.span) + shift, shift
+
+
 def reachable_block_mask(
     geom: Geometry,
     group: int,
@@ -97,6 +170,7 @@ def reachable_block_mask(
     retention: int | None = _UNSET,
     alignment: int | None = _UNSET,
     final_segment_end_block: int | None = None,
+    side: MaskSide | None = None,
 ) -> frozenset[int] | None:
     """Blocks in ``[first_block, num_blocks)`` of ``group`` worth storing, or ``None`` for all of them.
 
@@ -109,7 +183,10 @@ def reachable_block_mask(
     index is in ``[first_block, num_blocks)``, and for Mamba each kept block ``i`` ends on
     a boundary ``(i+1)*B_m`` that is a multiple of R or the last block boundary at or below an
     aligned reachable boundary; for a sliding window each kept block ``i`` is among the last ``need`` blocks of its
-    segment, of the final segment, or before an aligned reachable boundary (``R`` not None).
+    segment, of the final segment, or before an aligned reachable boundary (``R`` not None). ``side``
+    (:func:`mask_side`; default: the connector's with an offload section, else the GPU's) decides a
+    sliding-window group's window and whether it runs with the EAGLE drop (:func:`swa_run`: the run is
+    ``need + 1`` blocks, one block later, no final tail).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
@@ -121,6 +198,11 @@ def reachable_block_mask(
     ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 16}], "offload": {}})
     >>> sorted(reachable_block_mask(swa, 1, 6, retention=None))  # one block before each 64-token boundary
     [1, 3, 5]
+    >>> eagle = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 32, "drafter": True}],
+    ...     "speculative": {"method": "eagle", "num_speculative_tokens": 1}, "offload": {}})
+    >>> sorted(reachable_block_mask(eagle, 1, 13, retention=64))  # run by vLLM 0.33: ends 48-80, 112-144, 176-208
+    [2, 3, 4, 6, 7, 8, 10, 11, 12]
     """
     g = geom.group(group)
     n = nonneg("num_blocks", num_blocks)
@@ -155,10 +237,11 @@ def reachable_block_mask(
                     keep.add(b)
             return frozenset(keep)
         case "sliding":
+            need, shift = swa_run(geom, group, side)
             if not align or align % span:
                 return None
             return _sliding_window_kept(
-                lo, n, span, swa_store_need(g, span), align, R, points, final_segment_end_block
+                lo, n, span, need, align, R, points, None if shift else final_segment_end_block, shift
             )
     assert_never(g.family)
 
@@ -184,8 +267,10 @@ def _sliding_window_kept(
     R: int | None,
     points: list[int],
     final_end: int | None,
+    shift: int = 0,
 ) -> frozenset[int] | None:
-    """The sliding-window store mask over blocks ``[lo, n)`` (see the module docstring for the rules)."""
+    """The sliding-window store mask over blocks ``[lo, n)`` (see the module docstring for the rules);
+    ``shift`` 1 under the EAGLE drop (the runs end one block later)."""
     segment = align if R is None else (R or None)
     keep: set[int] = set()
     if segment is not None:
@@ -194,17 +279,17 @@ def _sliding_window_kept(
             return None  # the tails cover every block of a segment
         if need == 0:
             return frozenset()  # a one-token window needs no history: nothing is worth storing
-        # the last `need` blocks of every segment [m*per, (m+1)*per) meeting [lo, n)
-        first_seg, last_seg = lo // per, max(n - 1, 0) // per
+        # the last `need` blocks of every segment [m*per, (m+1)*per) meeting [lo, n), moved `shift` blocks on
+        first_seg, last_seg = max(lo - shift, 0) // per, max(n - 1 - shift, 0) // per
         check_result_size(min(n - lo, (last_seg - first_seg + 1) * need))
         for m in range(first_seg, last_seg + 1):
-            keep.update(range(max(m * per + per - need, lo), min((m + 1) * per, n)))
+            keep.update(range(max(m * per + per - need + shift, lo), min((m + 1) * per + shift, n)))
         if R is None and final_end is not None and final_end % per:
             start = final_end - final_end % per
             keep.update(range(max(start, final_end - need, lo), min(n, final_end)))
     if R is not None:
         for t in points:
-            end = rdown(t, align) // span
+            end = rdown(t, align) // span + shift
             keep.update(range(max(lo, end - need), min(n, end)))
     return frozenset(keep)
 
@@ -223,7 +308,8 @@ def swa_store_horizon(
     tail of the request's last, partial segment: for a finished request it ends at the storable
     chunks, while the storable chunks are within the prompt (``prompt_chunks``, the prompt's
     offloadable tokens // chunk) at the prompt's end, and during decode past the prompt nowhere.
-    With a retention interval there is no final tail (the reachable boundaries play that part).
+    With a retention interval there is no final tail (the reachable boundaries play that part), and
+    neither for an EAGLE group (``OffloadGroupGeometry.eagle_group``: vLLM gives it no store horizon).
 
     >>> import kvgeom
     >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
@@ -234,6 +320,9 @@ def swa_store_horizon(
     """
     if geom.config.cache.retention_interval is not None or geom.group(group).family != "sliding":
         return None
+    og = geom.offload.get(group) if geom.offload is not None else None
+    if og is not None and og.eagle_group:
+        return None  # an EAGLE group's runs end past the boundary: vLLM gives it no store horizon
     if finished:
         return storable_chunks
     if storable_chunks <= prompt_chunks:

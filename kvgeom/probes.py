@@ -10,9 +10,10 @@ caller holds the tier in (:func:`as_probe`):
 * an object with the offload manager's ``lookup(key, req_context)`` shape (vLLM 0.33
   ``v1/kv_offload/base.py::OffloadingManager.lookup``) and the request's hash chain: keys are
   built as vLLM builds them (:func:`kvgeom.make_offload_key`); an answer named ``HIT`` (or
-  ``True``) is held, ``MISS`` (or ``False``) is not, and ``HIT_PENDING`` / ``RETRY`` raise
-  ``lookup_not_ready`` (vLLM defers such a request; kvgeom has no deferred hit, so it says so
-  instead of guessing);
+  ``True``) is held, ``MISS`` (or ``False``) is not; ``HIT_PENDING`` (held, not readable yet) and
+  ``RETRY`` (location unknown) are *unsettled* answers (:meth:`Probe.state`): the lookup then follows
+  vLLM 0.33's own rules for them (a later miss can cancel a pending key; where vLLM defers the request,
+  :func:`kvgeom.hits.lookup_hit` raises ``lookup_not_ready``);
 * a mapping ``{group: end tokens}`` (the ``stored`` of :func:`kvgeom.hits.plan_hit`): a
   ``set`` / ``frozenset`` value is read in place, only at the probed entries; any other
   collection is checked entry by entry as it is turned into a set (no sorting);
@@ -50,7 +51,12 @@ from kvgeom.residency import GROUP_INDEX_BYTES, Residency
 if TYPE_CHECKING:
     from kvgeom.geometry import Geometry
 
-__all__ = ["Probe", "as_probe", "eagle_pair_held", "stored_group_index", "validated_stored"]
+__all__ = ["HIT", "MISS", "PENDING", "RETRY", "Probe", "as_probe", "eagle_pair_held", "stored_group_index",
+           "validated_stored"]
+
+#: The four answers a tier gives for one key (vLLM 0.33 ``LookupResult``): held; not held; held but not
+#: readable yet (``HIT_PENDING``); location unknown (``RETRY``). :meth:`Probe.state` returns one of them.
+HIT, MISS, PENDING, RETRY = "hit", "miss", "pending", "retry"
 
 Contains = Callable[[int, int], bool]
 
@@ -74,6 +80,11 @@ class Probe:
     def contains(self, group: int, end_token: int) -> bool:
         """Whether the tier holds ``group``'s key ending at ``end_token`` (a positive multiple of H)."""
         raise NotImplementedError
+
+    def state(self, group: int, end_token: int) -> str:
+        """The tier's answer for the key: :data:`HIT` or :data:`MISS` (from :meth:`contains`), or, for a tier
+        that can say so (an offload manager's ``lookup``), :data:`PENDING` or :data:`RETRY`."""
+        return HIT if self.contains(group, end_token) else MISS
 
     def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
         """The first chunk ``j' >= j`` that is not held or starts at or past ``top`` (the full-attention
@@ -206,15 +217,17 @@ class _ResidencyProbe(Probe):
 class _LookupProbe(Probe):
     """An object with the offload manager's ``lookup(key, req_context)``, keyed by the chain's bytes hashes."""
 
-    __slots__ = ("_H", "_answers", "_chain", "_ctx", "_lookup", "_n", "_suffix")
+    __slots__ = ("_H", "_answers", "_chain", "_ctx", "_lookup", "_n", "_suffix", "unsettled")
 
     def __init__(self, lookup: Callable[[bytes, Any], Any], chain: Sequence[Hashable], H: int, ctx: Any) -> None:
         n = len(chain)
         super().__init__(n * H)
         self._lookup, self._chain, self._H, self._ctx, self._n = lookup, chain, H, ctx, n
         self._suffix: dict[int, bytes] = {}
-        self._answers: dict[Any, bool] = {}
-        """Each answer object seen (an enum member, say) and whether it means held: read once by name."""
+        self._answers: dict[Any, str] = {}
+        """Each answer object seen (an enum member, say) and which of the four answers it is: read once by name."""
+        self.unsettled = False
+        """Whether the tier has answered :data:`PENDING` or :data:`RETRY` for a key asked so far."""
 
     def _key(self, i: int, group: int) -> bytes:
         block_hash = self._chain[i]
@@ -229,15 +242,29 @@ class _LookupProbe(Probe):
             suffix = self._suffix[group] = group.to_bytes(GROUP_INDEX_BYTES, "big")
         return block_hash + suffix
 
-    def _held(self, key: bytes) -> bool:
+    def _answer(self, key: bytes) -> str:
         answer = self._lookup(key, self._ctx)
         try:
             known = self._answers.get(answer)
         except TypeError:  # an unhashable answer: read it every time
-            return _result_held(answer, key)
-        if known is None:
-            known = self._answers[answer] = _result_held(answer, key)
+            known = _result_state(answer, key)
+        else:
+            if known is None:
+                known = self._answers[answer] = _result_state(answer, key)
+        if known is PENDING or known is RETRY:
+            self.unsettled = True
         return known
+
+    def _held(self, key: bytes) -> bool:
+        # an unsettled answer counts as held here; the lookup re-asks with state() once it has seen one
+        return self._answer(key) is not MISS
+
+    def state(self, group: int, end_token: int) -> str:
+        H = self._H
+        i = end_token // H - 1
+        if i >= self._n or end_token <= 0 or end_token % H:
+            return MISS
+        return self._answer(self._key(i, group))
 
     def contains(self, group: int, end_token: int) -> bool:
         H = self._H
@@ -376,18 +403,20 @@ def _residency_probe(geom: Geometry, res: Residency, chain: Sequence[Hashable], 
     return _ResidencyProbe(res._held, chain, geom.hash_block_size, 1 << holder)
 
 
-def _result_held(result: Any, key: bytes) -> bool:
+_ANSWER_NAMES = {"HIT": HIT, "MISS": MISS, "HIT_PENDING": PENDING, "RETRY": RETRY}
+
+
+def _result_state(result: Any, key: bytes) -> str:
     if result is True or result is False:
-        return result
+        return HIT if result else MISS
     name = getattr(result, "name", None)
-    if name == "HIT":
-        return True
-    if name == "MISS":
-        return False
+    state = _ANSWER_NAMES.get(name) if isinstance(name, str) else None
+    if state is not None:
+        return state
     raise QueryError.single(
         "lookup_not_ready",
-        f"the tier answered {result!r} for offload key {key!r}; kvgeom counts only HIT and MISS. A pending or "
-        "retried key makes vLLM defer the request: ask again when the tier settles",
+        f"the tier answered {result!r} for offload key {key!r}; kvgeom reads HIT, MISS, HIT_PENDING and RETRY "
+        "(vLLM 0.33 LookupResult) or True / False",
         "stored",
     )
 

@@ -403,10 +403,13 @@ class GPUPrefixCache:
 
     Which entries a cold run caches (modelled on vLLM 0.33's ``cache_blocks``; one copy per group,
     DCP dealing is the offload simulator's business): the full blocks of every group up to the
-    cacheable prefix (``n``, or ``rdown(n, L)`` without partial hash hits), thinned by the
-    retention mask for sliding-window and Mamba groups (:func:`kvgeom.masks.reachable_block_mask`,
-    replay boundary ``n - 1``, aligned to A); with H < S the prompt's last H boundary below ``n`` as a
-    partial entry of full-attention and Mamba groups.
+    group's cacheable prefix (:func:`kvgeom.handoff.mamba_cacheable_tokens`: ``n``, or ``rdown(n, L)``
+    without partial hash hits; under the EAGLE drop one block more), thinned by the GPU side's
+    retention mask for sliding-window and Mamba groups (:func:`kvgeom.masks.reachable_block_mask` with
+    ``side="gpu"`` at :func:`kvgeom.handoff.replay_boundaries`, aligned to A: under the drop a
+    sliding-window run is one block longer and ends one block later); with H < S the prompt's last H
+    boundary below ``n`` (at or below ``n`` for a full-attention group under the EAGLE drop) as a partial
+    entry of full-attention and Mamba groups.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
@@ -429,27 +432,32 @@ class GPUPrefixCache:
 
     def cache_request(self, num_tokens: int) -> None:
         """Cache what a cold run of a ``num_tokens`` prompt of this chain leaves behind."""
+        from kvgeom.handoff import mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
 
         geom = self.geom
         n = nonneg("num_tokens", num_tokens)
         if not geom.config.cache.prefix_caching or n == 0:
             return
-        H, A, L = geom.hash_block_size, geom.hit_alignment_tokens, geom.scheduler_block_size
-        cacheable = n if geom.partial_hash_hits else n - n % L
+        H, A = geom.hash_block_size, geom.hit_alignment_tokens
+        points = replay_boundaries(geom, n)
         tail = (n - 1) // H * H
         for g in geom.groups:
             if not g.prefix_cacheable or g.family in {"cross", "circular"}:
                 continue
+            cacheable = mamba_cacheable_tokens(geom, g.index, n)  # the group's cacheable prefix (any family)
             blocks = cacheable // g.span
             mask = None
             if g.family in {"sliding", "mamba"}:
-                mask = reachable_block_mask(geom, g.index, blocks, reachable=[n - 1], alignment=A)
+                mask = reachable_block_mask(geom, g.index, blocks, reachable=points, alignment=A, side="gpu")
             for j in range(blocks):
                 if mask is None or j in mask:
                     self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
-            if g.span != H and g.family in {"full", "mamba"} and 0 < tail <= cacheable and tail % g.span:
-                self.entries[(g.index, tail)] = self._holds(g.index, tail)
+            end = tail
+            if g.family == "full" and g.index in geom.gpu_drop_groups:
+                end = n // H * H  # an EAGLE lookup reads the whole prompt before it drops (no n - 1 cap)
+            if g.span != H and g.family in {"full", "mamba"} and 0 < end <= cacheable and end % g.span:
+                self.entries[(g.index, end)] = self._holds(g.index, end)
 
     def evict(self, keep: Callable[[int, int], bool]) -> None:
         """Keep only the entries ``(group, end_token)`` for which ``keep`` is true."""

@@ -246,3 +246,22 @@ def test_eagle_query_end(group, m, keyed_end, pop, end):
     from kvgeom.hits import eagle_query_end
 
     assert eagle_query_end(EAGLE.offload.group(group), m, keyed_end, pop) == end
+
+
+def test_a_chunked_local_scan_asks_its_fixed_window_even_off_its_chunk_grid():
+    # FA 8 + chunked local 16 (attention chunk 32), a 133-token request: full attention misses at 96, so the
+    # candidate is 88, inside the chunked group's chunk [80, 96). vLLM 0.33 (load_window_size_in_chunks: no
+    # right padding for chunked local) asks the window of cdiv(32, 16) = 2 chunks ending there, 96 and 80,
+    # which hold [64, 88): hit 88 although the chunk ending at 64 is missing (run through vLLM's
+    # OffloadingConnectorScheduler by kvgeom.conformance.vllm_pending; kvgeom asked 3 chunks and answered 48)
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 8},
+                                   {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 32}],
+                        "cache": {"retention_interval": None}, "offload": {}})
+    stored = {0: [e for e in range(8, 133, 8) if e != 96], 1: [e for e in range(16, 133, 16) if e != 64]}
+    assert lookup_hit(g, 133, stored=stored).hit_tokens == 88
+    import numpy as np
+
+    from kvgeom.batch import lookup_hits
+
+    held = {i: np.array([[(j + 1) * 8 in ends for j in range(133 // 8)]]) for i, ends in stored.items()}
+    assert lookup_hits(g, [133], stored=held).end_token.tolist() == [88]

@@ -44,8 +44,32 @@ SWA_ONE = kvgeom.resolve(
     }
 )
 
+# FA 16 + SWA (block 16, window 32) marked drafter, EAGLE K = 1, offloaded (so legacy hashes and the drop):
+# under the drop a run is cdiv(31, 16) + 1 = 3 blocks and ends one block past its boundary (issue 19; the
+# rows below were run through vLLM 0.33's Scheduler, see tests/test_store_plans.py and tests/test_sim.py)
+SWA_EAGLE = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 32, "drafter": True},
+        ],
+        "speculative": {"method": "eagle", "num_speculative_tokens": 1},
+        "offload": {},
+    }
+)
+
 # (geometry, group, num_blocks, keyword arguments, expected mask or None for every block)
 ROWS = [
+    # EAGLE, R = 64 (4 blocks a segment): blocks 2-4, 6-8, 10-12 -- ends 48-80, 112-144, 176-208
+    (SWA_EAGLE, 1, 13, {"retention": 64}, {2, 3, 4, 6, 7, 8, 10, 11, 12}),
+    # EAGLE, R = 0: the run at rdown(199, 16) = 192 is blocks [13 - 3, 13) (ends 176, 192, 208)
+    (SWA_EAGLE, 1, 13, {"retention": 0, "reachable": [199]}, {10, 11, 12}),
+    # the GPU side answers the same here (the group is in the GPU drop set; no extra_retained_tokens)
+    (SWA_EAGLE, 1, 13, {"retention": 0, "reachable": [176], "side": "gpu"}, {9, 10, 11}),
+    # EAGLE, R = None: 3 blocks needed of a 1-block segment: dense
+    (SWA_EAGLE, 1, 13, {"retention": None}, None),
+    # EAGLE, first_block past the first runs: only what is left of [6, 9) and [10, 13)
+    (SWA_EAGLE, 1, 13, {"retention": 64, "first_block": 7}, {7, 8, 10, 11, 12}),
     # R = 32: blocks ending at 32, 64 (blocks 1, 3) — the explicit retention wins over the config's R = 0
     (SEED, 1, 4, {"retention": 32, "alignment": 32}, {1, 3}),
     # the config's R = 0 and no reachable boundary: nothing is worth storing
@@ -105,3 +129,9 @@ def test_sliding_window_mask_far_from_block_zero_is_sized_by_its_own_range():
     assert len(mask) == 1 << 19
     assert min(mask) == lo + 63 and max(mask) == n - 1
     assert all(b % 64 == 63 for b in mask)
+
+
+def test_a_mask_side_other_than_offload_or_gpu_is_refused():
+    with pytest.raises(kvgeom.QueryError) as e:
+        reachable_block_mask(SWA_EAGLE, 1, 4, side="cpu")
+    assert e.value.problems[0].code == "bad_side"

@@ -128,3 +128,78 @@ def test_eagle_pair_held(held, stop, pairs):
     probe = eagle_pair_held(as_probe(FA_ONLY, {0: held}), 16, stop)
     assert [e for e in range(16, 81, 16) if probe.contains(0, e)] == pairs
     assert not probe.contains(0, 24)  # off the chunk grid: never held
+
+
+# ------------------------------------------------ a tier that answers "pending" (issue 19, item 4)
+# Rows run through vLLM 0.33's OffloadingConnectorScheduler.get_num_new_matched_tokens over a tier answering
+# exactly these keys (kvgeom.conformance.vllm_pending): every key of the request held except the ones listed.
+# None: vLLM defers the request (kvgeom: lookup_not_ready).
+_SWA = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                  {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}],
+                       "offload": {}, "cache": {"retention_interval": None}})
+_TAIL = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                        "cache": {"prefix_match_unit": 8, "retention_interval": None}, "offload": {}})
+
+
+class _Answer:
+    def __init__(self, name):
+        self.name = name
+
+
+class _TriState:
+    """An offload manager answering by (group, end token) of the request's chain; HIT where not listed."""
+
+    def __init__(self, chain, H, answers):
+        self.index = {h: (i + 1) * H for i, h in enumerate(chain)}
+        self.answers = answers
+
+    def lookup(self, key, req_context):
+        from kvgeom.residency import split_offload_key
+
+        block_hash, group = split_offload_key(key)
+        return _Answer(self.answers.get(str(group), {}).get(self.index[block_hash], "HIT"))
+
+
+PENDING_ROWS = [
+    # a miss below a pending key cancels it: the window scan goes on and loads the run 144-160
+    ("swa-cancelled", _SWA, 200, {"1": {192: "HIT_PENDING", 176: "MISS"}}, 160),
+    # a pending key inside the run the scan returns: deferred
+    ("swa-in-run", _SWA, 200, {"1": {176: "HIT_PENDING"}}, None),
+    ("swa-in-later-run", _SWA, 200, {"1": {192: "MISS", 160: "HIT_PENDING"}}, None),
+    # RETRY breaks the run but defers whatever the scan finds
+    ("swa-retry", _SWA, 200, {"1": {192: "RETRY"}}, None),
+    # full attention: a pending or retried key before the first miss defers (and does not lower the candidate)
+    ("fa-pending", _SWA, 200, {"0": {32: "HIT_PENDING"}}, None),
+    ("fa-pending-then-miss", _SWA, 200, {"0": {32: "HIT_PENDING", 64: "MISS"}}, None),
+    # ... one past the first miss is never asked
+    ("fa-retry-past-miss", _SWA, 200, {"0": {48: "RETRY", 32: "MISS"}}, 16),
+    # the window group's misses lower the candidate below the pending key: every group is asked again, and
+    # full attention no longer reaches it (pending 176, candidate 160); a pending 160 is still inside
+    ("fa-cancelled-by-window", _SWA, 200, {"0": {176: "HIT_PENDING"}, "1": {192: "MISS", 176: "MISS"}}, 160),
+    ("fa-retry-cancelled", _SWA, 200, {"0": {176: "RETRY"}, "1": {192: "MISS", 176: "MISS"}}, 160),
+    ("fa-still-inside", _SWA, 200, {"0": {160: "HIT_PENDING"}, "1": {192: "MISS", 176: "MISS"}}, None),
+    # partial tails (H = 8): a pending boundary key is no tail; the complete hit stands ...
+    ("tail-pending", _TAIL, 100, {"0": {96: "MISS"}, "1": {88: "HIT_PENDING"}}, 80),
+    # ... and defers only when the complete-chunk hit is 0 or the complete hit itself is pending
+    ("tail-all-pending", _TAIL, 100, {"1": {88: "HIT_PENDING", 96: "HIT_PENDING"}}, None),
+    ("tail-complete-pending", _TAIL, 100, {"0": {80: "MISS"}, "1": {64: "HIT_PENDING", 72: "HIT_PENDING"}}, None),
+]
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "answers", "hit"), PENDING_ROWS, ids=[r[0] for r in PENDING_ROWS])
+def test_a_tier_that_answers_pending_is_read_as_vllm_reads_it(name, geom, n, answers, hit):
+    chain = [b"p%04d" % i for i in range(n // geom.hash_block_size)]
+    tier = _TriState(chain, geom.hash_block_size, answers)
+    if hit is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(geom, n, stored=tier, block_hashes=chain)
+        assert info.value.code == "lookup_not_ready"
+    else:
+        assert lookup_hit(geom, n, stored=tier, block_hashes=chain).hit_tokens == hit
+
+
+def test_an_unknown_lookup_answer_is_refused():
+    chain = [b"p%04d" % i for i in range(4)]
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored=_TriState(chain, 16, {"0": {32: "MAYBE"}}), block_hashes=chain)
+    assert info.value.code == "lookup_not_ready" and "HIT_PENDING" in info.value.problems[0].message

@@ -250,3 +250,35 @@ def test_random_sweep_agrees(vs):
         batch = prefix_hits(geom, np.array([sc["num_tokens"] for sc in scenarios]), _held(geom, scenarios))
         assert batch.tolist() == gpu, name
     assert classes["load"] and classes["kept"] and classes["passed"], classes
+
+
+# ----------------------------------------------------- a tier that answers "pending" (issue 19, item 4)
+
+
+def test_pending_rows_match_vllms_connector():
+    """The kvgeom rows of tests/test_probes.py (PENDING_ROWS), asked of vLLM's own connector lookup."""
+    from kvgeom.conformance.vllm_pending import kvgeom_pending_hit, vllm_pending_hit
+
+    g = kvgeom.resolve({"groups": [_fa(16), _sw(16, 32)], "offload": {}, "cache": {"retention_interval": None}})
+    every = {e: "hit" for e in range(16, 193, 16)}
+    rows = [
+        ({}, {192: "pending", 176: "miss"}, 160),
+        ({}, {176: "pending"}, None),
+        ({32: "pending", 64: "miss"}, {}, None),
+        ({48: "retry", 32: "miss"}, {}, 16),
+        ({176: "pending"}, {192: "miss", 176: "miss"}, 160),
+        ({160: "pending"}, {192: "miss", 176: "miss"}, None),
+    ]
+    for fa, sw, hit in rows:
+        answers = {"0": {**every, **fa}, "1": {**every, **sw}}
+        assert vllm_pending_hit(g, 200, answers) == hit == kvgeom_pending_hit(g, 200, answers), (fa, sw)
+
+
+def test_seeded_pending_sweep_differences_are_registered_deviations():
+    from kvgeom.conformance.vllm_pending import sweep
+    from kvgeom.deviations import DEVIATIONS
+
+    report = sweep(40, 3)
+    assert report["compared"] >= 30 and report["deferred"] > 0 and report["agree"] > 0, report
+    for *case, cls in report["differences"]:
+        assert cls in DEVIATIONS, case

@@ -141,3 +141,57 @@ def test_unsupported_geometries_raise_query_errors(cfg, code):
     with pytest.raises(kvgeom.QueryError) as e:
         Simulator(g)
     assert e.value.code == code
+
+
+# ------------------------------------------------- the GPU prefix cache under the EAGLE drop (issue 19)
+# Rows run through vLLM 0.33's real Scheduler: a cold prompt of n1 tokens finishes, the block pool's cached
+# entries are read per group, then a request of n2 tokens sharing it asks the GPU prefix cache
+# (Scheduler._get_local_prefix_cache_hit). "sw" is a sliding-window group of block 16 and window 32.
+_SW = {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}
+_FA = {"kind": "full_attention", "block_size": 16}
+_NO_LOOKAHEAD = {"method": "eagle", "num_speculative_tokens": 1, "lookahead_hashes": False}
+GPU_ROWS = [
+    # R = 0: the run at the replay boundary rdown(199, 16) - 16 = 176 is one block longer and one later
+    ("r0", [_FA, {**_SW, "drafter": True}], _NO_LOOKAHEAD, 0, {}, 200, 220, [160, 176, 192], 176),
+    # R = 64: 3-block runs past each 64-token boundary, plus the replay run
+    ("r64", [_FA, {**_SW, "drafter": True}], _NO_LOOKAHEAD, 64, {}, 200, 220,
+     [48, 64, 80, 112, 128, 144, 160, 176, 192], 176),
+    ("r0-100", [_FA, {**_SW, "drafter": True}], _NO_LOOKAHEAD, 0, {}, 100, 120, [64, 80, 96], 80),
+    # no group marked: every group drops (the coordinator's fallback), the mask shifts the same way
+    ("unmarked", [_FA, _SW], _NO_LOOKAHEAD, 0, {}, 100, 120, [64, 80, 96], 80),
+    # look-ahead hashes: no drop, the plain mask at n - 1 = 99 -> 96 (vLLM hits 96)
+    ("lookahead", [_FA, {**_SW, "drafter": True}], {"method": "eagle", "num_speculative_tokens": 1}, 0, {},
+     100, 120, [80, 96], 96),
+]
+
+
+@pytest.mark.parametrize(("name", "groups", "spec", "retention", "cache", "n1", "n2", "window_entries", "hit"),
+                         GPU_ROWS, ids=[r[0] for r in GPU_ROWS])
+def test_gpu_prefix_cache_under_the_eagle_drop_matches_vllm(name, groups, spec, retention, cache, n1, n2,
+                                                            window_entries, hit):
+    from kvgeom.sim import GPUPrefixCache
+
+    g = kvgeom.resolve({"groups": groups, "speculative": spec, "cache": {"retention_interval": retention, **cache}})
+    c = GPUPrefixCache(g)
+    c.cache_request(n1)
+    resident = c.resident()
+    assert resident["0"] == list(range(16, n1 // 16 * 16 + 1, 16))
+    assert resident["1"] == window_entries
+    assert kvgeom.prefix_hit(g, n2, resident).hit_tokens == hit
+
+
+def test_an_eagle_full_attention_group_keys_its_partial_tail_up_to_the_prompt():
+    # FA32 + SWA32 (window 2), both drafters, EAGLE K3, H = 16, R = 64, prompt 96 (vLLM run): the EAGLE
+    # manager's partial tail would be rdown(96, 16) = 96, a full block, so no partial entry at 80 (without
+    # the drop the cap is n - 1: 80). The GPU hit of a 164-token request is 64.
+    from kvgeom.sim import GPUPrefixCache
+
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                                   {"kind": "sliding_window", "block_size": 32, "sliding_window": 2,
+                                    "drafter": True}],
+                        "speculative": {"method": "eagle", "num_speculative_tokens": 3, "lookahead_hashes": False},
+                        "cache": {"retention_interval": 64, "prefix_match_unit": 16}, "offload": {}})
+    c = GPUPrefixCache(g)
+    c.cache_request(96)
+    assert c.resident() == {"0": [32, 64, 96], "1": [32, 64, 96]}
+    assert kvgeom.prefix_hit(g, 164, c.resident()).hit_tokens == 64

@@ -235,8 +235,12 @@ def test_sliding_drafter_offload_warning():
     start = need * 16 + 16
     assert f"needs {need} consecutive chunks of 16 tokens" in msg and f"prompt of {start} tokens or more" in msg
     # and the hazard is real: from there on a stored prompt's resend (or a longer request sharing it) never
-    # hits; shorter prompts can, through a run that reaches the start of the scan
-    assert all(roundtrip(g, p).end_token == 0 and roundtrip(g, p, p + 50).end_token == 0 for p in range(start, 400))
+    # hits unless the prompt reaches the chunk past its aligned replay boundary (n - rdown(n - 1, 16) < 16:
+    # every length but the multiples of 16; vLLM 0.33 keeps that chunk, issue 19); shorter prompts can hit
+    # through a run that reaches the start of the scan
+    assert "n - rdown(n - 1, 16) < 16" in msg
+    short = [p for p in range(start, 400) if p - (p - 1) // 16 * 16 < 16]
+    assert all(roundtrip(g, p).end_token == 0 and roundtrip(g, p, p + 50).end_token == 0 for p in short)
     assert any(roundtrip(g, p).end_token for p in range(1, start))
     # not flagged -> not an eagle group -> no warning
     plain = kvgeom.resolve({"groups": [FA16, M16, {**sw, "drafter": False}], "offload": {}, "speculative": spec()})

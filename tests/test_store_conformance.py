@@ -170,3 +170,11 @@ def test_seeded_sweep_differences_are_known_classes(st):
             seen[part] += 1
     assert seen, report["agree"]  # the sweep meets the registered deviations, so the allow-list is exercised
     assert report["agree"]["stored"] >= report["compared"] - seen["mamba-state-keyed-past-chunk-end"]
+
+
+def test_seeded_sliding_window_drafter_sweep_agrees(st):
+    """Issue 19: sliding-window drafters (EAGLE / EAGLE3 / MTP, retention 0 / 64 / 128 / None, one or two
+    blocks per chunk): kvgeom's store plans, hits and loads are vLLM's, case for case."""
+    report = st.sweep(20, 19, swa_drafters=True)
+    assert report["compared"] >= 16 and not report["vllm_refused"], report
+    assert report["differences"] == [], report["differences"]

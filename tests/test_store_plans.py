@@ -222,3 +222,68 @@ def test_store_holdback_chunks(group, storable, offloadable, finished, kept):
 
     g = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})  # chunks of 16
     assert store_holdback_chunks(g, group, storable, offloadable, 90, finished) == kept
+
+
+# ------------------------------------------------------- sliding-window drafters (issue 19)
+# Rows run through vLLM 0.33's real Scheduler and OffloadingConnector
+# (kvgeom.conformance.vllm_stores.run_store_then_lookup): prompt n1 stored, then a request of n2 looked up.
+# Under the EAGLE drop a sliding-window eagle group's store mask keeps one block more of the window and
+# ends its runs one block later (SlidingWindowManager.reachable_block_mask with use_eagle).
+
+
+def _sw_drafter(block, window, **extra):
+    return {"kind": "sliding_window", "block_size": block, "sliding_window": window, "drafter": True, **extra}
+
+
+EAGLE_SWA_ROWS = [
+    # R = 64: ends 48-80, 112-144, 176-(208) -- the 3-block run (window 2 + pop) one block past each
+    # 64-token boundary; without the drafter vLLM stores 48, 64, 112, 128, 176, 192. Hit 128.
+    ("r64", [FA16, _sw_drafter(16, 32)], 64, {}, 200, 220, [48, 64, 80, 112, 128, 144, 176, 192], 128),
+    # R = 64, window 1: the run is the pop block alone, the first block of each next segment. Hit 0.
+    ("r64-window1", [FA16, _sw_drafter(16, 1)], 64, {}, 200, 220, [80, 144], 0),
+    # R = 0: only the run at the aligned replay boundary rdown(199, 16) = 192; its pop block (ends 208)
+    # is past the prompt, so nothing is loadable. Hit 0.
+    ("r0", [FA16, _sw_drafter(16, 32)], 0, {}, 200, 220, [176, 192], 0),
+    # R = 0, a prompt of 96: the run around rdown(95, 16) = 80 fits (ends 64, 80, 96). vLLM hits 80.
+    ("r0-fits", [FA16, _sw_drafter(16, 32)], 0, {}, 96, 120, [64, 80, 96], 80),
+    # R = 0, blocks_per_chunk 2 (chunks of 32): blocks 15-17 around rdown(299, 32) = 288 -> chunks 256, 288.
+    ("r0-k2", [{"kind": "full_attention", "block_size": 32}, _sw_drafter(16, 32)], 0, {"blocks_per_chunk": 2},
+     300, 330, [256, 288], 256),
+    # R = None: the run covers every 16-token segment (dense). Hit 176 (the lookup's pop).
+    ("dense", [FA16, _sw_drafter(16, 32)], None, {}, 200, 220, list(range(16, 193, 16)), 176),
+]
+
+
+@pytest.mark.parametrize(("name", "groups", "retention", "offload", "n1", "n2", "stored", "hit"), EAGLE_SWA_ROWS,
+                         ids=[r[0] for r in EAGLE_SWA_ROWS])
+def test_sliding_window_drafter_store_and_hit_match_vllm(name, groups, retention, offload, n1, n2, stored, hit):
+    g = kvgeom.resolve({"groups": groups, "cache": {"retention_interval": retention}, "offload": offload,
+                        "speculative": spec(k=1)})
+    plan = hits.plan_store(g, num_tokens=n1, num_computed_tokens=n1)
+    assert list(plan.groups[1].end_tokens) == stored
+    tier = {str(gs.index): list(gs.end_tokens) for gs in plan.groups}
+    assert g.plan_hit({"num_tokens": n2, "stored": tier})["hit_tokens"] == hit
+
+
+def test_a_target_sliding_window_group_keeps_its_own_mask_beside_a_drafter():
+    # FA16 + SWA16 (target) + SWA16 drafter with 4 KV heads, R = 64, prompt 200 (vLLM run): the target keeps
+    # 48, 64, 112, 128, 176, 192, the drafter 48-80, 112-144, 176-192; both load 112, 128 for a hit of 128
+    sw = {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}
+    g = kvgeom.resolve({"groups": [FA16, sw, {**sw, "num_kv_heads": 4, "drafter": True}],
+                        "cache": {"retention_interval": 64}, "offload": {}, "speculative": spec(k=1)})
+    plan = hits.plan_store(g, num_tokens=200, num_computed_tokens=200)
+    assert [list(gs.end_tokens) for gs in plan.groups[1:]] == [[48, 64, 112, 128, 176, 192],
+                                                              [48, 64, 80, 112, 128, 144, 176, 192]]
+    tier = {str(gs.index): list(gs.end_tokens) for gs in plan.groups}
+    out = g.plan_hit({"num_tokens": 220, "stored": tier})
+    assert out["hit_tokens"] == 128
+    assert [grp["load_keys"] for grp in out["groups"][1:]] == [[112, 128], [112, 128]]
+
+
+def test_an_eagle_group_has_no_final_store_tail():
+    # vLLM 0.33 gives an EAGLE group no store horizon: swa_store_horizon is None for it
+    from kvgeom.masks import swa_store_horizon
+
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, _sw_drafter(32, 16)],
+                        "cache": {"retention_interval": None}, "offload": {}, "speculative": spec(k=1)})
+    assert swa_store_horizon(g, 1, storable_chunks=3, prompt_chunks=7, finished=False) is None

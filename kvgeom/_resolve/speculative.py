@@ -348,7 +348,8 @@ def speculative_warnings(cfg: KVGeomConfig, groups: list[GroupGeometry], A: int,
       while the connector pops one whole chunk C of each eagle group; when C != A or the Mamba chunk
       C_m does not divide A the popped boundary holds no stored state and offloaded hits fall to 0;
     * ``speculative_sliding_drafter_offload``: an offloaded sliding-window eagle group needs one
-      chunk more than its window past the hit, which prompt-only stores under retention 0 never hold;
+      chunk more than its window past the hit, which prompt-only stores under retention 0 hold only
+      when the prompt reaches one chunk past its aligned replay boundary;
     * ``speculative_mtp_prefill_stall``: multi-module MTP (P = K > 1) with the drop disabled and an
       align Mamba group: a prompt whose Mamba checkpoint lies fewer than P tokens before its end is
       never scheduled again (vLLM ``Scheduler._reserve_prefill_lookahead``).
@@ -432,13 +433,14 @@ def _sliding_drafter_offload(
                     f"group {og.index} is a sliding-window eagle group (window {window[0]}, extra {window[1]}): "
                     f"an offload lookup needs {need} consecutive chunks of {og.tokens_per_chunk} tokens (its "
                     f"window of {og.window_chunks} plus the chunk it pops), the last one past the proven "
-                    "boundary; with retention_interval 0 (only reachable boundaries kept) stores of the "
-                    "prompt only (vLLM's default offload_prompt_only) never hold it, so once the kept "
-                    "window no longer reaches token 0 "
-                    f"-- a stored prompt of {need * og.tokens_per_chunk + (align or 0)} tokens or more -- it "
-                    "never serves an offload hit (this group "
-                    "zeroes the request's hit). Store decoded tokens too, use dense retention, or do not mark "
-                    "the group drafter",
+                    "boundary; with retention_interval 0 only the run at the prompt's aligned replay boundary "
+                    f"b = rdown(n - 1, {align}) is kept, and a store of the prompt only (vLLM's default "
+                    f"offload_prompt_only) holds its last chunk (ending at b + {og.tokens_per_chunk}) only when "
+                    "the prompt reaches it, so once the kept window no longer reaches token 0 "
+                    f"-- a stored prompt of {need * og.tokens_per_chunk + (align or 0)} tokens or more -- a "
+                    f"prompt of n tokens with n - rdown(n - 1, {align}) < {og.tokens_per_chunk} never serves an "
+                    "offload hit (this group zeroes the request's hit). Store decoded tokens too, use dense "
+                    "retention, or do not mark the group drafter",
                 )
             )
     return out

@@ -276,6 +276,7 @@ def _swa_revisit_starts(
     if (
         geom.config.cache.retention_interval is not None
         or g.family != "sliding"
+        or og.eagle_group
         or align is None
         or align % og.tokens_per_block
     ):
@@ -357,6 +358,8 @@ def _scan_windows(
     def need(at: I64) -> I64:
         if w is None:
             return np.ones_like(at)
+        if g.family != "sliding":  # chunked local: its fixed window of chunks, as the scalar rule
+            return np.full_like(at, window)
         q = (w + np.mod(-at, C) + C - 1) // C
         out: I64 = np.maximum(q, window)  # at least the window in chunks, as in the scalar rule
         return out

@@ -15,7 +15,7 @@ import numpy as np
 
 from kvgeom.batch._arrays import I64, Bools, div, offload_of, rdown
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGroupGeometry
-from kvgeom.masks import default_alignment, swa_store_need
+from kvgeom.masks import default_alignment, swa_run
 
 __all__ = ["chunk_kept", "kept_from_points", "swa_store_horizons"]
 
@@ -26,6 +26,9 @@ def swa_store_horizons(
     """:func:`kvgeom.masks.swa_store_horizon` per request (-1: no final tail); None when it never applies."""
     if geom.config.cache.retention_interval is not None or g.family != "sliding":
         return None
+    og = offload_of(geom).get(g.index)
+    if og is not None and og.eagle_group:
+        return None  # no store horizon for an EAGLE group
     return np.where(fin, storable, np.where(storable <= prompt_chunks, prompt_chunks, -1))
 
 
@@ -63,11 +66,11 @@ def kept_from_points(
             lo = np.where(pblock >= 0, pblock // k, -1)
         hi = lo + 1
     else:
-        tail = swa_store_need(g, span)
+        tail, shift = swa_run(geom, og.index, "offload")
         if tail == 0:
             return empty
-        stop = np.minimum(base // span, num_blocks[:, None])
-        first = np.maximum(base // span - tail, 0)
+        stop = np.minimum(base // span + shift, num_blocks[:, None])
+        first = np.maximum(base // span + shift - tail, 0)
         ok = (points >= 0) & (first < stop)
         lo = first // k
         hi = (np.maximum(stop, 1) - 1) // k + 1
@@ -142,7 +145,7 @@ def chunk_kept(
         case "sliding":
             if not align or align % span:
                 return None
-            need = swa_store_need(g, span)
+            need, shift = swa_run(geom, og.index, "offload")
             segment = align if R is None else (R or None)
             keep = np.zeros(chunk.shape, dtype=np.bool_)
             lo = chunk * k
@@ -153,10 +156,12 @@ def chunk_kept(
                     return None
                 if need == 0:
                     return keep
-                # the first block at or after lo among the last `need` blocks of its segment
-                r = lo % per
-                keep |= np.where(r >= per - need, lo, lo - r + per - need) < hi
-                if R is None and final_blocks is not None:
+                # the first block at or after lo among the last `need` blocks of its segment (moved
+                # `shift` blocks on under the EAGLE drop: block i >= shift counts as i - shift)
+                at = np.maximum(lo, shift) - shift
+                r = at % per
+                keep |= np.where(r >= per - need, at, at - r + per - need) + shift < hi
+                if R is None and final_blocks is not None and not shift:
                     fe = final_blocks[req]
                     part = np.where(fe > 0, fe % per, 0)
                     tail_lo = np.maximum(np.maximum(fe - part, fe - need), lo)
@@ -164,7 +169,7 @@ def chunk_kept(
                     keep |= (part > 0) & (tail_lo < tail_hi)
             if R is not None and points.shape[1]:
                 # per request first: the kept interval [start, stop) of each reachable boundary, then gathers
-                end = rdown(np.maximum(points, 0), align) // span
+                end = rdown(np.maximum(points, 0), align) // span + shift
                 start = np.maximum(end - need, 0)
                 stop = np.where(points >= 0, np.minimum(end, num_blocks[:, None]), 0)
                 for col in range(points.shape[1]):

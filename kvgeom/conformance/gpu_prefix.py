@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvgeom.errors import QueryError
+from kvgeom._resolve import resolve
+from kvgeom.errors import KVGeomError, QueryError
 from kvgeom.geometry import Geometry
 from kvgeom.prefix import prefix_hit, resident_sets
 
@@ -134,7 +135,10 @@ def gpu_residencies(geom: Geometry, num_tokens: int) -> st.SearchStrategy[dict[s
 def drafter_configs(*, max_block_size: int = 32) -> st.SearchStrategy[dict[str, Any]]:
     """Speculative-decoding configs (EAGLE, EAGLE-3 or MTP, 1-3 speculative tokens, look-ahead hashes
     on or off): 1-3 groups of full attention, MLA, sliding window or Mamba, one or more attention
-    groups marked ``drafter``; DCP 1 or 2 for full attention. :func:`kvgeom.resolve` decides whether
+    groups marked ``drafter`` (one time in four a sliding-window drafter beside full attention, DCP 1, the
+    default or dense retention); DCP 1 or 2 for full attention; an offload section one time in two
+    (``{}`` or two blocks per chunk, where the config resolves with it), so the connector's eagle
+    lookups (sliding-window eagle groups included) are asked too. :func:`kvgeom.resolve` decides whether
     the GPU drop is on.
 
     >>> import kvgeom
@@ -149,10 +153,12 @@ def drafter_configs(*, max_block_size: int = 32) -> st.SearchStrategy[dict[str, 
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, Any]:
-        kinds = draw(
+        # one time in four the shape of issue 19: a sliding-window drafter beside the target, DCP 1
+        swa_drafter = draw(st.integers(0, 3)) == 3
+        kinds = ["sliding_window"] if swa_drafter else draw(
             st.lists(st.sampled_from(["full_attention", "mamba", "sliding_window", "mla"]), min_size=0, max_size=2)
         )
-        dcp = draw(st.sampled_from([1, 2]))
+        dcp = 1 if swa_drafter else draw(st.sampled_from([1, 2]))
         if dcp > 1:
             kinds = [k for k in kinds if k != "sliding_window"]
         first = draw(block_sizes(max_value=max_block_size))
@@ -163,7 +169,7 @@ def drafter_configs(*, max_block_size: int = 32) -> st.SearchStrategy[dict[str, 
                 g["sliding_window"] = draw(st.integers(2, 4 * max_block_size))
             groups.append(g)
         drafters = [i for i, g in enumerate(groups) if g["kind"] != "mamba"]
-        marked = draw(st.sets(st.sampled_from(drafters), min_size=1))
+        marked = {len(groups) - 1} if swa_drafter else draw(st.sets(st.sampled_from(drafters), min_size=1))
         for i in marked:
             groups[i]["drafter"] = True
         method = draw(st.sampled_from(["eagle", "eagle3", "mtp"]))
@@ -172,6 +178,19 @@ def drafter_configs(*, max_block_size: int = 32) -> st.SearchStrategy[dict[str, 
             "num_speculative_tokens": draw(st.integers(1, 3)),
             "lookahead_hashes": draw(st.booleans()),
         }
-        return {"groups": groups, "parallel": {"dcp": dcp, "tp": dcp}, "speculative": spec}
+        cfg: dict[str, Any] = {"groups": groups, "parallel": {"dcp": dcp, "tp": dcp}, "speculative": spec}
+        if swa_drafter and draw(st.booleans()):
+            cfg["cache"] = {"retention_interval": None}  # dense: every segment's run (else the default R = 0)
+        offload = draw(st.sampled_from([None, {}, {}, {"blocks_per_chunk": 2}] if swa_drafter
+                                       else [None, None, {}, {"blocks_per_chunk": 2}]))
+        if offload is not None:
+            # an offload section is a KV connector: legacy hashes, the GPU drop and the connector's eagle pop
+            # (sliding-window eagle groups: the window plus one chunk, issue 19); kept only where it resolves
+            try:
+                resolve({**cfg, "offload": offload})
+                cfg["offload"] = offload
+            except KVGeomError:
+                pass
+        return cfg
 
     return build()

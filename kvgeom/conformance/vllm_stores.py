@@ -102,6 +102,7 @@ __all__ = [
     "differences",
     "kvgeom_store_then_lookup",
     "random_case",
+    "random_swa_drafter_case",
     "run_store_then_lookup",
     "sweep",
 ]
@@ -418,6 +419,39 @@ def random_case(rng: random.Random) -> tuple[dict[str, Any], int, int, int | Non
     return cfg, n1, rng.randint(n1, n1 + 100), budget
 
 
+def random_swa_drafter_case(rng: random.Random) -> tuple[dict[str, Any], int, int, int | None]:
+    """One random sliding-window drafter deployment (issue 19): full attention (block 16 or 32) + a
+    sliding-window group (block 16 or 32, window 1-100) marked ``drafter`` -- or a second sliding-window
+    group with 4 KV heads as the drafter, or the full-attention group too -- EAGLE / EAGLE3 / MTP (K 1-3, MTP
+    sometimes with 3 modules, so ``extra_retained_tokens`` > 0), retention 0 / 64 / 128 / None,
+    ``prefix_match_unit`` sometimes 16, offload ``{}`` or two blocks per chunk, DCP 1, no budget; ``n1`` in
+    20..300, ``n2`` in ``n1..n1+80``."""
+    fa, sb = rng.choice([16, 32]), rng.choice([16, 32])
+    groups: list[dict[str, Any]] = [
+        {"kind": "full_attention", "block_size": fa},
+        {"kind": "sliding_window", "block_size": sb, "sliding_window": rng.choice([1, 2, 16, 17, 32, 33, 64, 100])},
+    ]
+    where = rng.choice(["window", "window", "both", "own"])
+    if where in ("window", "both"):
+        groups[1]["drafter"] = True
+    if where == "both":
+        groups[0]["drafter"] = True
+    if where == "own":
+        groups.append({"kind": "sliding_window", "block_size": sb, "sliding_window": 32, "num_kv_heads": 4,
+                       "drafter": True})
+    method = rng.choice(["eagle", "eagle3", "mtp"])
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": rng.randint(1, 3)}
+    if method == "mtp" and rng.random() < 0.5:
+        spec["mtp_modules"] = 3
+    cache: dict[str, Any] = {"retention_interval": rng.choice([0, 64, 128, None])}
+    if rng.random() < 0.4:
+        cache["prefix_match_unit"] = 16
+    cfg = {"groups": groups, "parallel": {"dcp": 1, "tp": 1}, "speculative": spec, "cache": cache,
+           "offload": rng.choice([{}, {"blocks_per_chunk": 2}])}
+    n1 = rng.randint(20, 300)
+    return cfg, n1, rng.randint(n1, n1 + 80), None
+
+
 def summary(cfg: Mapping[str, Any]) -> str:
     """A compact one-line description of a :func:`random_case` config."""
     parts = []
@@ -443,16 +477,18 @@ def summary(cfg: Mapping[str, Any]) -> str:
     return out
 
 
-def sweep(n: int, seed: int) -> dict[str, Any]:
-    """Run ``n`` random cases (:func:`random_case`, seeded) through both sides: kvgeom refusals
+def sweep(n: int, seed: int, *, swa_drafters: bool = False) -> dict[str, Any]:
+    """Run ``n`` random cases (:func:`random_case`, or :func:`random_swa_drafter_case` with
+    ``swa_drafters``; seeded) through both sides: kvgeom refusals
     (:class:`kvgeom.KVGeomError`) skipped, vLLM refusals (any exception) recorded separately. Returns
     ``{"cases", "kvgeom_refused": Counter(code), "vllm_refused": [...], "agree": {field: count}, "compared",
     "differences": [(cfg, n1, n2, budget, diff, class)]}``."""
     rng = random.Random(seed)
     report: dict[str, Any] = {"cases": n, "kvgeom_refused": Counter(), "vllm_refused": [], "compared": 0,
                               "agree": Counter(), "differences": []}
+    draw = random_swa_drafter_case if swa_drafters else random_case
     for _ in range(n):
-        cfg, n1, n2, budget = random_case(rng)
+        cfg, n1, n2, budget = draw(rng)
         try:
             geom = resolve(cfg)
             kvgeom_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
@@ -492,8 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--swa-drafters", action="store_true", help="draw sliding-window drafter deployments")
     args = ap.parse_args(argv)
-    _print_report(sweep(args.cases, args.seed))
+    _print_report(sweep(args.cases, args.seed, swa_drafters=args.swa_drafters))
     return 0
 
 

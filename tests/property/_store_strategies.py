@@ -13,6 +13,8 @@ class LookupResult(enum.Enum):
 
     MISS = 1
     HIT = 2
+    HIT_PENDING = 3
+    RETRY = 4
 
 
 class Manager:

@@ -65,6 +65,13 @@ def configs(draw, *, offload=None, retention=None):
     unit_h = draw(st.sampled_from([None, None, 8, 16]))  # a hash unit below the spans: partial tails, H != span
     if unit_h is not None:
         cfg["cache"]["prefix_match_unit"] = unit_h
+    attention = [i for i, g in enumerate(groups) if g["kind"] != "mamba"]
+    if attention and draw(st.integers(0, 3)) == 0:
+        # a drafter (EAGLE / MTP): its groups' store masks keep one more block, one block later
+        for i in draw(st.sets(st.sampled_from(attention), min_size=1)):
+            groups[i]["drafter"] = True
+        cfg["speculative"] = {"method": draw(st.sampled_from(["eagle", "mtp"])),
+                              "num_speculative_tokens": draw(st.integers(1, 3))}
     return cfg
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 from _laws import H49964
-from _store_strategies import Manager, chain_of, requests
+from _spec_strategies import speculative_geometries, tail_speculative_geometries
+from _store_strategies import LookupResult, Manager, chain_of, requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -124,3 +125,39 @@ def test_full_attention_probes_run_forward_from_the_local_prefix_and_stop_at_the
         scan = [e for g, e in asked[:first_windowed] if g == og.index]
         assert scan == [(c // C + i + 1) * C for i in range(len(scan))]
         assert all(e in held for e in scan[:-1])
+
+
+class _TriState:
+    """An offload manager answering ``answers[key]`` (a LookupResult) and MISS for every other key."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def lookup(self, key, req_context):
+        return self.answers.get(key, LookupResult.MISS)
+
+
+@given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
+                     tail_speculative_geometries()), data=st.data())
+def test_a_lookup_that_does_not_defer_loads_what_the_settled_keys_give(geom, data):
+    """Issue 19: a tier may answer HIT_PENDING or RETRY. Whenever lookup_hit does not defer
+    (``lookup_not_ready``), its hit is the hit of the same tier with every unsettled key a miss: a pending or
+    retried key never contributes to a hit, it only decides whether vLLM waits."""
+    req = data.draw(requests(geom))
+    n, stored = req[0], req[5]
+    H = geom.hash_block_size
+    chain = chain_of(geom, n)
+    answers = {make_offload_key(chain[e // H - 1], g): LookupResult.HIT
+               for g, ends in stored.items() for e in ends if 0 < e // H <= len(chain)}
+    every = [make_offload_key(h, og.index) for h in chain for og in geom.offload.groups]
+    if every:
+        for key in data.draw(st.lists(st.sampled_from(every), max_size=4), label="unsettled keys"):
+            answers[key] = data.draw(st.sampled_from([LookupResult.HIT_PENDING, LookupResult.RETRY]))
+    settled = {k for k, a in answers.items() if a is LookupResult.HIT}
+    try:
+        hit = _lookup(geom, req, stored=_TriState(answers), block_hashes=chain)
+    except kvgeom.QueryError as e:
+        assert e.code == "lookup_not_ready"
+        assert any(a is not LookupResult.HIT for a in answers.values())
+        return
+    assert hit == _lookup(geom, req, stored=Manager(settled), block_hashes=chain)

@@ -4,7 +4,8 @@
   mask promises (each segment end, the request's final segment end with ``retention = None``,
   the aligned replay boundary with a retention interval, every chunk end when the tails cover a
   segment), the plan stores the run of chunks the window reaches there
-  (``cdiv(sliding_window - 1 + extra_retained_tokens, C)`` chunks, or back to chunk 0).
+  (``cdiv(sliding_window - 1 + extra_retained_tokens, C)`` chunks, or back to chunk 0); for an EAGLE
+  group (issue 19) one chunk more, ending one chunk past the boundary, and no final-segment tail.
 * ``test_lookup_on_the_planned_tier_finds_every_stored_boundary``: after a prompt's store plans
   are put in a tier, a lookup of a longer request sharing the prompt finds at least the largest
   boundary every offloaded group can restore from that tier (computed here by a small oracle,
@@ -34,8 +35,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @st.composite
-def swa_geometries(draw: st.DrawFn) -> kvgeom.Geometry:
-    """Full attention (optional) + a sliding window (+ optionally a second one), DCP 1, any retention form."""
+def swa_geometries(draw: st.DrawFn, eagle: bool = False) -> kvgeom.Geometry:
+    """Full attention (optional) + a sliding window (+ optionally a second one), DCP 1, any retention form;
+    with ``eagle`` an EAGLE drafter on one or more of the sliding-window groups (the connector's eagle groups)."""
     swa = draw(st.sampled_from([4, 8, 16, 32]))
     groups = []
     groups.append({"kind": "full_attention", "block_size": swa * draw(st.sampled_from([1, 1, 2, 4]))})
@@ -54,9 +56,14 @@ def swa_geometries(draw: st.DrawFn) -> kvgeom.Geometry:
     spans = [g["block_size"] for g in groups]
     unit = math.lcm(*spans) * k  # a multiple of L and of every windowed chunk
     retention = draw(st.one_of(st.none(), st.just(0), st.integers(1, 6).map(lambda j: j * unit)))
-    return kvgeom.resolve(
-        {"groups": groups, "cache": {"retention_interval": retention}, "offload": {"blocks_per_chunk": k}}
-    )
+    cfg = {"groups": groups, "cache": {"retention_interval": retention}, "offload": {"blocks_per_chunk": k}}
+    if eagle:
+        windows = [i for i, g in enumerate(groups) if g["kind"] == "sliding_window"]
+        for i in draw(st.sets(st.sampled_from(windows), min_size=1)):
+            groups[i]["drafter"] = True
+        cfg["speculative"] = {"method": draw(st.sampled_from(["eagle", "eagle3", "mtp"])),
+                              "num_speculative_tokens": draw(st.integers(1, 3))}
+    return kvgeom.resolve(cfg)
 
 
 def _ex(groups, retention, k=1):
@@ -76,6 +83,14 @@ def _sw(b, w, extra=0):
 EX1 = _ex([_fa(64), _sw(32, 16)], None)
 EX2 = _ex([_fa(16), _sw(16, 32, 16)], 0)
 EX3 = _ex([_fa(8), _sw(8, 48)], 32)
+# issue 19: an EAGLE sliding-window drafter under R = 64 (vLLM 0.33 stores 48-80, 112-144, 176-192)
+EX_EAGLE = kvgeom.resolve({"groups": [_fa(16), {**_sw(16, 32), "drafter": True}], "cache": {"retention_interval": 64},
+                           "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+
+
+def _eagle(g: kvgeom.Geometry, index: int) -> int:
+    """1 when the connector treats the group as an EAGLE group (it needs one chunk past its boundary)."""
+    return int(g.offload.group(index).eagle_group)
 
 
 def _store_need(g: kvgeom.Geometry, index: int, chunk: int) -> int:
@@ -110,7 +125,8 @@ def _promised(g: kvgeom.Geometry, index: int, storable: int, prompt: int, finish
     if align is None or align % S:
         return []  # dense: nothing is promised beyond "everything", checked by the window test anyway
     spec = g.groups[index].spec
-    need_blocks = _cdiv(spec.sliding_window - 1 + spec.extra_retained_tokens, S)
+    eagle = _eagle(g, index)
+    need_blocks = _cdiv(spec.sliding_window - 1 + spec.extra_retained_tokens, S) + eagle
     extent = storable * C
     out = []
     segment = align if R is None else (R or None)
@@ -119,19 +135,21 @@ def _promised(g: kvgeom.Geometry, index: int, storable: int, prompt: int, finish
             out += range(C, extent + 1, C)  # the tails cover every segment: every chunk end
         else:
             out += range(segment, extent + 1, segment)
-        if R is None:
+        if R is None and not eagle:  # an EAGLE group has no final tail
             horizon = storable if finished else (prompt // C if storable <= prompt // C else None)
             if horizon is not None and horizon <= storable:
                 out.append(horizon * C)
     if R is not None and prompt > 0:
         out.append((prompt - 1) // align * align)
-    return [b for b in out if 0 < b <= extent and b % C == 0]
+    # an EAGLE group's run ends one chunk past its boundary: that chunk must be stored too
+    return [b for b in out if b > 0 and b + eagle * C <= extent and b % C == 0]
 
 
 @example(g=EX2, prompt=100, finished=False)
 @example(g=EX3, prompt=120, finished=False)
 @example(g=EX1, prompt=230, finished=False)
-@given(swa_geometries(), st.integers(0, 400), st.booleans())
+@example(g=EX_EAGLE, prompt=200, finished=False)
+@given(st.one_of(swa_geometries(), swa_geometries(eagle=True)), st.integers(0, 400), st.booleans())
 def test_store_plan_keeps_every_promised_window(g, prompt, finished):
     plan = plan_store(g, num_tokens=prompt, num_computed_tokens=prompt, finished=finished)
     for gs in plan.groups:
@@ -142,8 +160,9 @@ def test_store_plan_keeps_every_promised_window(g, prompt, finished):
         ends = set(gs.end_tokens)
         storable = prompt // C  # nothing stored before, everything computed, keys for every chunk
         need = _store_need(g, gs.index, C)
+        eagle = _eagle(g, gs.index)  # EAGLE: the window plus the chunk past b, which the lookup pops
         for b in _promised(g, gs.index, storable, prompt, finished):
-            assert _holds_window(ends, b, C, need), (gs.index, b, need, sorted(ends))
+            assert _holds_window(ends, b + eagle * C, C, need + eagle), (gs.index, b, need, sorted(ends))
 
 
 def _restorable(g: kvgeom.Geometry, tier: dict[int, set[int]], b: int) -> bool:
@@ -188,7 +207,7 @@ def test_lookup_on_the_planned_tier_finds_every_stored_boundary(g, prompt, more)
     assert hit.end_token >= best
 
 
-@given(swa_geometries(), st.data())
+@given(st.one_of(swa_geometries(), swa_geometries(eagle=True)), st.data())
 def test_swa_store_plans_agree_with_plan_store(g, data):
     size = data.draw(st.integers(1, 5), label="requests")
     hi = 6 * max(og.tokens_per_chunk for og in g.offload.groups) + 40
