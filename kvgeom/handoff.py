@@ -44,7 +44,7 @@ from kvgeom._check import nonneg
 from kvgeom._math import rdown
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
 from kvgeom.masks import reachable_block_mask
-from kvgeom.prefill import mamba_checkpoint, prefill_tail_stop, prompt_hash_checkpoint
+from kvgeom.prefill import mamba_checkpoint, prompt_hash_checkpoint
 
 __all__ = [
     "mamba_cacheable_tokens",
@@ -131,13 +131,13 @@ def state_ends(
     align Mamba state was written. Sorted, without 0; a ``num_computed_tokens`` below the prompt is itself a
     chunk end (the step that stores ended there).
 
-    ``chunk_ends`` None: under the GPU drop, the unbounded split (where the drop moves vLLM's split away
-    from the block grid): ``MambaCheckpoint.prefill_chunks`` of :func:`kvgeom.prefill.mamba_checkpoint`, i.e.
-    :func:`kvgeom.prefill.prefill_chunk_ends` with an unbounded token budget, kept total where that raises
-    ``prefill_stalls``; otherwise no split is assumed and every multiple of the (first) align Mamba block
-    counts, as a prefill stopped at each one would leave them, with the prompt's H-grid checkpoint when
-    partial hash hits split the prefill there (H below L) -- pass the deployment's split (``prefill_chunk_ends(geom, n,
-    max_num_batched_tokens=...)``) to get exactly the states vLLM 0.33 writes.
+    ``chunk_ends`` None: vLLM 0.33's split with an unbounded token budget:
+    ``MambaCheckpoint.prefill_chunks`` of :func:`kvgeom.prefill.mamba_checkpoint`, i.e.
+    :func:`kvgeom.prefill.prefill_chunk_ends` with ``max_num_batched_tokens=None``, kept total where that
+    raises ``prefill_stalls``. A deployment whose budget is below the prompt splits it more finely: pass
+    ``prefill_chunk_ends(geom, n, max_num_batched_tokens=...)`` to get exactly the states vLLM 0.33 writes
+    then (kvgeom 0.3 and earlier assumed a state at every Mamba block boundary without the GPU drop, which
+    no vLLM split leaves behind for a prompt longer than two blocks; issue 19).
 
     >>> import kvgeom
     >>> state_ends(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100, 100, chunk_ends=(96, 100))
@@ -148,13 +148,9 @@ def state_ends(
     """
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
-    sg = geom.speculative
     top = min(computed, prompt) if upto is None else min(computed, prompt, upto)
-    if chunk_ends is None and sg is not None and sg.gpu_drop:
+    if chunk_ends is None:
         ends = set(accumulate(mamba_checkpoint(geom, prompt).prefill_chunks)) if prompt else set()
-    elif chunk_ends is None:
-        B = next(g.block_size for g in geom.groups if g.is_align_mamba)
-        ends = {*range(rdown(above, B) + B, top + 1, B), prompt, prefill_tail_stop(geom, prompt)} if prompt else set()
     else:
         ends = {nonneg("chunk_ends[]", e) for e in chunk_ends}
     if 0 < computed < prompt:

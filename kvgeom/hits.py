@@ -36,7 +36,7 @@ from kvgeom.handoff import mamba_handoffs, partial_tail_boundary, partial_tail_k
 from kvgeom.keys import num_keys, offload_group
 from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
-from kvgeom.probes import HIT, MISS, PENDING, RETRY, Probe, as_probe, eagle_pair_held
+from kvgeom.probes import HIT, MISS, PENDING, RETRY, Probe, RecordingProbe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 
 __all__ = [
@@ -44,10 +44,13 @@ __all__ = [
     "GroupStore",
     "Hit",
     "HitPlan",
+    "LookupTrace",
+    "ProbeCall",
     "StorePlan",
     "eagle_pops",
     "eagle_query_end",
     "lookup_hit",
+    "lookup_trace",
     "plan_hit",
     "plan_load",
     "plan_store",
@@ -268,6 +271,54 @@ def lookup_hit(
     return hit
 
 
+class ProbeCall(NamedTuple):
+    """One key a lookup asked the tier for (:func:`lookup_trace`)."""
+
+    group: int
+    end_token: int
+    """The key's prefix ends here (the partial-tail or chunk key ending at this token)."""
+    hash_index: int
+    """Its index in the request's hash chain, ``end_token // H - 1`` (vLLM's ``block_hashes`` index)."""
+    held: bool
+
+
+class LookupTrace(NamedTuple):
+    """:func:`lookup_trace`'s answer: the hit and every key asked for it, in order."""
+
+    hit: Hit
+    probes: tuple[ProbeCall, ...]
+
+
+def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: Sequence[Hashable] | None = None,
+                 holder: int = 0, req_context: Any = None, **options: Any) -> LookupTrace:
+    """Which keys :func:`lookup_hit` asks the tier for, in order, and its hit (the same :class:`Hit`).
+
+    ``stored``, ``block_hashes``, ``holder``, ``req_context`` and ``options`` (``num_prompt_tokens``,
+    ``local_computed_tokens``, ``max_load_tokens``, ``max_num_new_tokens``) are :func:`lookup_hit`'s. The
+    tier is wrapped in a :class:`kvgeom.probes.RecordingProbe`, so keys are asked one at a time (no jump
+    over a run of misses) -- the order vLLM 0.33's ``_lookup_complete_chunks`` and ``_lookup`` ask the
+    offload manager's ``lookup`` in, a key asked again listed again (checked on vLLM runs in
+    ``tests/test_store_conformance.py``; where kvgeom re-aligns a candidate to the Mamba chunk after a clamp,
+    the registered ``realign-after-clamp`` deviation, the keys asked differ with the hit).
+
+    Postconditions: ``hit`` equals :func:`lookup_hit`'s; each probe's ``held`` is the tier's answer; every
+    key the hit loads was asked and held.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "mamba", "block_size": 16}], "offload": {}})
+    >>> t = lookup_trace(g, 70, stored={0: [16, 32, 48, 64], 1: [32]})   # vLLM 0.33 run: the same keys
+    >>> t.hit.end_token, [(p.group, p.end_token, p.held) for p in t.probes]
+    (32, [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (1, 64, False), (1, 48, False), (1, 32, True)])
+    """
+    recorder = RecordingProbe(
+        as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
+    )
+    hit = lookup_hit(geom, num_tokens, stored=recorder, **options)
+    H = geom.hash_block_size
+    return LookupTrace(hit, tuple(ProbeCall(g, e, e // H - 1, held) for g, e, held in recorder.calls))
+
+
 class _Order(NamedTuple):
     """What a lookup reads from the geometry, computed once per geometry."""
 
@@ -354,7 +405,8 @@ _NO_HIT: dict[int, Hit] = {}
 def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool) -> int:
     """Complete-chunk hit end: each group in turn clamps the candidate (re-aligned to the Mamba chunk
     after every clamp, kvgeom's difference from vLLM), then scans its keys; windowed groups repeat
-    until no group lowers the candidate. A candidate less than one chunk past ``c`` is no hit."""
+    until a pass in which no group but the first lowers the candidate (the first one, by its own run end
+    alone). A candidate less than one chunk past ``c`` is no hit."""
     Cm = order.Cm
     keyed = n // order.H
     verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
@@ -382,7 +434,9 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
                 return c
             if m < before and not og.eagle_group:
                 verified.clear()
-            changed = changed or m < before
+            # the pass's first group lowering to exactly its own run end needs no second look (vLLM 0.33
+            # asks no key again then); any other lowering sends every group round once more
+            changed = changed or (m < before and (og is not windowed[0] or m != found))
         if not changed:
             break
     return m
@@ -833,11 +887,11 @@ def plan_store(
     at the replay boundaries (or ``reachable``) or it is the prompt's H-grid
     checkpoint. ``chunk_ends`` are the token counts at which the request's prefill
     chunks ended (:func:`kvgeom.prefill.prefill_chunk_ends`, e.g. with the
-    deployment's ``max_num_batched_tokens``); None: the unbounded split under the
-    GPU drop, else a state at every Mamba block boundary
-    (:func:`kvgeom.handoff.state_ends`); ``num_computed_tokens`` below the prompt is
-    itself a chunk end. Mamba keys past the prompt (decode) follow the store mask
-    alone.
+    deployment's ``max_num_batched_tokens``); None: vLLM's split with an unbounded
+    token budget (:func:`kvgeom.handoff.state_ends`); ``num_computed_tokens`` below
+    the prompt is itself a chunk end. Mamba keys past the prompt (decode) follow the
+    store mask alone; states written while decoding and handed off then are not
+    modelled.
 
     Partial tails (DCP 1, :func:`kvgeom.handoff.partial_tail_boundary`): once the
     prefill passes the prompt's sub-block H-grid checkpoint, every group also
@@ -846,8 +900,8 @@ def plan_store(
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
-    >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]
-    [(0, 1), (0, 1, 2, 3)]
+    >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]  # vLLM run: chunks end 48, 64
+    [(0, 1), (2, 3)]
     >>> swa = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
     ...     {"kind": "sliding_window", "block_size": 32, "sliding_window": 16}],
     ...     "cache": {"retention_interval": None}, "offload": {}})

@@ -26,7 +26,7 @@ Invariants (property-tested in ``tests/property/test_speculative_laws.py``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -214,23 +214,31 @@ def engine_block_size_of(groups: Iterable[tuple[int, bool]]) -> int:
 
 
 def _chunk_ends(
-    geom: Geometry, n: int, prompt: int, budget: int | None = None, *, total: bool = False
+    geom: Geometry,
+    n: int,
+    prompt: int,
+    budget: int | Sequence[int] | None = None,
+    *,
+    total: bool = False,
+    start: int = 0,
 ) -> tuple[int, ...]:
-    """Where the prefill chunks of ``[0, prompt)`` end (see :func:`prefill_chunk_ends`) on the grid of
-    :func:`engine_block_size`; ``budget`` the per-step token budget (None: unbounded). A chunk the
-    multi-module MTP reserve trims to nothing raises ``prefill_stalls`` (vLLM 0.33 requeues the request
-    forever, whatever the budget); ``total`` keeps that chunk instead (left to the
-    ``speculative_mtp_prefill_stall`` warning), so :class:`MambaCheckpoint` stays total."""
-    if prompt <= 0:
+    """Where the prefill chunks of ``[start, prompt)`` end (see :func:`prefill_chunk_ends`) on the grid of
+    :func:`engine_block_size`; ``budget`` the per-step token budget (None: unbounded; a sequence: one per
+    step, the last one repeated). A chunk the multi-module MTP reserve trims to nothing raises
+    ``prefill_stalls`` (vLLM 0.33 requeues the request forever, whatever the budget); ``total`` keeps that
+    chunk instead (left to the ``speculative_mtp_prefill_stall`` warning), so :class:`MambaCheckpoint`
+    stays total."""
+    if prompt <= start:
         return ()
+    budgets: tuple[int | None, ...] = (budget,) if budget is None or isinstance(budget, int) else tuple(budget)
     block = engine_block_size(geom)
     last = mamba_checkpoint_position(n, block, *checkpoint_settings(geom)) if n else 0
     tail = prefill_tail_stop(geom, prompt)
     sg = geom.speculative
     reserve = sg.prefill_lookahead_tokens if sg is not None else 0
     ends: list[int] = []
-    start = 0
     while start < prompt:
+        budget = budgets[min(len(ends), len(budgets) - 1)]
         end = prompt if budget is None else min(prompt, start + budget)
         if end < prompt:
             assert budget is not None
@@ -261,12 +269,21 @@ def _chunk_ends(
 
 
 def prefill_chunk_ends(
-    geom: Geometry, num_prompt_tokens: int, *, max_num_batched_tokens: int | None = None
+    geom: Geometry,
+    num_prompt_tokens: int,
+    *,
+    max_num_batched_tokens: int | Sequence[int] | None = None,
+    num_computed_tokens: int = 0,
 ) -> tuple[int, ...]:
-    """Where vLLM 0.33's scheduler ends the prefill chunks of a fresh prompt in align Mamba mode.
+    """Where vLLM 0.33's scheduler ends the prefill chunks of a prompt in align Mamba mode.
 
-    Each step schedules up to ``max_num_batched_tokens`` (None: unbounded) and a chunk that does
-    not reach the prompt's end is cut back to a block boundary; it then stops at the first of: the
+    The prefill starts at ``num_computed_tokens`` (0: a fresh prompt; else where a GPU or connector hit, or
+    a preemption's recomputed prefix, left the request -- on a block boundary or not) and runs to the
+    prompt's end. Each step schedules up to ``max_num_batched_tokens`` tokens: one budget for every step,
+    None (unbounded), or a sequence with the budget of each step of this request in order (the last one
+    repeated past the end: what the other requests of a batch leave it). A chunk that does
+    not reach the prompt's end is cut back to a block boundary (unless that leaves nothing because the
+    budget is narrower than a block); it then stops at the first of: the
     last cacheable block boundary (``MambaCheckpoint.last_cacheable``, on the grid of
     :func:`engine_block_size`), the prompt's H-grid checkpoint when partial hash hits split the
     prefill (H below the scheduler block), and the next block boundary when the chunk starts
@@ -278,9 +295,13 @@ def prefill_chunk_ends(
     Mamba group (:class:`kvgeom.QueryError` ``no_align_mamba``); a prefill that cannot advance
     raises ``prefill_stalls``.
 
-    Postconditions: strictly increasing, the last one is the prompt, every one before the last is a
-    multiple of H or of :func:`engine_block_size` (unless the budget is narrower than that block), and
-    with a budget no chunk is longer than it. vLLM 0.33 run (FA 16 with the drafter + FA 16 + Mamba 16,
+    Postconditions: strictly increasing, all above ``num_computed_tokens`` (empty when it is the prompt),
+    the last one is the prompt, every one before the last is a multiple of H or of
+    :func:`engine_block_size` (unless that step's budget is narrower than that block), and with a budget
+    no chunk is longer than its step's budget. vLLM 0.33 runs (FA 64 + Mamba 64, H 16, a GPU hit of 224
+    tokens, prompt 300, budgets ``[8, 100]``): ``(232, 256, 288, 300)``, a resumed chunk stopping at the
+    next block boundary; from 0 with budgets ``[100, 30, 70, 1000]``: ``(64, 94, 128, 256, 288, 300)``.
+    vLLM 0.33 run (FA 16 with the drafter + FA 16 + Mamba 16,
     multi-module MTP K 2 without the drop, no offload, prompt 65, budget 8192): the first chunk ends at
     63, the reserve's trim of the last cacheable boundary 64, and the request is never scheduled again;
     here that is ``prefill_stalls`` with or without a budget.
@@ -292,17 +313,45 @@ def prefill_chunk_ends(
     ...        "speculative": {"method": "eagle3", "num_speculative_tokens": 2}}
     >>> prefill_chunk_ends(kvgeom.resolve(cfg), 131)  # vLLM 0.33 run: chunks [64, 48, 16, 3]
     (64, 112, 128, 131)
+    >>> h16 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}})
+    >>> prefill_chunk_ends(h16, 300, num_computed_tokens=224, max_num_batched_tokens=[8, 100])  # vLLM run
+    (232, 256, 288, 300)
     """
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
-    budget = None
-    if max_num_batched_tokens is not None:
-        budget = nonneg("max_num_batched_tokens", max_num_batched_tokens)
-        if budget == 0:
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    if computed > prompt:
+        raise QueryError.single(
+            "out_of_range",
+            f"num_computed_tokens={computed} is past the prompt of {prompt} tokens; a prefill resumes inside "
+            "the prompt (give at most num_prompt_tokens)",
+            "num_computed_tokens",
+            num_computed_tokens=computed,
+            num_prompt_tokens=prompt,
+        )
+    budget: int | tuple[int, ...] | None = None
+    if isinstance(max_num_batched_tokens, (list, tuple)):
+        budget = tuple(_budget(f"max_num_batched_tokens[{i}]", b) for i, b in enumerate(max_num_batched_tokens))
+        if not budget:
             raise QueryError.single(
                 "out_of_range",
-                "max_num_batched_tokens=0 schedules nothing; give a positive token budget or None (unbounded)",
+                "max_num_batched_tokens=[] gives no step a budget; give at least one positive budget or None",
                 "max_num_batched_tokens",
-                max_num_batched_tokens=0,
             )
+    elif max_num_batched_tokens is not None:
+        budget = _budget("max_num_batched_tokens", max_num_batched_tokens)
     mamba_checkpoint(geom, prompt)  # validates the geometry (align Mamba)
-    return _chunk_ends(geom, prompt, prompt, budget)
+    return _chunk_ends(geom, prompt, prompt, budget, start=computed)
+
+
+def _budget(field: str, value: object) -> int:
+    """A positive token budget, else :class:`kvgeom.QueryError` naming ``field``."""
+    b = nonneg(field, value)
+    if b == 0:
+        raise QueryError.single(
+            "out_of_range",
+            f"{field}=0 schedules nothing; give a positive token budget or None (unbounded)",
+            field,
+            **{field.split("[")[0]: 0},
+        )
+    return b

@@ -51,8 +51,8 @@ from kvgeom.residency import GROUP_INDEX_BYTES, Residency
 if TYPE_CHECKING:
     from kvgeom.geometry import Geometry
 
-__all__ = ["HIT", "MISS", "PENDING", "RETRY", "Probe", "as_probe", "eagle_pair_held", "stored_group_index",
-           "validated_stored"]
+__all__ = ["HIT", "MISS", "PENDING", "RETRY", "Probe", "RecordingProbe", "as_probe", "eagle_pair_held",
+           "stored_group_index", "validated_stored"]
 
 #: The four answers a tier gives for one key (vLLM 0.33 ``LookupResult``): held; not held; held but not
 #: readable yet (``HIT_PENDING``); location unknown (``RETRY``). :meth:`Probe.state` returns one of them.
@@ -103,6 +103,43 @@ class Probe:
         if self.bound is not None:
             return min(j - 1, self.bound // tokens_per_chunk - 1)
         return j - 1
+
+
+class RecordingProbe(Probe):
+    """A probe that answers as ``inner`` and records every question it is asked, in order.
+
+    ``calls``: one ``(group, end_token, held)`` per :meth:`contains`, in order (a key asked twice is listed
+    twice). It has no :attr:`Probe.bound` and the default :meth:`Probe.forward` / :meth:`Probe.below`, so a
+    lookup over it asks key by key (never jumps a run of misses as a set- or mask-backed probe may): the
+    order an offload manager's ``lookup`` is asked in. :func:`kvgeom.hits.lookup_trace` reads it.
+
+    >>> p = RecordingProbe(_FunctionProbe(lambda group, end: end <= 32))
+    >>> p.contains(0, 32), p.contains(1, 48), p.calls
+    (True, False, [(0, 32, True), (1, 48, False)])
+    """
+
+    __slots__ = ("calls", "inner")
+
+    def __init__(self, inner: Probe) -> None:
+        super().__init__(None)
+        self.inner = inner
+        self.calls: list[tuple[int, int, bool]] = []
+
+    def contains(self, group: int, end_token: int) -> bool:
+        held = bool(self.inner.contains(group, end_token))
+        self.calls.append((group, end_token, held))
+        return held
+
+    def state(self, group: int, end_token: int) -> str:
+        # a tier that answers pending/retry is re-asked by state(): recorded too, held only for HIT
+        answer = self.inner.state(group, end_token)
+        self.calls.append((group, end_token, answer == HIT))
+        return answer
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether the wrapped tier has answered :data:`PENDING` or :data:`RETRY` so far."""
+        return bool(getattr(self.inner, "unsettled", False))
 
 
 class _FunctionProbe(Probe):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from kvgeom import hits
@@ -80,8 +81,8 @@ class Simulator:
     >>> sim = Simulator(g)
     >>> sim.prefill(64)
     >>> sim.store(kvgeom.hits.plan_store(g, num_tokens=64, num_computed_tokens=64))
-    >>> sim.tier_end_tokens()
-    {'0': [32, 64], '1': [16, 32, 48, 64]}
+    >>> sim.tier_end_tokens()   # vLLM 0.33 run: one prefill chunk to 48, then 64; Mamba states at both
+    {'0': [32, 64], '1': [48, 64]}
     >>> sim.reset()
     >>> plan = kvgeom.hits.plan_hit(g, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
     >>> sim.load(plan)
@@ -348,6 +349,7 @@ def run_scenario(
     *,
     local_computed_tokens: int = 0,
     evict: Callable[[int, int], bool] | Sequence[bool] | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> ScenarioReport:
     """Cold run of a ``num_tokens`` prompt, store by kvgeom's store plan, evict some keys, reset the GPU,
     recompute a local prefix, look up and load by kvgeom's hit plan, then check the tier and the
@@ -355,7 +357,9 @@ def run_scenario(
 
     ``evict``: a predicate ``evict(group, end_token)``, or booleans applied in order to the stored
     keys sorted by ``(group, end_token)`` (True evicts; keys past the list stay), as
-    :func:`kvgeom.strategies.scenarios` draws them.
+    :func:`kvgeom.strategies.scenarios` draws them. ``max_num_batched_tokens``: the token budget whose
+    prefill split (:func:`kvgeom.prefill.prefill_chunk_ends`) decides which Mamba states are stored
+    (None: vLLM's unbounded split, :func:`kvgeom.hits.plan_store`'s default).
 
     >>> import kvgeom
     >>> r = run_scenario(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 65)
@@ -366,7 +370,12 @@ def run_scenario(
     local = nonneg("local_computed_tokens", local_computed_tokens)
     sim = Simulator(geom)
     sim.prefill(n)
-    store_plan = hits.plan_store(geom, num_tokens=n, num_computed_tokens=n)
+    ends = None
+    if max_num_batched_tokens is not None and n and any(g.is_align_mamba for g in geom.groups):
+        from kvgeom.prefill import prefill_chunk_ends
+
+        ends = prefill_chunk_ends(geom, n, max_num_batched_tokens=max_num_batched_tokens)
+    store_plan = hits.plan_store(geom, num_tokens=n, num_computed_tokens=n, chunk_ends=ends)
     sim.store(store_plan)
     if evict is not None:
         if callable(evict):
@@ -409,20 +418,29 @@ class GPUPrefixCache:
     ``side="gpu"`` at :func:`kvgeom.handoff.replay_boundaries`, aligned to A: under the drop a
     sliding-window run is one block longer and ends one block later); with H < S the prompt's last H
     boundary below ``n`` (at or below ``n`` for a full-attention group under the EAGLE drop) as a partial
-    entry of full-attention and Mamba groups.
+    entry of full-attention and Mamba groups. An align Mamba group holds a state only where a
+    prefill chunk ended (vLLM 0.33 writes the state at chunk ends alone): ``chunk_ends`` of
+    :meth:`cache_request`, by default the Scheduler's split of :func:`kvgeom.prefill.prefill_chunk_ends`
+    for the token budget ``max_num_batched_tokens`` (None: unbounded). States written while decoding and
+    the connector's hand-offs are not modelled here (the tier's side is :func:`kvgeom.hits.plan_store`).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
-    >>> c = GPUPrefixCache(g); c.cache_request(70)
+    >>> c = GPUPrefixCache(g); c.cache_request(70)   # vLLM 0.33 run: one chunk to 64, the state at 64 alone
     >>> c.resident()
-    {'0': [32, 64], '1': [16, 32, 48, 64]}
+    {'0': [32, 64], '1': [64]}
     >>> c.check_adopted(kvgeom.prefix_hit(g, 70, c.resident()))
     []
+    >>> c = GPUPrefixCache(g); c.cache_request(70, max_num_batched_tokens=32)  # chunks end at 32, 64, 70
+    >>> c.resident()["1"]
+    [32, 64]
     """
 
     def __init__(self, geom: Geometry) -> None:
         self.geom = geom
         self.entries: dict[tuple[int, int], tuple[int, ...] | int] = {}
+        self.chunk_ends: frozenset[int] = frozenset()
+        """Where the last :meth:`cache_request`'s prefill chunks ended (empty without an align Mamba group)."""
 
     def _holds(self, group: int, end: int) -> tuple[int, ...] | int:
         g = self.geom.groups[group]
@@ -430,13 +448,29 @@ class GPUPrefixCache:
             return end
         return tuple(range((cdiv(end, g.span) - 1) * g.span, end))
 
-    def cache_request(self, num_tokens: int) -> None:
-        """Cache what a cold run of a ``num_tokens`` prompt of this chain leaves behind."""
+    def cache_request(
+        self,
+        num_tokens: int,
+        *,
+        chunk_ends: Sequence[int] | None = None,
+        max_num_batched_tokens: int | None = None,
+    ) -> None:
+        """Cache what a cold run of a ``num_tokens`` prompt of this chain leaves behind.
+
+        ``chunk_ends``: where the prefill's chunks ended (strictly increasing, the last one ``num_tokens``);
+        None: :func:`kvgeom.prefill.prefill_chunk_ends` with ``max_num_batched_tokens`` (None: unbounded;
+        the split kept total where the multi-module MTP reserve stalls it, as
+        :class:`kvgeom.prefill.MambaCheckpoint` does). Only an align Mamba group reads them: it keeps a
+        state at a chunk end on its block grid (or at the prompt's partial H-boundary entry), never at a
+        boundary a chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
+        chunk ends that are not strictly increasing up to ``num_tokens`` are ``bad_chunk_ends``.
+        """
         from kvgeom.handoff import mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
 
         geom = self.geom
         n = nonneg("num_tokens", num_tokens)
+        ends = self.chunk_ends = self._chunk_ends(n, chunk_ends, max_num_batched_tokens)
         if not geom.config.cache.prefix_caching or n == 0:
             return
         H, A = geom.hash_block_size, geom.hit_alignment_tokens
@@ -450,14 +484,46 @@ class GPUPrefixCache:
             mask = None
             if g.family in {"sliding", "mamba"}:
                 mask = reachable_block_mask(geom, g.index, blocks, reachable=points, alignment=A, side="gpu")
+            written = ends if g.family == "mamba" else None  # a Mamba state exists only at a chunk end
             for j in range(blocks):
-                if mask is None or j in mask:
+                if (mask is None or j in mask) and (written is None or (j + 1) * g.span in written):
                     self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
             end = tail
             if g.family == "full" and g.index in geom.gpu_drop_groups:
                 end = n // H * H  # an EAGLE lookup reads the whole prompt before it drops (no n - 1 cap)
-            if g.span != H and g.family in {"full", "mamba"} and 0 < end <= cacheable and end % g.span:
+            if (
+                g.span != H and g.family in {"full", "mamba"} and 0 < end <= cacheable and end % g.span
+                and (written is None or end in written)
+            ):
                 self.entries[(g.index, end)] = self._holds(g.index, end)
+
+    def _chunk_ends(self, n: int, chunk_ends: Sequence[int] | None, budget: int | None) -> frozenset[int]:
+        """The checked chunk ends of :meth:`cache_request` (empty without an align Mamba group: unused)."""
+        from kvgeom.prefill import mamba_checkpoint, prefill_chunk_ends
+
+        if chunk_ends is not None and budget is not None:
+            raise QueryError.single(
+                "conflicting_arguments",
+                f"cache_request got both chunk_ends and max_num_batched_tokens={budget}; give the chunk ends "
+                "the prefill took, or the token budget whose split kvgeom derives, not both",
+                "chunk_ends",
+            )
+        if chunk_ends is not None:
+            ends = tuple(nonneg("chunk_ends[]", e) for e in chunk_ends)
+            if n and (not ends or ends[-1] != n or any(b <= a for a, b in zip((0, *ends), ends, strict=False))):
+                raise QueryError.single(
+                    "bad_chunk_ends",
+                    f"chunk_ends={list(ends)[:8]} must be strictly increasing positive token counts ending at "
+                    f"num_tokens={n} (where each prefill step stopped)",
+                    "chunk_ends",
+                    num_tokens=n,
+                )
+            return frozenset(ends)
+        if not n or not any(g.is_align_mamba for g in self.geom.groups):
+            return frozenset()
+        if budget is None:
+            return frozenset(accumulate(mamba_checkpoint(self.geom, n).prefill_chunks))
+        return frozenset(prefill_chunk_ends(self.geom, n, max_num_batched_tokens=budget))
 
     def evict(self, keep: Callable[[int, int], bool]) -> None:
         """Keep only the entries ``(group, end_token)`` for which ``keep`` is true."""
@@ -540,6 +606,7 @@ def run_request(
     first_tokens: int | None = None,
     evict_gpu: Callable[[int, int], bool] | Sequence[bool] | None = None,
     evict_tier: Callable[[int, int], bool] | Sequence[bool] | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> RequestReport:
     """A cold run of a ``first_tokens`` prompt (default ``num_tokens``) fills the GPU prefix cache
     and, with an offload section, the tier; entries are evicted per group from each; then a request
@@ -548,20 +615,25 @@ def run_request(
     the load is followed on a fresh GPU and compared with a cold run (:meth:`Simulator.check_restored`).
 
     ``evict_gpu`` / ``evict_tier``: a predicate ``evict(group, end_token)`` or booleans applied in
-    order to the entries sorted by ``(group, end_token)`` (True evicts).
+    order to the entries sorted by ``(group, end_token)`` (True evicts). ``max_num_batched_tokens``: the
+    first request's token budget, whose prefill split (:func:`kvgeom.prefill.prefill_chunk_ends`; None:
+    unbounded) decides where its Mamba states exist, on the GPU and in the tier.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
-    >>> r = run_request(g, 100, evict_gpu=lambda g, e: g == 1 and e > 48)   # GPU hit 48, not on L = 32
-    >>> r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok
+    >>> r = run_request(g, 100, max_num_batched_tokens=16, evict_gpu=lambda g, e: g == 1 and e > 48)
+    >>> r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok   # GPU hit 48, not on L = 32 (vLLM run)
     (32, 64, True)
+    >>> r = run_request(g, 100, evict_gpu=lambda g, e: g == 1 and e > 48)   # unbounded: Mamba 96 alone (vLLM run)
+    >>> r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok
+    (0, 96, True)
     """
     from kvgeom.request import plan_request
 
     n = nonneg("num_tokens", num_tokens)
     n0 = n if first_tokens is None else nonneg("first_tokens", first_tokens)
     cache = GPUPrefixCache(geom)
-    cache.cache_request(n0)
+    cache.cache_request(n0, max_num_batched_tokens=max_num_batched_tokens)
     if evict_gpu is not None:
         pred = evict_gpu if callable(evict_gpu) else _bits_predicate(sorted(cache.entries), evict_gpu)
         cache.evict(lambda g, e: not pred(g, e))
@@ -571,7 +643,8 @@ def run_request(
     if geom.offload is not None:
         sim = Simulator(geom)
         sim.prefill(n0)
-        sim.store(hits.plan_store(geom, num_tokens=n0, num_computed_tokens=n0))
+        ends = sorted(cache.chunk_ends) if max_num_batched_tokens is not None and cache.chunk_ends else None
+        sim.store(hits.plan_store(geom, num_tokens=n0, num_computed_tokens=n0, chunk_ends=ends))
         if evict_tier is not None:
             H = geom.hash_block_size
             order = sorted((g, (h + 1) * H) for h, g in sim.tier)

@@ -233,10 +233,11 @@ def test_empty_input_gives_empty_output():
 def test_example_3_store_plan_batch():
     # #49962 (dense retention): 64 computed tokens -> attention 2 chunks, Mamba 4 states
     g = geom(cache={"retention_interval": None})
-    sp = batch.plan_stores(g, num_tokens=[64], num_computed_tokens=[64])
+    # prefilled 16 tokens a step (vLLM run: a Mamba state stored at every block boundary)
+    sp = batch.plan_stores(g, num_tokens=[64], num_computed_tokens=[64], chunk_ends=[[16, 32, 48, 64]])
     assert sp.groups[0].chunk.tolist() == [0, 1]
     assert sp.groups[1].block.tolist() == [0, 1, 2, 3]
-    assert sp.plan(0) == hits.plan_store(g, num_tokens=64, num_computed_tokens=64)
+    assert sp.plan(0) == hits.plan_store(g, num_tokens=64, num_computed_tokens=64, chunk_ends=(16, 32, 48, 64))
 
 
 @pytest.mark.parametrize(

@@ -74,17 +74,21 @@ def test_mamba_cacheable_tokens_of_a_single_group_keeps_p_minus_1_out():
     assert mamba_cacheable_tokens(g, 0, 100) == 98
 
 
+#: vLLM 0.33's split of 100 tokens with a 16-token budget (vLLM run)
+B16 = (16, 32, 48, 64, 80, 96, 100)
+
 @pytest.mark.parametrize(
     ("geom", "prompt", "computed", "chunk_ends", "window", "ends"),
     [
         # the deployment's split given: the chunk ends themselves
         (SEED, 100, 100, (96, 100), {}, (96, 100)),
-        # no split given, no drop: every Mamba block, the prompt, and the tail stop 96 (already a block)
-        (SEED, 100, 100, None, {}, (16, 32, 48, 64, 80, 96, 100)),
+        # no split given: vLLM's unbounded split (vLLM run: chunks end at 96 and 100)
+        (SEED, 100, 100, None, {}, (96, 100)),
         # a prefill stopped at 40: the ends up to 40, and 40 itself (the step that stores ended there)
-        (SEED, 100, 40, None, {}, (16, 32, 40)),
+        (SEED, 100, 40, B16, {}, (16, 32, 40)),
+        (SEED, 100, 40, None, {}, (40,)),
         # only the window (32, 64]
-        (SEED, 100, 100, None, {"above": 32, "upto": 64}, (48, 64)),
+        (SEED, 100, 100, B16, {"above": 32, "upto": 64}, (48, 64)),
         # under the GPU drop: vLLM's split with an unbounded budget, chunks (80, 20)
         (DROP, 100, 100, None, {}, (80, 100)),
     ],
@@ -102,10 +106,12 @@ def test_state_ends(geom, prompt, computed, chunk_ends, window, ends):
         (SEED, 100, 100, None, (96,)),
         # dense retention, chunks ending at 32, 64, 96, 100: the three on the Mamba grid (100 is not)
         (SEED_DENSE, 100, 100, (32, 64, 96, 100), (32, 64, 96)),
-        # dense, default split: every Mamba block up to 96
-        (SEED_DENSE, 100, 100, None, (16, 32, 48, 64, 80, 96)),
-        # dense, prefilled to 40: the states at 16 and 32 (40 is off the Mamba grid)
-        (SEED_DENSE, 100, 40, None, (16, 32)),
+        # dense, default split (vLLM run: chunks end at 96, 100; Mamba 96 stored)
+        (SEED_DENSE, 100, 100, None, (96,)),
+        # dense, prefilled 16 tokens a step (vLLM run: Mamba 16, 32, ..., 96 stored)
+        (SEED_DENSE, 100, 100, B16, (16, 32, 48, 64, 80, 96)),
+        # dense, prefilled 16 a step to 40: the states at 16 and 32 (40 is off the Mamba grid)
+        (SEED_DENSE, 100, 40, B16, (16, 32)),
         # the GPU drop: chunks end at 80 and 100; the replay boundary 80 keeps 80
         (DROP, 100, 100, None, (80,)),
     ],

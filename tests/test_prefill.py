@@ -215,3 +215,61 @@ def test_prefill_chunk_ends_bad_input():
         prefill_chunk_ends(kvgeom.resolve({"groups": [FA16]}), 10)
     with pytest.raises(kvgeom.QueryError):
         hits.plan_store(g, num_tokens=100, num_computed_tokens=100, chunk_ends=[-5])
+
+
+# ------------------------------------------------------------------ resumed prefills and per-step budgets
+
+_H16 = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+        "cache": {"prefix_match_unit": 16, "retention_interval": 0}, "offload": {}}
+_F16 = {"groups": [FA16, M16], "cache": {"retention_interval": 0}, "offload": {}}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "prompt", "computed", "budgets", "ends"),
+    [
+        # every row a vLLM 0.33 run (kvgeom.conformance.vllm_stores.run_prefill_split: the Scheduler's budget set
+        # before each step; "computed" is where a GPU prefix hit left the request)
+        # a GPU hit of 224 (off the 64-block grid): the 8-token chunk, then stop at the next block boundary 256
+        (_H16, 300, 224, [8, 100], (232, 256, 288, 300)),
+        # from 0 with the same budgets: 8 tokens, then 92 more stop at the block boundary 64
+        (_H16, 300, 0, [8, 100], (8, 64, 128, 192, 256, 288, 300)),
+        # budgets that change per step: 100 -> 64 (block), 30 < block -> 94, 70 -> stop at 128, then unbounded
+        (_H16, 300, 0, [100, 30, 70, 1000], (64, 94, 128, 256, 288, 300)),
+        # a budget narrower than the block: every other chunk ends mid-block, the next one at the boundary
+        (_H16, 300, 0, [40], (40, 64, 104, 128, 168, 192, 232, 256, 288, 300)),
+        # the last budget repeats past the list
+        (_H16, 300, 0, [40, 200], (40, 64, 256, 288, 300)),
+        (_H16, 300, 0, None, (256, 288, 300)),
+        # FA 16 + Mamba 16: 20 -> 16, 50 -> 64, 7 (narrower than the block) -> 71, then the boundary 80
+        (_F16, 100, 0, [20, 50, 7, 100], (16, 64, 71, 80, 96, 100)),
+        # resumed at a GPU hit of 32 with the same budgets
+        (_F16, 100, 32, [20, 50, 7, 100], (48, 96, 100)),
+        (_F16, 100, 32, [10], (42, 48, 58, 64, 74, 80, 90, 96, 100)),
+        # nothing left to prefill
+        (_F16, 100, 100, [10], ()),
+    ],
+)
+def test_resumed_prefill_split_with_per_step_budgets_as_vllm(cfg, prompt, computed, budgets, ends):
+    from kvgeom.prefill import prefill_chunk_ends
+
+    g = kvgeom.resolve(cfg)
+    assert prefill_chunk_ends(g, prompt, num_computed_tokens=computed, max_num_batched_tokens=budgets) == ends
+    if budgets is not None and len(budgets) == 1:  # one budget for every step: the int form says the same
+        assert prefill_chunk_ends(g, prompt, num_computed_tokens=computed, max_num_batched_tokens=budgets[0]) == ends
+
+
+def test_resumed_prefill_split_bad_input():
+    from kvgeom.prefill import prefill_chunk_ends
+
+    g = kvgeom.resolve(_F16)
+    for kwargs, code in [
+        ({"num_computed_tokens": 101}, "out_of_range"),
+        ({"num_computed_tokens": -1}, "negative"),
+        ({"max_num_batched_tokens": []}, "out_of_range"),
+        ({"max_num_batched_tokens": [16, 0]}, "out_of_range"),
+        ({"max_num_batched_tokens": [16, "x"]}, "not_an_integer"),
+        ({"max_num_batched_tokens": "16"}, "not_an_integer"),
+    ]:
+        with pytest.raises(kvgeom.QueryError) as e:
+            prefill_chunk_ends(g, 100, **kwargs)
+        assert e.value.problems[0].code == code, kwargs

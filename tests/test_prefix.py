@@ -126,9 +126,10 @@ def test_plan_hit_runs_no_load_the_scheduler_would_not():
 @pytest.mark.parametrize(
     ("retention", "resident"),
     [
-        (None, {"0": [32, 64, 96], "1": [16, 32, 48, 64, 80, 96]}),  # dense: every state
+        # vLLM runs (tests/test_store_conformance.py GPU_ROWS): one prefill chunk to 96 leaves the state at 96 alone
+        (None, {"0": [32, 64, 96], "1": [96]}),  # dense, but a state exists only where a chunk ended
         (0, {"0": [32, 64, 96], "1": [96]}),  # only the replay boundary rdown(99, A) = 96
-        (32, {"0": [32, 64, 96], "1": [32, 64, 96]}),  # one state per 32 tokens, plus 96
+        (32, {"0": [32, 64, 96], "1": [96]}),
     ],
 )
 def test_gpu_prefix_cache_retention(retention, resident):
@@ -136,6 +137,40 @@ def test_gpu_prefix_cache_retention(retention, resident):
     cache = GPUPrefixCache(g)
     cache.cache_request(100)
     assert cache.resident() == resident
+
+
+@pytest.mark.parametrize(
+    ("retention", "budget", "resident"),
+    [
+        # vLLM runs: prefilled 32 tokens a step, chunks end at 32, 64, 96, 100
+        (None, 32, {"0": [32, 64, 96], "1": [32, 64, 96]}),
+        # 16 a step: every block boundary a chunk end, thinned to one state per 32 tokens plus 96 (vLLM run of
+        # FA 16 + Mamba 16 without DCP: the same Mamba entries)
+        (32, 16, {"0": [32, 64, 96], "1": [32, 64, 96]}),
+        (None, 16, {"0": [32, 64, 96], "1": [16, 32, 48, 64, 80, 96]}),
+    ],
+)
+def test_gpu_prefix_cache_keeps_mamba_states_where_chunks_ended(retention, budget, resident):
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": retention}})
+    cache = GPUPrefixCache(g)
+    cache.cache_request(100, max_num_batched_tokens=budget)
+    assert cache.resident() == resident
+    given = GPUPrefixCache(g)
+    given.cache_request(100, chunk_ends=sorted(cache.chunk_ends))
+    assert given.resident() == resident
+    # a request sharing only the first 32 tokens: a hit only where a chunk ended at 32
+    assert prefix_hit(g, 40, {k: [e for e in v if e <= 32] for k, v in resident.items()}).hit_tokens == 32
+
+
+def test_gpu_prefix_cache_bad_chunk_ends():
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+    for kwargs, code in [({"chunk_ends": [32, 16, 100]}, "bad_chunk_ends"),
+                         ({"chunk_ends": [32, 64]}, "bad_chunk_ends"),
+                         ({"chunk_ends": [100], "max_num_batched_tokens": 16}, "conflicting_arguments"),
+                         ({"chunk_ends": [-1, 100]}, "negative")]:
+        with pytest.raises(kvgeom.QueryError) as e:
+            GPUPrefixCache(g).cache_request(100, **kwargs)
+        assert e.value.problems[0].code == code, kwargs
 
 
 def test_gpu_prefix_cache_partial_tail_and_check():

@@ -16,10 +16,12 @@ DENSE = {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}
 
 
 def _stored_sim(cfg, n):
+    """Prefilled 16 tokens a step, so vLLM's split leaves a Mamba state at every 16-token block boundary."""
     g = kvgeom.resolve(cfg)
     sim = Simulator(g)
     sim.prefill(n)
-    sim.store(hits.plan_store(g, num_tokens=n, num_computed_tokens=n))
+    ends = kvgeom.prefill_chunk_ends(g, n, max_num_batched_tokens=16)
+    sim.store(hits.plan_store(g, num_tokens=n, num_computed_tokens=n, chunk_ends=ends))
     return g, sim
 
 
@@ -32,8 +34,9 @@ def _stored_sim(cfg, n):
         (kvgeom.DEFAULT_CONFIG, 65, 0, 64),  # retention 0: only the replay boundary 64 is stored
         (DENSE, 10, 0, 0),  # shorter than a chunk: no hit
         ({**DENSE, "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 16}}, 65, 0, 64),  # block-level dealing
-        # k = 2: attention chunks of 64 tokens, Mamba chunks of 32; 100 tokens hold one attention chunk
-        ({**DENSE, "offload": {"blocks_per_chunk": 2}}, 100, 0, 64),
+        # k = 2: attention chunks of 64 tokens, Mamba chunks of 32; 100 tokens hold one attention chunk, and
+        # vLLM's unbounded split leaves Mamba 96 alone: no hit (vLLM run: stores attention 64, Mamba 96; hit 0)
+        ({**DENSE, "offload": {"blocks_per_chunk": 2}}, 100, 0, 0),
     ],
 )
 def test_kvgeom_plans_restore_what_a_cold_run_holds(cfg, n, local, end):
@@ -51,8 +54,10 @@ def test_ranks_hold_only_the_positions_dealt_to_them():
 
 
 def test_evicting_the_mamba_key_falls_back_to_an_earlier_boundary():
-    # Mamba key 64 lost -> the right-most earlier Mamba key on the attention chunk is 32.
-    report = run_scenario(kvgeom.resolve(DENSE), 65, evict=lambda group, end: (group, end) == (1, 64))
+    # prefilled 16 tokens a step (a Mamba state at every block boundary, as vLLM stores them): Mamba key 64
+    # lost -> the right-most earlier Mamba key is 48
+    report = run_scenario(kvgeom.resolve(DENSE), 65, evict=lambda group, end: (group, end) == (1, 64),
+                          max_num_batched_tokens=16)
     assert report.hit_plan.hit.end_token == 48
     assert report.ok
 

@@ -178,3 +178,142 @@ def test_seeded_sliding_window_drafter_sweep_agrees(st):
     report = st.sweep(20, 19, swa_drafters=True)
     assert report["compared"] >= 16 and not report["vllm_refused"], report
     assert report["differences"] == [], report["differences"]
+
+# ------------------------------------------------------------------ GPU prefix cache, prefill splits, lookup traces
+#: (config, prompt, budget, vLLM's GPU prefix-cache entries after the prompt ran: {"<group>": [end tokens]})
+_DENSE = {"retention_interval": None}
+GPU_ROWS = [
+    # an unbounded budget: one chunk to the last cacheable boundary 96, so Mamba keeps the state at 96 alone
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": _DENSE, "offload": {}}, 100, None,
+                 {"0": _upto(96), "1": [96]}, id="dense-unbounded"),
+    # budget 32 (40 rounds down to the block grid too): states at the chunk ends 32, 64, 96
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": _DENSE, "offload": {}}, 100, 32,
+                 {"0": _upto(96), "1": [32, 64, 96]}, id="dense-32"),
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": _DENSE, "offload": {}}, 100, 40,
+                 {"0": _upto(96), "1": [32, 64, 96]}, id="dense-40"),
+    # no offload section: the same GPU entries
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": _DENSE}, 100, None,
+                 {"0": _upto(96), "1": [96]}, id="dense-no-offload"),
+    # retention 32 thins the chunk ends 16..96 to 32, 64, 96; unbounded leaves 96 alone
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": {"retention_interval": 32}, "offload": {}}, 100, 16,
+                 {"0": _upto(96), "1": [32, 64, 96]}, id="ret32-16"),
+    pytest.param({"groups": [_fa(16), _m(16)], "cache": {"retention_interval": 32}, "offload": {}}, 100, None,
+                 {"0": _upto(96), "1": [96]}, id="ret32-unbounded"),
+    # kvgeom.DEFAULT_CONFIG (DCP 2) with dense retention: a request sharing only the first 16 tokens misses
+    pytest.param({**kvgeom.DEFAULT_CONFIG, "cache": _DENSE}, 70, None, {"0": [32, 64], "1": [64]}, id="default-70"),
+    pytest.param({**kvgeom.DEFAULT_CONFIG, "cache": _DENSE}, 100, 32, {"0": [32, 64, 96], "1": [32, 64, 96]},
+                 id="default-32"),
+    # H 16 below the block 64: the prompt's H-grid checkpoint 224 is a chunk end and a partial entry
+    pytest.param(_cfg([_fa(64), _m(64)], pmu=16, retention=None), 228, None,
+                 {"0": [64, 128, 192, 224], "1": [192, 224]}, id="h16-unbounded"),
+    pytest.param(_cfg([_fa(64), _m(64)], pmu=16, retention=None), 228, 64,
+                 {"0": [64, 128, 192, 224], "1": [64, 128, 192, 224]}, id="h16-64"),
+]
+
+
+def _nonempty(d):
+    return {g: e for g, e in d.items() if e}
+
+
+@pytest.mark.parametrize(("cfg", "n", "budget", "expected"), GPU_ROWS)
+def test_gpu_prefix_cache_keeps_mamba_states_where_chunks_ended_as_vllm(st, cfg, n, budget, expected):
+    from kvgeom.sim import GPUPrefixCache
+
+    geom = kvgeom.resolve(cfg)
+    assert st.run_store_then_lookup(geom, n, n, max_num_batched_tokens=budget)["gpu_cached"] == expected
+    cache = GPUPrefixCache(geom)
+    cache.cache_request(n, max_num_batched_tokens=budget)
+    assert _nonempty(cache.resident()) == expected
+
+
+_H16 = _cfg([_fa(64), _m(64)], pmu=16)
+_F16 = _cfg([_fa(16), _m(16)])
+SPLIT_ROWS = [
+    # (config, prompt, GPU resident, budgets per step, where the GPU hit left the request, chunk ends)
+    pytest.param(_H16, 300, {"0": [64, 128, 192, 224], "1": [224]}, [8, 100], 224, [232, 256, 288, 300],
+                 id="h16-hit224"),
+    pytest.param(_H16, 300, None, [100, 30, 70, 1000], 0, [64, 94, 128, 256, 288, 300], id="h16-budgets"),
+    pytest.param(_H16, 300, None, [40, 200], 0, [40, 64, 256, 288, 300], id="h16-last-repeats"),
+    pytest.param(_F16, 100, None, [20, 50, 7, 100], 0, [16, 64, 71, 80, 96, 100], id="f16-budgets"),
+    pytest.param(_F16, 100, {"0": [16, 32], "1": [32]}, [20, 50, 7, 100], 32, [48, 96, 100], id="f16-hit32"),
+]
+
+
+@pytest.mark.parametrize(("cfg", "n", "resident", "budgets", "start", "ends"), SPLIT_ROWS)
+def test_resumed_prefill_split_with_per_step_budgets_as_vllm(st, cfg, n, resident, budgets, start, ends):
+    from kvgeom.prefill import prefill_chunk_ends
+
+    geom = kvgeom.resolve(cfg)
+    assert st.run_prefill_split(geom, n, resident=resident, budgets=budgets) == {"start": start, "chunk_ends": ends}
+    assert list(prefill_chunk_ends(geom, n, num_computed_tokens=start, max_num_batched_tokens=budgets)) == ends
+
+
+def _sw(b, w):
+    return {"kind": "sliding_window", "block_size": b, "sliding_window": w}
+
+
+_TRACE_GEOMS = [
+    {"groups": [_fa(16), _m(16)], "offload": {}},
+    kvgeom.DEFAULT_CONFIG,
+    {"groups": [_fa(32), _sw(16, 40)], "offload": {}},
+    {"groups": [_fa(16), _sw(16, 40), _m(16)], "offload": {}},
+    {"groups": [_fa(64), _m(64)], "cache": {"prefix_match_unit": 16}, "offload": {}},
+    {"groups": [_fa(16), _sw(16, 24), _m(16)], "offload": {"blocks_per_chunk": 2}},
+    {"groups": [_fa(16, drafter=True), _sw(16, 40), _m(16)], "offload": {},
+     "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+]
+
+
+def test_lookup_trace_asks_the_keys_vllm_asks_in_its_order(st):
+    """Seeded random tiers over seven deployments (sliding windows, Mamba, k = 2, H below the block, an eagle
+    drafter): kvgeom's lookup_trace lists exactly the keys vLLM's connector asks its tier's lookup(), in
+    order, and the same hit."""
+    import random
+
+    from kvgeom.hits import lookup_trace
+
+    rng = random.Random(19)
+    for cfg in _TRACE_GEOMS:
+        geom = kvgeom.resolve(cfg)
+        H = geom.hash_block_size
+        for _ in range(6):
+            n = rng.randint(1, 260)
+            stored = {}
+            for og in geom.offload.groups:
+                p = rng.random()
+                stored[str(og.index)] = [e for e in range(H, n + 1, H) if rng.random() < p]
+            local = rng.choice([0, 0, rng.randint(0, n)])
+            theirs = st.run_lookup_trace(geom, n, stored, local_computed_tokens=local)
+            t = lookup_trace(geom, n, stored={int(k): v for k, v in stored.items()}, local_computed_tokens=local)
+            ours = {"hit": t.hit.hit_tokens, "probes": [[p.group, p.end_token, p.held] for p in t.probes]}
+            assert ours == theirs, (cfg, n, local, stored)
+
+
+@pytest.mark.parametrize("window", [40, 128])
+@pytest.mark.parametrize(("prefix_caching", "offload"), [(True, False), (True, True), (False, True), (False, False)])
+def test_single_sliding_window_group_with_h_below_its_block_as_vllm(prefix_caching, offload, window):
+    """One sliding-window group (block 64) asked for H = 16: vLLM 0.33's resolve_kv_cache_block_sizes refuses it
+    whenever prefix caching or a connector reads block hashes, and otherwise ignores it (H = L = 64); kvgeom
+    refuses the same deployments (prefix_match_unit_single_group) and answers the same sizes for the rest."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    from kvgeom.conformance import vllm_objects as vo
+
+    cfg = {"groups": [{"kind": "sliding_window", "block_size": 64, "sliding_window": window}],
+           "cache": {"prefix_caching": prefix_caching}}
+    if offload:
+        cfg["offload"] = {}
+    geom = kvgeom.resolve(cfg)  # without prefix_match_unit: valid everywhere
+    vc = vo.build_vllm_config(geom)
+    vc.cache_config.prefix_match_unit = 16
+    asked = {**cfg, "cache": {**cfg["cache"], "prefix_match_unit": 16}}
+    if prefix_caching or offload:
+        with pytest.raises(ValueError, match="prefix_match_unit=16"):
+            resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vc)
+        with pytest.raises(kvgeom.GeometryError) as e:
+            kvgeom.resolve(asked)
+        assert e.value.problems[0].code == "prefix_match_unit_single_group"
+    else:
+        assert resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vc) == (64, 64)
+        g = kvgeom.resolve(asked)
+        assert (g.scheduler_block_size, g.hash_block_size) == (64, 64)

@@ -33,9 +33,14 @@ SEED_DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_inter
 # ----------------------------------------------------------------------------------- attention and Mamba
 
 
+#: vLLM 0.33's split of 64 tokens with a 16-token budget (vLLM run): a Mamba state at every block boundary
+B16 = (16, 32, 48, 64)
+
+
 def test_store_plan_example_3_49962():
-    # #49962: a confirmed 64-token prefix, dense retention: 2 attention + 4 Mamba blocks
-    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64)
+    # #49962: a confirmed 64-token prefix, dense retention, prefilled 16 tokens a step (vLLM run: stores
+    # attention 32, 64 and Mamba 16, 32, 48, 64): 2 attention + 4 Mamba blocks
+    plan = plan_store(SEED_DENSE, num_tokens=64, num_computed_tokens=64, chunk_ends=B16)
     att, mam = plan.groups
     assert att.chunks == (0, 1) and att.block_entries == ((0,), (1,))
     assert mam.end_tokens == (16, 32, 48, 64) and mam.block_entries == ((0,), (1,), (2,), (3,))
@@ -46,16 +51,21 @@ def test_store_plan_example_3_49962():
 def test_store_plan_retention():
     # 0.33 default retention 0: only the replay boundary num_prompt - 1 = 63 -> rdown(63, A=16) = 48
     assert plan_store(SEED, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (48,)
-    # R = 32: one state per 32 tokens (32, 64) plus the replay boundary 48
+    # R = 32, vLLM's unbounded split (chunks end at 48 and 64, vLLM run): the replay boundary 48 and 64;
+    # no chunk ended at 32, so no state exists there
     geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": 32}})
-    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (32, 48, 64)
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1].end_tokens == (48, 64)
+    # prefilled 16 tokens a step: one state per 32 tokens (32, 64) plus the replay boundary 48
+    assert plan_store(geom, num_tokens=64, num_computed_tokens=64, chunk_ends=B16).groups[1].end_tokens == (32, 48, 64)
     # attention stays dense
     assert plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[0].chunks == (0, 1)
 
 
 def test_store_plan_limits():
     # only what is computed, only complete chunks, from what is not yet stored
-    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=70, stored_chunks={0: 1, 1: 2})
+    # prefilled with budgets [16, 16, 16, 16, 6] (vLLM run: chunks end at 16, 32, 48, 64, 70, ...), stored at 70
+    plan = plan_store(SEED_DENSE, num_tokens=100, num_computed_tokens=70, stored_chunks={0: 1, 1: 2},
+                      chunk_ends=(16, 32, 48, 64, 70))
     assert plan.offloadable_tokens == 70
     assert plan.groups[0].chunks == (1,)
     assert plan.groups[1].chunks == (2, 3)
@@ -68,10 +78,11 @@ def test_store_plan_limits():
 
 
 def test_mamba_store_with_k_uses_mamba_chunk_not_attention_chunk():
-    # k = 2: Mamba chunk 32, attention chunk 64; Mamba keys end at 32 and 64, from blocks 1 and 3
+    # k = 2: Mamba chunk 32, attention chunk 64; prefilled 16 tokens a step (vLLM run: Mamba 32, 64 stored),
+    # Mamba keys end at 32 and 64, from blocks 1 and 3
     geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 2},
                            "cache": {"retention_interval": None}})
-    mam = plan_store(geom, num_tokens=64, num_computed_tokens=64).groups[1]
+    mam = plan_store(geom, num_tokens=64, num_computed_tokens=64, chunk_ends=B16).groups[1]
     assert mam.end_tokens == (32, 64) and mam.block_entries == ((1,), (3,))
 
 
@@ -86,7 +97,9 @@ def test_store_plan_too_large_for_the_scalar_path():
     n = 2**40
     plan = plan_store(geom, num_tokens=n, num_computed_tokens=n, stored_chunks={0: n // 32 - 2, 1: n // 16 - 4})
     assert plan.groups[0].chunks == (n // 32 - 2, n // 32 - 1)
-    assert plan.groups[1].end_tokens == (n - 32, n - 16, n)  # one state per 32 tokens + the replay boundary
+    # the unbounded split ends chunks at n - 16 and n: the replay boundary n - 16 and n (as vLLM stores 240, 256
+    # of a 256-token prompt under this retention, vLLM run)
+    assert plan.groups[1].end_tokens == (n - 16, n)
     assert n // 16 > MAX_SCALAR_RESULT
 
 

@@ -162,8 +162,8 @@ def plan_stores(
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> sp = plan_stores(g, num_tokens=[64, 40], num_computed_tokens=[64, 40])
-    >>> sp.groups[1].request.tolist(), sp.groups[1].chunk.tolist()
-    ([0, 0, 0, 0, 1, 1], [0, 1, 2, 3, 0, 1])
+    >>> sp.groups[1].request.tolist(), sp.groups[1].chunk.tolist()  # vLLM runs: Mamba 48, 64 and 32
+    ([0, 0, 1], [2, 3, 1])
     >>> sp.plan(0).groups[0].chunks
     (0, 1)
     """

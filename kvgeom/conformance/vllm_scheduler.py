@@ -64,6 +64,7 @@ __all__ = [
     "Admission",
     "ChosenTierSpec",
     "build_scheduler",
+    "place_gpu_entries",
     "classify",
     "differences",
     "kvgeom_admission",
@@ -179,7 +180,9 @@ class Admission:
         }
 
 
-def _place_gpu_entries(sched: Scheduler, geom: Geometry, request: Any, resident: Mapping[int, Any], H: int) -> None:
+def place_gpu_entries(sched: Scheduler, geom: Geometry, request: Any, resident: Mapping[int, Any], H: int) -> None:
+    """Place the GPU prefix-cache entries ``resident`` (``{group: end tokens}``) of ``request``'s chain into
+    vLLM's ``BlockPool`` as evictable cached blocks (see the module docstring, **The GPU prefix cache**)."""
     pool = sched.kv_cache_manager.block_pool
     dcp = geom.config.parallel.dcp
     kcc = sched.kv_cache_config
@@ -215,7 +218,7 @@ def scheduler_admits(geom: Geometry, scenario: Mapping[str, Any]) -> Admission:
     sched = build_scheduler(geom, scheduler_block_size=L, hash_block_size=H)
     request = vo.build_request(n, H)
     chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}
-    _place_gpu_entries(sched, geom, request, resident_sets(geom, scenario.get("resident", {})), H)
+    place_gpu_entries(sched, geom, request, resident_sets(geom, scenario.get("resident", {})), H)
 
     tier: vo.ChosenTier | None = None
     if sched.connector is not None:

@@ -73,7 +73,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
-from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
@@ -100,9 +100,12 @@ __all__ = [
     "RecordingTierSpec",
     "classify",
     "differences",
+    "gpu_cached_entries",
     "kvgeom_store_then_lookup",
     "random_case",
     "random_swa_drafter_case",
+    "run_lookup_trace",
+    "run_prefill_split",
     "run_store_then_lookup",
     "sweep",
 ]
@@ -188,6 +191,18 @@ def _worker_output(sched: Scheduler, output: Any, request: Request, token: int |
     )
 
 
+def gpu_cached_entries(sched: Scheduler, chain: Mapping[bytes, int], H: int) -> dict[str, list[int]]:
+    """Per group, the end tokens of the blocks vLLM's GPU prefix cache holds for the hash chain ``chain``
+    (``{block hash: index}``): every key of the block pool's ``cached_block_hash_to_block`` whose hash is in the
+    chain, at ``(index + 1) * H``."""
+    out: dict[int, set[int]] = {}
+    for key in sched.kv_cache_manager.block_pool.cached_block_hash_to_block._cache:
+        index = chain.get(bytes(get_block_hash(key)))
+        if index is not None:
+            out.setdefault(get_group_id(key), set()).add((index + 1) * H)
+    return {str(g): sorted(e) for g, e in sorted(out.items())}
+
+
 def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
                           ) -> dict[str, Any]:
     """vLLM's answer (see the module docstring): ``{"chunk_ends": [...], "stored": {"<g>": [ends]},
@@ -227,7 +242,7 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     chain_a = {bytes(h): i for i, h in enumerate(a.block_hashes)}
     stored_keys = list(tier_a.stored) if tier_a is not None else []
     out: dict[str, Any] = {"chunk_ends": chunk_ends, "stored": _ends(stored_keys, chain_a, H), "hit": None,
-                           "loads": {}}
+                           "loads": {}, "gpu_cached": gpu_cached_entries(sched, chain_a, H)}
     if tier_a is not None:
         paths: dict[str, dict[str, list[int]]] = {}
         for path, keys in tier_a.store_calls:
@@ -256,6 +271,92 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     out["hit"] = seen.get("hit")
     out["loads"] = _ends(tier_b.loaded, {bytes(h): i for i, h in enumerate(b.block_hashes)}, H)
     return out
+
+
+def run_prefill_split(geom: Geometry, n: int, *, resident: Mapping[str, Any] | None = None,
+                      stored: Mapping[str, Any] | None = None, budgets: list[int] | None = None) -> dict[str, Any]:
+    """vLLM's prefill split of one request of ``n`` prompt tokens that resumes where its hits end: the GPU
+    prefix cache holds ``resident`` and the tier ``stored`` (``{"<group>": [end tokens]}``, placed as
+    :func:`kvgeom.conformance.vllm_scheduler.scheduler_admits` places them), and step ``i`` runs with the
+    Scheduler's token budget ``budgets[i]`` (``Scheduler.max_num_scheduled_tokens`` set before each
+    ``schedule()``; past the list the last budget stays; None: 8192). Answers ``{"start": the request's
+    ``num_computed_tokens`` when its first chunk was scheduled (the hit), "chunk_ends": [...]}``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {}})
+    >>> run_prefill_split(g, 300, stored={"0": [64, 128, 192, 224], "1": [224]}, budgets=[8, 100])
+    {'start': 224, 'chunk_ends': [232, 256, 300]}
+    """
+    from kvgeom.prefix import resident_sets
+
+    L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
+    steps = list(budgets or [UNBOUNDED_BUDGET])
+    sched = _scheduler(geom, None, L, H)
+    request = _request(sched, n, H, "R")
+    vs.place_gpu_entries(sched, geom, request, resident_sets(geom, resident or {}), H)
+    if sched.connector is not None:
+        held = resident_sets(geom, stored or {}, "stored")
+        tier: RecordingTier = sched.connector.connector_scheduler.manager
+        tier.keys = {vo.offload_key(request, g, e, H) for g, ends in held.items() for e in ends}
+    sched.add_request(request)
+    start: int | None = None
+    ends: list[int] = []
+    for _ in range(MAX_STEPS):
+        sched.max_num_scheduled_tokens = steps[min(len(ends), len(steps) - 1)]
+        output = sched.schedule()
+        scheduled = output.num_scheduled_tokens.get(request.request_id, 0)
+        if scheduled:
+            if start is None:
+                start = request.num_computed_tokens - scheduled
+            ends.append(request.num_computed_tokens)
+        token = n if request.num_computed_tokens >= n else None
+        sched.update_from_output(output, _worker_output(sched, output, request, token))
+        if not sched.has_requests():
+            return {"start": start, "chunk_ends": ends}
+    raise RuntimeError(f"the request ({n} tokens) did not finish in {MAX_STEPS} steps (chunk ends {ends[:8]}...)")
+
+
+def run_lookup_trace(geom: Geometry, n: int, stored: Mapping[str, Any], *, local_computed_tokens: int = 0
+                     ) -> dict[str, Any]:
+    """Every key vLLM's ``OffloadingConnectorScheduler.get_num_new_matched_tokens`` (``_lookup`` ->
+    ``_lookup_complete_chunks``) asks the offload manager's ``lookup`` for, in order, for a request of ``n``
+    tokens over a tier holding exactly ``stored`` (``{"<group>": [end tokens]}``) from the L-aligned local
+    prefix: ``{"hit": tokens, "probes": [[group, end_token, held], ...]}`` (each key's block hash located in
+    the request's hash chain; a key outside it is listed with end token -1).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "mamba", "block_size": 16}], "offload": {}})
+    >>> run_lookup_trace(g, 70, {"0": [16, 32, 48, 64], "1": [32]})["probes"][4:]
+    [[1, 64, False], [1, 48, False], [1, 32, True]]
+    """
+    from kvgeom.prefix import resident_sets
+
+    L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
+    objs = vo.build(geom, scheduler_block_size=L, hash_block_size=H)
+    sched = objs.scheduler
+    assert sched is not None, "run_lookup_trace needs an offload section"
+    request = vo.build_request(n, H)
+    chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}
+    tier = objs.tier
+    tier.keys = {vo.offload_key(request, g, e, H) for g, ends in resident_sets(geom, stored, "stored").items()
+                 for e in ends if e // H <= len(request.block_hashes)}  # past the chain: no hash to key
+    probes: list[list[Any]] = []
+    real_lookup = tier.lookup
+
+    def lookup(key: Any, req_context: Any) -> Any:
+        answer = real_lookup(key, req_context)
+        block_hash, group = split_offload_key(bytes(key))
+        index = chain.get(block_hash)
+        probes.append([group, -1 if index is None else (index + 1) * H, answer.name == "HIT"])
+        return answer
+
+    tier.lookup = lookup  # type: ignore[method-assign]
+    sched.on_new_request(request)
+    local = local_computed_tokens - local_computed_tokens % L
+    hit, _ = sched.get_num_new_matched_tokens(request, local)
+    return {"hit": hit or 0, "probes": probes}
 
 
 def _kvgeom_chunk_ends(geom: Geometry, n1: int, budget: int | None) -> list[int] | None:

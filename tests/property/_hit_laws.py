@@ -44,7 +44,8 @@ def check_hit_restores_exact_state(case: tuple[dict[str, Any], dict[str, Any]]) 
     geom = kvgeom.resolve(cfg)
     assert geom.offload is not None
     n = sc["num_tokens"]
-    report = run_scenario(geom, n, local_computed_tokens=sc["local_computed_tokens"], evict=sc["evict"])
+    report = run_scenario(geom, n, local_computed_tokens=sc["local_computed_tokens"], evict=sc["evict"],
+                          max_num_batched_tokens=sc.get("max_num_batched_tokens"))
     assert not report.tier_problems, report.tier_problems
     assert not report.restore_problems, report.restore_problems
     hit = report.hit_plan.hit

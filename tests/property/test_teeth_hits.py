@@ -24,8 +24,11 @@ _DENSE_49964 = {**H49964, "cache": {"retention_interval": None}}
 TEETH_CASES = {"kinds": ["full_attention", "mamba"], "max_dcp": 8, "max_groups": 2}
 
 
-def _scenario(n, local=0, evict=()):
-    return {"num_tokens": n, "local_computed_tokens": local, "evict": list(evict)}
+def _scenario(n, local=0, evict=(), budget=None):
+    sc = {"num_tokens": n, "local_computed_tokens": local, "evict": list(evict)}
+    if budget is not None:
+        sc["max_num_batched_tokens"] = budget  # the prefill split that decides where Mamba states exist
+    return sc
 
 
 def _store_with_scaled_mamba_span(correct):
@@ -128,7 +131,8 @@ def test_hit_law_catches_55168_hit_asserted_on_the_attention_grid(monkeypatch):
     block_size=12288``; a hit may end inside an attention block (loads take cdiv(N, S_g) blocks).
 
     Caught by the hit law on its scaled-down row (attention 4 x DCP 8 = 32, Mamba 4; Mamba key 96
-    evicted -> hit 92). Minimal counterexample: ``({'groups': [{'block_size': 3, 'kind':
+    evicted -> hit 92, prefilled 4 tokens a step so every Mamba block boundary holds a state). Minimal
+    counterexample: ``({'groups': [{'block_size': 3, 'kind':
     'full_attention'}, {'block_size': 2, 'kind': 'full_attention'}], 'parallel': {'dcp': 1, 'tp': 1},
     'cache': {'prefix_caching': True, 'max_model_len': 1}, 'offload': {}}, {'num_tokens': 3,
     'local_computed_tokens': 0, 'evict': []})`` -- not even DCP is needed: with spans 3 and 2 the
@@ -136,7 +140,8 @@ def test_hit_law_catches_55168_hit_asserted_on_the_attention_grid(monkeypatch):
     assertion rejects although loading cdiv(3, 2) = 2 blocks is correct.
     """
     monkeypatch.setattr(hits, "plan_load", _load_asserting_attention_grid(hits.plan_load))
-    row = (_SCALED_55168, _scenario(97, evict=[False] * 26 + [True]))
+    # prefilled 4 tokens a step, so a Mamba state exists at every 4-token block boundary (vLLM's split)
+    row = (_SCALED_55168, _scenario(97, evict=[False] * 26 + [True], budget=4))
     assert fails(check_hit_restores_exact_state)(row)
     cex = minimal(hit_cases(**TEETH_CASES), fails(check_hit_restores_exact_state))
     cfg, _sc = cex
