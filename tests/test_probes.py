@@ -203,3 +203,26 @@ def test_an_unknown_lookup_answer_is_refused():
     with pytest.raises(QueryError) as info:
         lookup_hit(SEED, 64, stored=_TriState(chain, 16, {"0": {32: "MAYBE"}}), block_hashes=chain)
     assert info.value.code == "lookup_not_ready" and "HIT_PENDING" in info.value.problems[0].message
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "answers", "hit"), PENDING_ROWS, ids=[r[0] for r in PENDING_ROWS])
+def test_a_lookup_trace_over_a_pending_tier_answers_as_lookup_hit(name, geom, n, answers, hit):
+    """The trace's recording probe forwards the tier's pending/retry answers, so it defers or loads exactly as
+    :func:`lookup_hit` does (a recorder that hid them would count a pending key as held and never re-ask)."""
+    from kvgeom.hits import lookup_trace
+
+    chain = [b"p%04d" % i for i in range(n // geom.hash_block_size)]
+    tier = _TriState(chain, geom.hash_block_size, answers)
+    if hit is None:
+        with pytest.raises(QueryError) as info:
+            lookup_trace(geom, n, stored=tier, block_hashes=chain)
+        assert info.value.code == "lookup_not_ready"
+    else:
+        trace = lookup_trace(geom, n, stored=tier, block_hashes=chain)
+        assert trace.hit.hit_tokens == hit
+        asked = {(p.group, p.end_token) for p in trace.probes}
+        unsettled = {(int(g), e) for g, row in answers.items() for e, a in row.items() if a != "MISS"}
+        # every unsettled key the lookup met was asked again through state(): listed twice, not held the 2nd time
+        for key in asked & unsettled:
+            answers_seen = [p.held for p in trace.probes if (p.group, p.end_token) == key]
+            assert len(answers_seen) >= 2 and answers_seen[-1] is False, (key, answers_seen)
