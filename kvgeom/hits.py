@@ -251,13 +251,15 @@ def lookup_hit(
         M = _align_to_mamba_chunk(M - 1 if M else 0, order.Cm)
     if M - c < order.first_chunk and not order.partial_tail_span:
         # Not one chunk of the first group fits past c: no hit, and no key to ask. A store in a form
-        # whose probe would be built without a further check (a Residency with a list chain; a manager
-        # with a list of per-group key lists: _hot_store) is not built; any other is built, which checks
-        # it, so bad input is refused whatever the request.
+        # whose probe would be built without a further check (a Residency with a list chain and the
+        # default holder; a manager's lookup with a list of per-group key lists covering every offloaded
+        # group, each checked where it is read) is not built; any other is built, which checks it, so bad
+        # input is refused whatever the request.
         if offload_keys is None:
             hot = type(stored) is Residency and type(block_hashes) is list and type(holder) is int and holder == 0
         else:
-            hot = _hot_store(stored, block_hashes, offload_keys, order.groups_top)
+            hot = (block_hashes is None and type(offload_keys) is list and len(offload_keys) >= order.groups_top
+                   and callable(getattr(stored, "lookup", None)))
         if not hot:
             as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context,
                      offload_keys=offload_keys)
@@ -276,14 +278,6 @@ def lookup_hit(
         return hit if hit is not None else _no_hit(c)
     hit = _HITS.get((done, c))
     return hit if hit is not None else _hit(done, c, False)
-
-
-def _hot_store(stored: Any, block_hashes: Any, offload_keys: Any, groups_top: int) -> bool:
-    """Whether an offload manager with per-group offload keys is in the form
-    :func:`kvgeom.probes.as_probe` accepts with no further check: a list covering every offloaded group
-    (each group's list is checked where it is read), no chain, and a ``lookup`` method."""
-    return (block_hashes is None and type(offload_keys) is list and len(offload_keys) >= groups_top
-            and callable(getattr(stored, "lookup", None)))
 
 
 class _Order:

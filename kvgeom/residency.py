@@ -235,7 +235,8 @@ class Residency:
         lists an event's keys group by group), and the index, ids and arrays are updated in place, with
         exactly the effect of :meth:`add_key` key by key.
 
-        >>> r = Residency(); r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0), make_offload_key(b"a", 1)])
+        >>> r = Residency()
+        >>> r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0), make_offload_key(b"a", 1)])
         >>> r.contains(0, b"b"), r.contains(1, b"a"), r.contains(1, b"b")
         (True, True, False)
         """

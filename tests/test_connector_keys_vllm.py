@@ -49,7 +49,7 @@ def _objects(geom):
     return vo, tier, vo.build_scheduler(geom, tier)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(name=st.sampled_from(sorted(CONFIGS)), data=st.data())
 def test_per_group_keys_from_vllms_request_state_answer_as_the_chain_and_as_vllm(name, data):
     geom = kvgeom.resolve(CONFIGS[name])
@@ -96,7 +96,7 @@ def test_on_vllms_cpu_tier_the_answers_are_read_by_name_once():
     state.update_offload_keys()
     per_group = [s.offload_keys for s in state.group_states]
     manager = CPUOffloadingManager(num_chunks=64)
-    keys = per_group[0][:6] + [per_group[1][11]]  # attention to 192, the Mamba state at 192
+    keys = [*per_group[0][:6], per_group[1][11]]  # attention to 192, the Mamba state at 192
     out = manager.prepare_store(keys, ReqContext("filler"))
     manager.complete_store(out.keys_to_store, ReqContext("filler"))
     hit = lookup_hit(geom, 256, stored=manager, offload_keys=per_group, req_context=state.req_context)
