@@ -22,9 +22,10 @@ kvgeom side, on the same requests and the same tier contents:
   (``RequestChains.update`` / ``remove``). Every stored key is charged to one lookup (no reuse of a
   stored prefix by later requests: the worst case for the index).
 
-Timing: the pool's requests are looked up in rounds; each round runs vLLM and every kvgeom path once
-each, back to back, so every ratio is taken between passes a few microseconds apart (the machine is
-shared; its load moves absolute times by 2-3x between runs). Figures are medians over rounds, per
+Timing: the pool's requests are looked up in rounds (with the garbage collector off, as ``timeit``
+does); each round runs vLLM and every kvgeom path once each, back to back, so every ratio is taken
+between passes a few microseconds apart (the machine is shared; its load moves absolute times by 2-3x
+between runs). Figures are medians over rounds, per
 request (or per key); a ratio is the median over rounds of kvgeom's pass / vLLM's pass in that round.
 Answers are checked request by request: every kvgeom path gives the same hit, and it equals vLLM's
 except where vLLM's hit is off the Mamba chunk (counted in ``vllm_unaligned_hits``): there kvgeom's
@@ -35,6 +36,7 @@ distinct requests, called one after another (the batch of 4096 cycles through th
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -177,11 +179,16 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[fl
     """Seconds per call of each function, over ``rounds`` rounds that run every function once, in turn."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     pc = time.perf_counter
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = pc()
-            fn()
-            times[k].append(pc() - t0)
+    gc.collect()
+    gc.disable()  # as timeit does: a collection of the whole process's heap lands in one random pass
+    try:
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                t0 = pc()
+                fn()
+                times[k].append(pc() - t0)
+    finally:
+        gc.enable()
     return times
 
 
@@ -204,8 +211,9 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
           f"load {os.getloadavg()}", flush=True)
     token_counts = (1024, 8192) if quick else (1024, 8192, 32768)
     batches = (1, 64) if quick else (1, 64, 4096)
-    rounds = 41 if quick else 201
-    upkeep_rounds = 5 if quick else 9
+    # rounds of the per-request comparison: many short ones, fewer where one pass of the pool is long
+    rounds_by_tokens = {1024: 41, 8192: 41} if quick else {1024: 201, 8192: 101, 32768: 21}
+    upkeep_rounds = 15
     pool = 16 if quick else 64
     for gname, cfg in GEOMETRIES.items():
         for tokens in token_counts:
@@ -222,6 +230,7 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
                     lazy_hits[i] == want[i] for i in range(pool) if i not in realigned)
                 same = same and all(lazy_hits[i] < want[i] and lazy_hits[i] % Cm == 0 for i in realigned)
                 load = os.getloadavg()[0]
+                rounds = rounds_by_tokens[tokens]
                 t = _rounds({"vllm": cell.vllm, "manager": cell.on_tier, "residency": cell.lazy,
                              "manager_chain": cell.on_tier_chain}, rounds)
                 cell.fresh_tiers(upkeep_rounds)
