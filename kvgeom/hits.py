@@ -202,8 +202,8 @@ def lookup_hit(
     partial tails needs ``block_hashes`` as well, for the partial-tail key). The tier is probed
     lazily, key by key in vLLM's order: full-attention groups from the local prefix forwards,
     stopping at the first miss; windowed groups from the candidate end backwards, stopping when a
-    run is long enough. Keys the answer does not depend
-    on are never probed and the stored set is never validated or sorted as a whole.
+    run is long enough. Keys the answer does not depend on are never probed and the stored set is
+    never validated or sorted as a whole.
 
     The local prefix is rounded down to the scheduler block L first, as the scheduler hands it to
     the connector.
