@@ -1,4 +1,4 @@
-"""kvgeom's offload hit lookup against vLLM 0.33's own, on the same real tier, in one process.
+"""kvgeom's offload hit lookup and index upkeep against vLLM 0.33's own, on the same real tier, in one process.
 
 vLLM side: ``OffloadingConnectorScheduler._lookup_complete_chunks`` of a real scheduler-side
 OffloadingConnector over vLLM's real ``CPUOffloadingManager`` (``benchmarks/vllm_tier.py``), with
@@ -7,16 +7,26 @@ real ``Request`` objects hashed by vLLM (sha256). The tier is filled through the
 
 kvgeom side, on the same requests and the same tier contents:
 
-* ``lazy``: :func:`kvgeom.hits.lookup_hit` over a :class:`kvgeom.Residency` + ``request.block_hashes``;
-* ``lazy on vLLM's tier``: :func:`kvgeom.hits.lookup_hit` probing the vLLM manager itself
-  (``lookup(key, req_context)``), no index at all;
+* ``manager``: :func:`kvgeom.hits.lookup_hit` probing the vLLM manager itself with the request's own
+  per-group offload keys (``offload_keys=[s.offload_keys for s in req_status.group_states]``, the
+  lists vLLM's request state keeps; the outer list is made once per request, as a connector keeps
+  it): no index at all;
+* ``manager, hash chain``: the same over the hash chain (``block_hashes=``), which builds each key's
+  bytes per probe (for reference);
+* ``residency``: :func:`kvgeom.hits.lookup_hit` over a :class:`kvgeom.Residency` + ``request.block_hashes``;
 * ``batch``: :func:`kvgeom.batch.lookup.lookup_resident` over the Residency and ``RequestChains``;
-* ``upkeep``: per request, in a long-lived index, the store-complete event of every key the request
-  stored (``Residency.add_keys``) and the evict event of each later (``discard_keys``), and tracking
-  and dropping its hash chain (``RequestChains.update`` / ``remove``). Every stored key is charged to
-  one lookup (no reuse of a stored prefix by later requests: the worst case for the index).
+* ``upkeep``: per key, in a long-lived index with the batch arrays live, the store-complete event of
+  every key a request stored (``Residency.add_keys``, one call per event) and the evict event of each
+  later (``discard_keys``); beside it vLLM's own bookkeeping of the same keys, ``prepare_store`` +
+  ``complete_store`` into a fresh CPU tier; and per request the hash chain tracked and dropped
+  (``RequestChains.update`` / ``remove``). Every stored key is charged to one lookup (no reuse of a
+  stored prefix by later requests: the worst case for the index).
 
-Runs alternate (vLLM, kvgeom lazy, kvgeom on vLLM's tier, kvgeom batch) and every figure is a median.
+Timing: the pool's requests are looked up in rounds (with the garbage collector off, as ``timeit``
+does); each round runs vLLM and every kvgeom path once each, back to back, so every ratio is taken
+between passes a few microseconds apart (the machine is shared; its load moves absolute times by 2-3x
+between runs). Figures are medians over rounds, per
+request (or per key); a ratio is the median over rounds of kvgeom's pass / vLLM's pass in that round.
 Answers are checked request by request: every kvgeom path gives the same hit, and it equals vLLM's
 except where vLLM's hit is off the Mamba chunk (counted in ``vllm_unaligned_hits``): there kvgeom's
 registered deviation ``realign-after-clamp`` gives the lower, aligned hit.
@@ -26,6 +36,8 @@ distinct requests, called one after another (the batch of 4096 cycles through th
 
 from __future__ import annotations
 
+import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -96,6 +108,10 @@ class Cell:
                 vt.store(self.manager, keys, req_id=req.request_id)
             self.states.append(st)
             self.stored.append([bytes(k) for k in keys])
+        # what a connector keeps per request: vLLM's own per-group key lists (grown in place by
+        # update_offload_keys), the request's context and hash chain
+        self.items = [(st, st.req.block_hashes, st.req_context, [gs.offload_keys for gs in st.group_states])
+                      for st in self.states]
         self.res = kvgeom.Residency()
         for keys in self.stored:
             self.res.add_keys(keys)
@@ -116,30 +132,69 @@ class Cell:
 
     def lazy(self) -> list[int]:
         g, n, res = self.geom, self.tokens, self.res
-        return [lookup_hit(g, n, stored=res, block_hashes=st.req.block_hashes).hit_tokens for st in self.states]
+        return [lookup_hit(g, n, stored=res, block_hashes=b).hit_tokens for _, b, _, _ in self.items]
 
-    def lazy_on_tier(self) -> list[int]:
+    def on_tier(self) -> list[int]:
         g, n, m = self.geom, self.tokens, self.manager
-        return [lookup_hit(g, n, stored=m, block_hashes=st.req.block_hashes, req_context=st.req_context).hit_tokens
-                for st in self.states]
+        return [lookup_hit(g, n, stored=m, offload_keys=k, req_context=c).hit_tokens for _, _, c, k in self.items]
+
+    def on_tier_chain(self) -> list[int]:
+        g, n, m = self.geom, self.tokens, self.manager
+        return [lookup_hit(g, n, stored=m, block_hashes=b, req_context=c).hit_tokens for _, b, c, _ in self.items]
+
+    def fresh_tiers(self, count: int) -> None:
+        """Empty CPU tiers for :meth:`vllm_store`, made before the timing."""
+        size = 2 * sum(map(len, self.stored)) + 1024  # room for every key: no eviction, no oversized tier
+        self._fresh = [self.vt.CPUOffloadingManager(num_chunks=size) for _ in range(count)]
 
     def vllm_store(self) -> None:
-        """For scale: vLLM's own tier storing the same keys (prepare_store + complete_store, a fresh CPU tier)."""
-        manager = self.vt.CPUOffloadingManager(num_chunks=1 << 22)
+        """vLLM's own bookkeeping of the same keys: prepare_store + complete_store into a fresh CPU tier."""
+        manager = self._fresh.pop()
         for keys, st in zip(self.stored, self.states, strict=True):
             if keys:
                 self.vt.store(manager, keys, req_id=st.req.request_id)
 
-    def upkeep(self) -> None:
-        """Steady state of a long-lived index: every request's keys are stored (store-complete event) and
-        later evicted (evict event), and its chain is tracked and dropped."""
-        res, chains = self.upkeep_res, self.upkeep_chains
-        for keys, st in zip(self.stored, self.states, strict=True):
-            res.add_keys(keys)
+    def store_events(self) -> None:
+        """The store-complete event of every request's keys, one call per event (long-lived index)."""
+        add = self.upkeep_res.add_keys
+        for keys in self.stored:
+            add(keys)
+
+    def evict_events(self) -> None:
+        """The evict event of the same keys later, one call per event."""
+        discard = self.upkeep_res.discard_keys
+        for keys in self.stored:
+            discard(keys)
+
+    def chain_upkeep(self) -> None:
+        """Every request's hash chain tracked, then dropped."""
+        chains = self.upkeep_chains
+        for st in self.states:
             chains.update(st.req.request_id, st.req.block_hashes)
-        for keys, st in zip(self.stored, self.states, strict=True):
-            res.discard_keys(keys)
+        for st in self.states:
             chains.remove(st.req.request_id)
+
+
+def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each function, over ``rounds`` rounds that run every function once, in turn."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    pc = time.perf_counter
+    gc.collect()
+    gc.disable()  # as timeit does: a collection of the whole process's heap lands in one random pass
+    try:
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                t0 = pc()
+                fn()
+                times[k].append(pc() - t0)
+    finally:
+        gc.enable()
+    return times
+
+
+def _paired(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of a's time / b's time in the same round."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
 
 
 def run(record: Callable[..., None], *, quick: bool) -> None:
@@ -152,64 +207,79 @@ def run(record: Callable[..., None], *, quick: bool) -> None:
         return
     import vllm_tier as vt  # benchmarks/ is on sys.path when run.py runs
 
-    print(f"vs vLLM {version}: OffloadingConnectorScheduler._lookup_complete_chunks on a CPUOffloadingManager",
-          flush=True)
+    print(f"vs vLLM {version}: OffloadingConnectorScheduler._lookup_complete_chunks on a CPUOffloadingManager, "
+          f"load {os.getloadavg()}", flush=True)
     token_counts = (1024, 8192) if quick else (1024, 8192, 32768)
     batches = (1, 64) if quick else (1, 64, 4096)
-    repeat = 3 if quick else 7
+    # rounds of the per-request comparison: many short ones, fewer where one pass of the pool is long
+    rounds_by_tokens = {1024: 41, 8192: 41} if quick else {1024: 201, 8192: 101, 32768: 21}
+    upkeep_rounds = 15
     pool = 16 if quick else 64
     for gname, cfg in GEOMETRIES.items():
         for tokens in token_counts:
             for pattern in ("contiguous", "gapped"):
                 cell = Cell(vt, cfg, tokens, pattern, pool, seed=tokens + (pattern == "gapped"))
                 want = cell.vllm()
-                lazy_hits, tier_hits = cell.lazy(), cell.lazy_on_tier()
+                lazy_hits, tier_hits, chain_hits = cell.lazy(), cell.on_tier(), cell.on_tier_chain()
                 Cm = cell.geom.offload.mamba_align_size if cell.geom.offload is not None else None
                 # Requests where vLLM's hit is not on the Mamba chunk (its Mamba scan after an attention
                 # clamp rounds up to the next state): kvgeom answers lower, by its registered deviation
                 # "realign-after-clamp". Every other request must agree exactly.
                 realigned = [i for i, w in enumerate(want) if Cm and w and w % Cm]
-                same = lazy_hits == tier_hits and all(
+                same = lazy_hits == tier_hits == chain_hits and all(
                     lazy_hits[i] == want[i] for i in range(pool) if i not in realigned)
                 same = same and all(lazy_hits[i] < want[i] and lazy_hits[i] % Cm == 0 for i in realigned)
-                t_v: list[float] = []
-                t_l: list[float] = []
-                t_t: list[float] = []
-                t_u: list[float] = []
-                t_s: list[float] = []
-                for _ in range(repeat):
-                    _timed(cell.vllm, t_v)
-                    _timed(cell.lazy, t_l)
-                    _timed(cell.lazy_on_tier, t_t)
-                    _timed(cell.upkeep, t_u)
-                    _timed(cell.vllm_store, t_s)
-                v = statistics.median(t_v) / pool
-                lazy = statistics.median(t_l) / pool
-                on_tier = statistics.median(t_t) / pool
-                upkeep = statistics.median(t_u) / pool
-                vllm_store = statistics.median(t_s) / pool
-                keys_per_req = sum(map(len, cell.stored)) / pool
+                load = os.getloadavg()[0]
+                rounds = rounds_by_tokens[tokens]
+                t = _rounds({"vllm": cell.vllm, "manager": cell.on_tier, "residency": cell.lazy,
+                             "manager_chain": cell.on_tier_chain}, rounds)
+                cell.fresh_tiers(upkeep_rounds)
+                u = _rounds({"vllm_store": cell.vllm_store, "store": cell.store_events, "evict": cell.evict_events,
+                             "chains": cell.chain_upkeep}, upkeep_rounds)
+                med = {k: statistics.median(v) / pool for k, v in t.items()}
+                v = med["vllm"]
+                keys_total = sum(map(len, cell.stored))
+                per_key = {k: statistics.median(u[k]) / max(keys_total, 1) for k in ("vllm_store", "store", "evict")}
+                upkeep_key = per_key["store"] + per_key["evict"]
+                # the index's upkeep per key against vLLM's own store bookkeeping of the same key, round by round
+                upkeep_ratio = statistics.median(
+                    (a + b) / c for a, b, c in zip(u["store"], u["evict"], u["vllm_store"], strict=True))
+                upkeep_req = (keys_total * upkeep_key + statistics.median(u["chains"])) / pool
+                cell_fields = dict(
+                    vllm_us=v * 1e6, manager_us=med["manager"] * 1e6, residency_us=med["residency"] * 1e6,
+                    manager_over_vllm=_paired(t, "manager", "vllm"),
+                    residency_over_vllm=_paired(t, "residency", "vllm"),
+                    manager_chain_over_vllm=_paired(t, "manager_chain", "vllm"),
+                    upkeep_us_per_key=upkeep_key * 1e6, store_us_per_key=per_key["store"] * 1e6,
+                    evict_us_per_key=per_key["evict"] * 1e6, vllm_store_us_per_key=per_key["vllm_store"] * 1e6,
+                    upkeep_over_vllm_store=upkeep_ratio, chains_us_per_req=statistics.median(u["chains"]) / pool * 1e6,
+                    upkeep_us_per_req=upkeep_req * 1e6, keys_stored_per_request=keys_total / pool,
+                    mean_hit=float(np.mean([w or 0 for w in want])), same_answers=same,
+                    vllm_unaligned_hits=len(realigned), load=load,
+                )
+                per_request_met = cell_fields["manager_over_vllm"] <= 1.0 and cell_fields["residency_over_vllm"] <= 1.0
+                record(f"vs_vllm {gname} {tokens} tok {pattern} per request", n=1, batch_s=med["manager"],
+                       target="manager and residency <=1.0x vLLM", met=per_request_met, **cell_fields)
+                record(f"vs_vllm {gname} {tokens} tok {pattern} upkeep", n=keys_total, batch_s=upkeep_key,
+                       target="store+evict per key <= vLLM store per key", met=upkeep_ratio <= 1.0,
+                       upkeep_us_per_key=upkeep_key * 1e6, vllm_store_us_per_key=per_key["vllm_store"] * 1e6,
+                       upkeep_over_vllm_store=upkeep_ratio, load=load)
                 for b in batches:
                     if b == 1:
-                        k, how = lazy, "lazy"
-                    else:
-                        rows = cell.chains.rows([cell.states[i % pool].req.request_id for i in range(b)])
-                        n = np.full(b, tokens, dtype=np.int64)
-                        got = lookup_resident(cell.geom, cell.res, rows, n)
-                        same = same and got.hit_tokens.tolist() == [lazy_hits[i % pool] for i in range(b)]
-                        t_b: list[float] = []
-                        reps = max(3, repeat if b <= 64 else 5)
-                        for _ in range(reps):
-                            _timed(lambda c=cell, rows=rows, n=n: lookup_resident(c.geom, c.res, rows, n), t_b)
-                        k, how = statistics.median(t_b) / b, "batch"
-                    with_upkeep = k + upkeep
-                    target = "<=1.0x vLLM" if b < 4096 else ">=50x vs vLLM incl. upkeep"
-                    met = (k / v <= 1.0) if b < 4096 else (v / with_upkeep >= 50)
+                        continue
+                    rows = cell.chains.rows([cell.states[i % pool].req.request_id for i in range(b)])
+                    n = np.full(b, tokens, dtype=np.int64)
+                    got = lookup_resident(cell.geom, cell.res, rows, n)
+                    same_b = same and got.hit_tokens.tolist() == [lazy_hits[i % pool] for i in range(b)]
+                    reps = max(3, min(rounds, 41) if b <= 64 else 5)
+                    tb = _rounds({"vllm": cell.vllm,
+                                  "batch": lambda c=cell, rows=rows, n=n: lookup_resident(c.geom, c.res, rows, n)},
+                                 reps)
+                    k = statistics.median(tb["batch"]) / b
+                    vb = statistics.median(tb["vllm"]) / pool
+                    with_upkeep = k + upkeep_req
                     record(f"vs_vllm {gname} {tokens} tok {pattern} batch {b}", n=b, batch_s=k * b,
-                           target=target, met=met, kvgeom_path=how, vllm_us=v * 1e6, kvgeom_us=k * 1e6,
-                           ratio_kvgeom_over_vllm=k / v, lazy_over_vllm=lazy / v,
-                           lazy_on_vllm_tier_over_vllm=on_tier / v, speedup_lookup_only=v / k,
-                           upkeep_us=upkeep * 1e6, ratio_incl_upkeep=with_upkeep / v,
-                           speedup_incl_upkeep=v / with_upkeep, keys_stored_per_request=keys_per_req,
-                           mean_hit=float(np.mean([w or 0 for w in want])), same_answers=same,
-                           vllm_unaligned_hits=len(realigned), vllm_store_us=vllm_store * 1e6)
+                           target="<=1.0x vLLM", met=k / vb <= 1.0, vllm_us=vb * 1e6, kvgeom_us=k * 1e6,
+                           ratio_kvgeom_over_vllm=k / vb, speedup_lookup_only=vb / k,
+                           upkeep_us_per_req=upkeep_req * 1e6, ratio_incl_upkeep=with_upkeep / vb,
+                           speedup_incl_upkeep=vb / with_upkeep, same_answers=same_b, load=load)

@@ -38,6 +38,7 @@ from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_hori
 from kvgeom.prefix import scheduler_keeps_load
 from kvgeom.probes import HIT, MISS, PENDING, RETRY, Probe, RecordingProbe, as_probe, eagle_pair_held
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
+from kvgeom.residency import Residency
 
 __all__ = [
     "GroupLoad",
@@ -135,21 +136,18 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     window = og.window_chunks or 1
     sliding = g.family == "sliding"
     contains, index = probe.contains, og.index
-
-    def need(at: int) -> int:
-        if w is None:  # Mamba: the single key ending at the candidate
-            return 1
-        if not sliding:  # chunked local: its fixed window of chunks (``load_window_size_in_chunks``)
-            return window
-        # vLLM asks for at least the group's window in chunks (``load_window_size_in_chunks``), even when
-        # the positions before the hit fit in fewer (a window of 1 needs no stored position at all).
-        return max(cdiv(w + (-at) % C, C), window)
-
+    # The run a hit ending at ``at`` needs (written out where it is used; no closure per scan): Mamba, the
+    # single key ending at the candidate; a chunked-local group, its fixed window of chunks
+    # (``load_window_size_in_chunks``, not padded for a candidate inside a chunk); a sliding window, at least
+    # the group's window in chunks, even when the positions before the hit fit in fewer (a window of 1 needs
+    # no stored position at all): max(cdiv(w + (-at) % C, C), window).
+    if not sliding:
+        w = None if w is None else 0
     run_end = end
-    cur = need(run_end)
+    cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
     run = 0
     misses = 0
-    j = cdiv(end, C) - 1
+    j = -(-end // C) - 1
     while j >= start_chunk:
         if cur <= run:
             return run_end
@@ -160,7 +158,7 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
             continue
         run = 0
         run_end = j * C
-        cur = need(run_end)
+        cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
         if cur <= 0:
             return run_end
         misses += 1
@@ -171,7 +169,7 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
             nxt = max(probe.below(index, C, j), start_chunk - 1)
             if nxt < j - 1:
                 run_end = (nxt + 1) * C
-                cur = need(run_end)
+                cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
         j = nxt
     if run >= cur or run > 0:
         return run_end
@@ -196,6 +194,7 @@ def lookup_hit(
     local_computed_tokens: int = 0,
     max_load_tokens: int | None = None,
     max_num_new_tokens: int | None = None,
+    offload_keys: Any = None,
 ) -> Hit:
     """How many tokens past the local prefix an offload tier can supply (vLLM 0.33
     ``offloading/scheduler.py::_lookup_complete_chunks`` and ``_lookup``).
@@ -204,10 +203,14 @@ def lookup_hit(
     group index to the end tokens (or a bool chunk mask) of the keys held for this request, a
     ``contains(group, end_token)`` callable, a :class:`kvgeom.Residency` or an object with the
     offload manager's ``lookup(key, req_context)`` (these two with ``block_hashes``, the
-    request's hash chain). The tier is probed lazily, key by key in vLLM's order: full-attention
-    groups from the local prefix forwards, stopping at the first miss; windowed groups from the
-    candidate end backwards, stopping when a run is long enough. Keys the answer does not depend
-    on are never probed and the stored set is never validated or sorted as a whole.
+    request's hash chain). A connector that already holds the request's offload keys per group
+    (vLLM 0.33's request state: ``[s.offload_keys for s in req_status.group_states]``) passes them
+    as ``offload_keys`` with its manager instead: keys are then read, never built (a geometry with
+    partial tails needs ``block_hashes`` as well, for the partial-tail key). The tier is probed
+    lazily, key by key in vLLM's order: full-attention groups from the local prefix forwards,
+    stopping at the first miss; windowed groups from the candidate end backwards, stopping when a
+    run is long enough. Keys the answer does not depend on are never probed and the stored set is
+    never validated or sorted as a whole.
 
     The local prefix is rounded down to the scheduler block L first, as the scheduler hands it to
     the connector.
@@ -236,10 +239,11 @@ def lookup_hit(
     >>> lookup_hit(g, 65, stored=lambda group, end: end <= 64).end_token
     64
     """
-    order = _order(geom)
+    cached = _ORDERS.get(id(geom))
+    order = cached[1] if cached is not None and cached[0] is geom else _order(geom)
     # ints in [0, int64 max] pass without a call; anything else gets nonneg's checks and messages
     n = num_tokens if type(num_tokens) is int and 0 <= num_tokens <= INT64_MAX else nonneg("num_tokens", num_tokens)
-    prompt = prompt_tokens(num_prompt_tokens, n)
+    prompt = n if num_prompt_tokens is None else prompt_tokens(num_prompt_tokens, n)
     local = local_computed_tokens
     if type(local) is not int or not 0 <= local <= INT64_MAX:
         local = nonneg("local_computed_tokens", local)
@@ -253,9 +257,41 @@ def lookup_hit(
         )
     mnn = None if max_num_new_tokens is None else nonneg("max_num_new_tokens", max_num_new_tokens)
     mlt = None if max_load_tokens is None else nonneg("max_load_tokens", max_load_tokens)
-    probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
-    hit = _lookup(geom, order, probe, n, prompt, local, mlt, mnn)
-    if getattr(probe, "unsettled", False):
+    c = local - local % order.L if local else 0
+    M = n
+    if mnn is not None:
+        M = min(M, c + mnn)
+    if mlt is not None:
+        M = min(M, c + mlt)
+    limit = M
+    if order.windowed:
+        M = _align_to_mamba_chunk(M - 1 if M else 0, order.Cm)
+    if M - c < order.first_chunk and not order.partial_tail_span:
+        # Not one chunk of the first group fits past c: no hit, and no key to ask. A store in a form
+        # whose probe would be built without a further check (a Residency with a list chain and the
+        # default holder; a manager's lookup with a list of per-group key lists covering every offloaded
+        # group, each checked where it is read) is not built; any other is built, which checks it, so bad
+        # input is refused whatever the request.
+        if offload_keys is None:
+            hot = type(stored) is Residency and type(block_hashes) is list and type(holder) is int and holder == 0
+        else:
+            hot = (block_hashes is None and type(offload_keys) is list and len(offload_keys) >= order.groups_top
+                   and callable(getattr(stored, "lookup", None)))
+        if not hot:
+            as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context,
+                     offload_keys=offload_keys)
+        hit = _NO_HIT.get(c)
+        return hit if hit is not None else _no_hit(c)
+    probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context,
+                     offload_keys=offload_keys)
+    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
+    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
+    found = _partial_tail(geom, order, probe, n, prompt, c, done, limit) if order.partial_tail_span else None
+    if found is None:
+        found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
+        if found is None:
+            found = _no_hit(c) if done == c else _hit(done, c, False)
+    if probe.unsettled:
         # the tier answered HIT_PENDING or RETRY for a key the lookup asked: ask again, by vLLM's rules for them
         unsettled = _lookup_unsettled(geom, order, probe, n, prompt, local, mlt, mnn)
         if unsettled is None:
@@ -268,7 +304,7 @@ def lookup_hit(
                 num_tokens=n,
             )
         return unsettled
-    return hit
+    return found
 
 
 class ProbeCall(NamedTuple):
@@ -319,20 +355,23 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
     return LookupTrace(hit, tuple(ProbeCall(g, e, e // H - 1, held) for g, e, held in recorder.calls))
 
 
-class _Order(NamedTuple):
-    """What a lookup reads from the geometry, computed once per geometry."""
+class _Order:
+    """What a lookup reads from the geometry, computed once per geometry (slots: read on every lookup)."""
 
-    off: OffloadGeometry
-    L: int
-    H: int
-    Cm: int | None
-    full: tuple[OffloadGroupGeometry, ...]
-    windowed: tuple[OffloadGroupGeometry, ...]
-    """Windowed groups by decreasing window, stable: vLLM's ``_lookup_groups`` order after the full ones."""
-    partial_tail_span: int
-    """The common span when partial tails are supported, else 0."""
-    first_chunk: int
-    """The chunk of the first group looked up: a candidate less than this past the local prefix is no hit."""
+    __slots__ = ("Cm", "H", "L", "first_chunk", "full", "groups_top", "off", "partial_tail_span", "windowed")
+
+    def __init__(self, off: OffloadGeometry, L: int, H: int, Cm: int | None, full: tuple[OffloadGroupGeometry, ...],
+                 windowed: tuple[OffloadGroupGeometry, ...], partial_tail_span: int, first_chunk: int,
+                 groups_top: int) -> None:
+        self.off, self.L, self.H, self.Cm, self.full = off, L, H, Cm, full
+        self.windowed = windowed
+        """Windowed groups by decreasing window, stable: vLLM's ``_lookup_groups`` order after the full ones."""
+        self.partial_tail_span = partial_tail_span
+        """The common span when partial tails are supported, else 0."""
+        self.first_chunk = first_chunk
+        """The chunk of the first group looked up: a candidate less than this past the local prefix is no hit."""
+        self.groups_top = groups_top
+        """One past the highest offloaded group index (how many entries per-group offload keys need)."""
 
 
 _ORDERS: dict[int, tuple[Geometry, _Order]] = {}
@@ -350,7 +389,7 @@ def _order(geom: Geometry) -> _Order:
     order = _Order(
         off, geom.scheduler_block_size, geom.hash_block_size, off.mamba_align_size, tuple(full), tuple(windowed),
         off.groups[0].tokens_per_block if off.supports_partial_tail else 0,
-        (full[0] if full else windowed[0]).tokens_per_chunk,
+        (full[0] if full else windowed[0]).tokens_per_chunk, max(og.index for og in off.groups) + 1,
     )
     if len(_ORDERS) >= 256:
         _ORDERS.clear()
@@ -358,48 +397,53 @@ def _order(geom: Geometry) -> _Order:
     return order
 
 
-def _lookup(
-    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, local: int, mlt: int | None, mnn: int | None,
-) -> Hit:
-    """The lookup core over checked arguments: complete chunks to a fixed point, then a partial tail."""
-    c = local - local % order.L
-    M = n
-    if mnn is not None:
-        M = min(M, c + mnn)
-    if mlt is not None:
-        M = min(M, c + mlt)
-    limit = M
-    if order.windowed:
-        M = _align_to_mamba_chunk(max(M - 1, 0), order.Cm)
-    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
-    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
+def _partial_tail(
+    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, c: int, done: int, limit: int
+) -> Hit | None:
+    """The partial-tail hit past the complete chunks ending at ``done`` (up to ``limit``, the candidate
+    before the alignment), or None; only for a geometry with partial tails."""
+    H = order.H
     span = order.partial_tail_span
-    if span:
-        H = order.H
-        contains = probe.contains
-        groups = order.off.groups
-        b = partial_tail_max_boundary(geom, n, prompt, done, limit)
-        if b >= done + span and not all(
-            contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
-        ):
-            b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
-        while b > done:
-            if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
-                return Hit(b - c, b, c, True)
-            b -= H
-    if done == c:
-        hit = _NO_HIT.get(c)
-        if hit is None:
-            if len(_NO_HIT) >= 1024:
-                _NO_HIT.clear()
-            hit = _NO_HIT[c] = Hit(0, c, c, False)
-        return hit
-    return Hit(done - c, done, c, False)
+    contains = probe.contains
+    groups = order.off.groups
+    b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+    if b >= done + span and not all(
+        contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
+    ):
+        b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
+    while b > done:
+        if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
+            return _hit(b, c, True)
+        b -= H
+    return None
 
 
-#: "No hit past c", by c: a Hit is immutable, so a lookup that finds nothing hands back a shared one
-#: instead of building a frozen dataclass per call (a third of a trivial lookup's cost).
+#: "No hit past c", by c, and every other Hit handed out, by (end, c) (complete chunks) or (end, c, True)
+#: (a partial tail): a Hit is immutable, so a lookup hands back a shared one instead of building a frozen
+#: dataclass per call (which costs more than a whole short lookup).
 _NO_HIT: dict[int, Hit] = {}
+_HITS: dict[tuple[int, int] | tuple[int, int, bool], Hit] = {}
+
+
+def _no_hit(c: int) -> Hit:
+    """The shared "no hit past ``c``" :class:`Hit`."""
+    hit = _NO_HIT.get(c)
+    if hit is None:
+        if len(_NO_HIT) >= 1024:
+            _NO_HIT.clear()
+        hit = _NO_HIT[c] = Hit(0, c, c, False)
+    return hit
+
+
+def _hit(end: int, c: int, partial_tail: bool) -> Hit:
+    """The shared :class:`Hit` ending at ``end`` from the local prefix ``c``."""
+    key: tuple[int, int] | tuple[int, int, bool] = (end, c, True) if partial_tail else (end, c)
+    hit = _HITS.get(key)
+    if hit is None:
+        if len(_HITS) >= 4096:
+            _HITS.clear()
+        hit = _HITS[key] = Hit(end - c, end, c, partial_tail)
+    return hit
 
 
 def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool) -> int:
@@ -419,12 +463,20 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
         m = _align_to_mamba_chunk(found, Cm)
         if m - c < og.tokens_per_chunk:
             return c
-        if m < before and not og.eagle_group:
+        if verified and m < before and not og.eagle_group:
             verified.clear()
     windowed = order.windowed
+    # A windowed group whose scan ended exactly at the candidate it left (not lowered further by the
+    # re-alignment) is settled there: its scan from that candidate finds the same run, so it is not asked
+    # again while the candidate stays put. Eagle groups pop, and are always asked. A recording probe
+    # (:func:`lookup_trace`) is asked every key vLLM 0.33 asks, so nothing is skipped for it.
+    settled: dict[int, int] | None = None
+    skip_settled = type(probe) is not RecordingProbe
     while windowed:
         changed = False
         for og in windowed:
+            if settled is not None and settled.get(og.index) == m:
+                continue
             before = m
             found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
             if found is None:
@@ -432,11 +484,15 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
             m = _align_to_mamba_chunk(found, Cm)
             if m - c < og.tokens_per_chunk:
                 return c
-            if m < before and not og.eagle_group:
+            if verified and m < before and not og.eagle_group:
                 verified.clear()
             # the pass's first group lowering to exactly its own run end needs no second look (vLLM 0.33
             # asks no key again then); any other lowering sends every group round once more
             changed = changed or (m < before and (og is not windowed[0] or m != found))
+            if skip_settled and m == found and not og.eagle_group:
+                if settled is None:
+                    settled = {}
+                settled[og.index] = m
         if not changed:
             break
     return m
@@ -604,7 +660,9 @@ def _window_states(probe: Probe, group: int, C: int, start: int, stop: int, wind
 def _clamp(og: OffloadGroupGeometry, m: int, keyed_hashes: int, load_capped: bool, Cm: int | None) -> int:
     """The candidate limited to the group's keyed chunks (and its chunk grid under max_load_tokens), re-aligned."""
     C = og.tokens_per_chunk
-    m = min(m, keyed_hashes // og.hashes_per_chunk * C)
+    keyed = keyed_hashes // og.hashes_per_chunk * C
+    if keyed < m:
+        m = keyed
     if load_capped:
         m = rdown(m, C)
     return _align_to_mamba_chunk(m, Cm)
@@ -665,9 +723,10 @@ def _group_end(
         return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk)
     if og.window_chunks is None:
         C = og.tokens_per_chunk
-        return min(m, C * probe.forward(og.index, C, c // C, m))
+        end = C * probe.forward(og.index, C, c // C, m)
+        return end if end < m else m
     found = _scan_window(geom.groups[og.index], og, probe, m, c // og.tokens_per_chunk)
-    return None if found is None else min(m, found)
+    return found if found is None or found < m else m
 
 
 def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int) -> int | None:

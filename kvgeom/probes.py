@@ -14,6 +14,10 @@ caller holds the tier in (:func:`as_probe`):
   ``RETRY`` (location unknown) are *unsettled* answers (:meth:`Probe.state`): the lookup then follows
   vLLM 0.33's own rules for them (a later miss can cancel a pending key; where vLLM defers the request,
   :func:`kvgeom.hits.lookup_hit` raises ``lookup_not_ready``);
+* the same ``lookup`` object and the request's own per-group offload keys (``offload_keys``, entry
+  ``[g][j]`` the key of group g's chunk j, ending at ``(j + 1) * C_g``: vLLM 0.33's
+  ``RequestGroupState.offload_keys``, kept by ``update_offload_keys``): the keys are read, never
+  built, so a probe costs the tier's ``lookup`` and a list read; answers are read as above;
 * a mapping ``{group: end tokens}`` (the ``stored`` of :func:`kvgeom.hits.plan_hit`): a
   ``set`` / ``frozenset`` value is read in place, only at the probed entries; any other
   collection is checked entry by entry as it is turned into a set (no sorting);
@@ -25,7 +29,8 @@ caller holds the tier in (:func:`as_probe`):
 Invariants (``tests/property/test_probe_laws.py``):
 
 * every form answers exactly what the ``stored`` mapping form answers for the same keys, so
-  :func:`kvgeom.hits.lookup_hit` returns the same :class:`kvgeom.hits.Hit` whatever the form;
+  :func:`kvgeom.hits.lookup_hit` returns the same :class:`kvgeom.hits.Hit` whatever the form (with
+  ``offload_keys`` as with ``block_hashes``, when the lists are the keys the chain names);
 * an end token off the hash grid, not positive, or past a known :attr:`Probe.bound` is never held;
 * :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss, and
   :meth:`Probe.forward` stops exactly where stepping with ``contains`` would.
@@ -74,6 +79,10 @@ class Probe:
 
     __slots__ = ("bound",)
 
+    #: Whether the tier answered :data:`PENDING` or :data:`RETRY` for a key asked so far (a tier that can say
+    #: so sets it; :func:`kvgeom.hits.lookup_hit` then re-asks by vLLM's rules through :meth:`state`).
+    unsettled: bool = False
+
     def __init__(self, bound: int | None = None) -> None:
         self.bound = bound
 
@@ -118,28 +127,29 @@ class RecordingProbe(Probe):
     (True, False, [(0, 32, True), (1, 48, False)])
     """
 
-    __slots__ = ("calls", "inner")
+    __slots__ = ("calls", "inner", "unsettled")
 
     def __init__(self, inner: Probe) -> None:
         super().__init__(None)
         self.inner = inner
         self.calls: list[tuple[int, int, bool]] = []
+        self.unsettled = False
+        """The wrapped tier's :attr:`Probe.unsettled`, read after every question."""
 
     def contains(self, group: int, end_token: int) -> bool:
-        held = bool(self.inner.contains(group, end_token))
+        inner = self.inner
+        held = bool(inner.contains(group, end_token))
         self.calls.append((group, end_token, held))
+        self.unsettled = inner.unsettled
         return held
 
     def state(self, group: int, end_token: int) -> str:
         # a tier that answers pending/retry is re-asked by state(): recorded too, held only for HIT
-        answer = self.inner.state(group, end_token)
+        inner = self.inner
+        answer = inner.state(group, end_token)
         self.calls.append((group, end_token, answer == HIT))
+        self.unsettled = inner.unsettled
         return answer
-
-    @property
-    def unsettled(self) -> bool:
-        """Whether the wrapped tier has answered :data:`PENDING` or :data:`RETRY` so far."""
-        return bool(getattr(self.inner, "unsettled", False))
 
 
 class _FunctionProbe(Probe):
@@ -254,15 +264,13 @@ class _ResidencyProbe(Probe):
 class _LookupProbe(Probe):
     """An object with the offload manager's ``lookup(key, req_context)``, keyed by the chain's bytes hashes."""
 
-    __slots__ = ("_H", "_answers", "_chain", "_ctx", "_lookup", "_n", "_suffix", "unsettled")
+    __slots__ = ("_H", "_chain", "_ctx", "_lookup", "_n", "_suffix", "unsettled")
 
     def __init__(self, lookup: Callable[[bytes, Any], Any], chain: Sequence[Hashable], H: int, ctx: Any) -> None:
         n = len(chain)
-        super().__init__(n * H)
+        self.bound = n * H
         self._lookup, self._chain, self._H, self._ctx, self._n = lookup, chain, H, ctx, n
         self._suffix: dict[int, bytes] = {}
-        self._answers: dict[Any, str] = {}
-        """Each answer object seen (an enum member, say) and which of the four answers it is: read once by name."""
         self.unsettled = False
         """Whether the tier has answered :data:`PENDING` or :data:`RETRY` for a key asked so far."""
 
@@ -281,20 +289,27 @@ class _LookupProbe(Probe):
 
     def _answer(self, key: bytes) -> str:
         answer = self._lookup(key, self._ctx)
-        try:
-            known = self._answers.get(answer)
-        except TypeError:  # an unhashable answer: read it every time
-            known = _result_state(answer, key)
-        else:
-            if known is None:
-                known = self._answers[answer] = _result_state(answer, key)
-        if known is PENDING or known is RETRY:
+        if answer is _ANSWERS[0]:
+            return HIT
+        if answer is _ANSWERS[1]:
+            return MISS
+        state = _read_answer(answer, key)
+        if state is PENDING or state is RETRY:
             self.unsettled = True
-        return known
+        return state
 
     def _held(self, key: bytes) -> bool:
-        # an unsettled answer counts as held here; the lookup re-asks with state() once it has seen one
-        return self._answer(key) is not MISS
+        answer = self._lookup(key, self._ctx)
+        if answer is _ANSWERS[0]:
+            return True
+        if answer is _ANSWERS[1]:
+            return False
+        state = _read_answer(answer, key)
+        if state is PENDING or state is RETRY:
+            # an unsettled answer counts as held here; the lookup re-asks with state() once it has seen one
+            self.unsettled = True
+            return True
+        return state is HIT
 
     def state(self, group: int, end_token: int) -> str:
         H = self._H
@@ -318,6 +333,122 @@ class _LookupProbe(Probe):
         while j < stop and held(key((j + 1) * hpc - 1, group)):
             j += 1
         return j
+
+
+class _KeysProbe(Probe):
+    """The offload manager's ``lookup(key, req_context)`` over the request's own per-group offload keys
+    (chunk j of group g is ``keys[g][j]``): nothing is built per probe. An end token off a group's chunk
+    grid (a partial-tail key) is keyed through the hash chain, when one was given."""
+
+    __slots__ = ("_chunk", "_ctx", "_keys", "_lookup", "_tail", "unsettled")
+
+    def __init__(self, lookup: Callable[[Any, Any], Any], keys: Any, chunk: dict[int, int], ctx: Any,
+                 tail: _LookupProbe | None) -> None:
+        self.bound = None
+        self._lookup, self._keys, self._chunk, self._ctx, self._tail = lookup, keys, chunk, ctx, tail
+        self.unsettled = False
+        """Whether the tier has answered :data:`PENDING` or :data:`RETRY` for a key asked so far."""
+
+    def _slow_held(self, answer: Any, key: Any) -> bool:
+        """An answer that is not the remembered HIT / MISS object; an unsettled one counts as held here (the
+        lookup re-asks with :meth:`state` once it has seen one)."""
+        state = _read_answer(answer, key)
+        if state is PENDING or state is RETRY:
+            self.unsettled = True
+            return True
+        return state is HIT
+
+    def state(self, group: int, end_token: int) -> str:
+        C = self._chunk[group]
+        if end_token > 0 and end_token % C == 0:
+            keys = self._keys[group]
+            if type(keys) is not list:
+                keys = self._group_keys(group)
+            j = end_token // C - 1
+            if j >= len(keys):
+                return MISS
+            key = keys[j]
+            answer = self._lookup(key, self._ctx)
+            if answer is _ANSWERS[0]:
+                return HIT
+            if answer is _ANSWERS[1]:
+                return MISS
+            state = _read_answer(answer, key)
+            if state is PENDING or state is RETRY:
+                self.unsettled = True
+            return state
+        state = self._tail_probe(group, end_token, C).state(group, end_token)
+        if state is PENDING or state is RETRY:
+            self.unsettled = True
+        return state
+
+    def _tail_probe(self, group: int, end_token: int, C: int) -> _LookupProbe:
+        tail = self._tail
+        if tail is None:
+            raise QueryError.single(
+                "missing_block_hashes",
+                f"the key of group {group} ending at token {end_token} is off the group's chunk grid (C={C}: a "
+                "partial-tail key), so it is not in offload_keys: pass block_hashes=<the request's hash chain> too",
+                "block_hashes",
+            )
+        return tail
+
+    def _group_keys(self, group: int) -> Sequence[Any]:
+        keys = self._keys[group]
+        if type(keys) is not list and (not isinstance(keys, Sequence) or isinstance(keys, str | bytes)):
+            raise QueryError.single(
+                "bad_offload_keys",
+                f"offload_keys[{group}] must be the group's list of offload keys, chunk j at entry j (vLLM: "
+                f"request state group_states[{group}].offload_keys), got {type(keys).__name__}",
+                f"offload_keys.{group}",
+            )
+        return keys
+
+    def contains(self, group: int, end_token: int) -> bool:
+        C = self._chunk[group]
+        if end_token > 0 and end_token % C == 0:
+            keys = self._keys[group]
+            if type(keys) is not list:
+                keys = self._group_keys(group)
+            j = end_token // C - 1
+            if j >= len(keys):
+                return False
+            key = keys[j]
+            answer = self._lookup(key, self._ctx)
+            if answer is _ANSWERS[0]:
+                return True
+            return answer is not _ANSWERS[1] and self._slow_held(answer, key)
+        tail = self._tail_probe(group, end_token, C)
+        held = tail.contains(group, end_token)
+        if tail.unsettled:
+            self.unsettled = True
+        return held
+
+    def forward(self, group: int, tokens_per_chunk: int, j: int, top: int) -> int:
+        C = tokens_per_chunk
+        if self._chunk[group] != C:
+            return Probe.forward(self, group, C, j, top)
+        keys = self._keys[group]
+        if type(keys) is not list:
+            keys = self._group_keys(group)
+        stop = -(-top // C)
+        if len(keys) < stop:
+            stop = len(keys)
+        lookup, ctx, hit = self._lookup, self._ctx, _ANSWERS[0]
+        while j < stop:
+            key = keys[j]
+            answer = lookup(key, ctx)
+            if answer is not hit:
+                if answer is _ANSWERS[1] or not self._slow_held(answer, key):
+                    break
+                hit = _ANSWERS[0]  # the remembered HIT object (this answer, unless it was unsettled)
+            j += 1
+        return j
+
+    def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
+        if tokens_per_chunk == self._chunk[group]:
+            return min(j - 1, len(self._group_keys(group)) - 1)
+        return j - 1
 
 
 def _plain_ints(values: AbstractSet[Any]) -> bool:
@@ -440,7 +571,24 @@ def _residency_probe(geom: Geometry, res: Residency, chain: Sequence[Hashable], 
     return _ResidencyProbe(res._held, chain, geom.hash_block_size, 1 << holder)
 
 
+#: The last answer objects a ``lookup`` gave that meant "held" and "not held" (enum members, say): answers
+#: are compared to them by identity first, so an answer object is read by name only the first time it is
+#: seen (an answer is a value: the same object means the same thing every time). Unsettled answers
+#: (``HIT_PENDING``, ``RETRY``) are read by name every time: they are rare.
+_ANSWERS: list[Any] = [True, False]
+
 _ANSWER_NAMES = {"HIT": HIT, "MISS": MISS, "HIT_PENDING": PENDING, "RETRY": RETRY}
+
+
+def _read_answer(answer: Any, key: Any) -> str:
+    """An answer that is not the remembered HIT / MISS object: read it by name (an unknown answer raises
+    ``lookup_not_ready``) and remember it when it is HIT or MISS."""
+    state = _result_state(answer, key)
+    if state is HIT:
+        _ANSWERS[0] = answer
+    elif state is MISS:
+        _ANSWERS[1] = answer
+    return state
 
 
 def _result_state(result: Any, key: bytes) -> str:
@@ -458,6 +606,76 @@ def _result_state(result: Any, key: bytes) -> str:
     )
 
 
+#: Per geometry (by identity), each offloaded group's chunk C_g and one past the highest offloaded group
+#: index: what a probe over per-group offload keys reads.
+_CHUNKS: dict[int, tuple[Geometry, dict[int, int], int, bool]] = {}
+
+
+def _chunks(geom: Geometry) -> tuple[Geometry, dict[int, int], int, bool]:
+    """``(geom, {group: C_g}, one past the highest offloaded group, partial tails supported)``, cached."""
+    cached = _CHUNKS.get(id(geom))
+    if cached is not None and cached[0] is geom:
+        return cached
+    _offloaded(geom)  # raises no_offload
+    assert geom.offload is not None
+    chunk = {og.index: og.tokens_per_chunk for og in geom.offload.groups}
+    if len(_CHUNKS) >= 256:
+        _CHUNKS.clear()
+    cached = _CHUNKS[id(geom)] = (geom, chunk, max(chunk) + 1, geom.offload.supports_partial_tail)
+    return cached
+
+
+def _keys_probe(geom: Geometry, stored: Any, offload_keys: Any, block_hashes: Any, req_context: Any) -> Probe:
+    """The probe of a ``lookup`` store over the request's own per-group offload keys (checked here: the
+    outer form and that it covers every offloaded group; each group's list when it is first read)."""
+    lookup = getattr(stored, "lookup", None)
+    if not callable(lookup):
+        raise QueryError.single(
+            "unexpected_offload_keys",
+            "offload_keys is read with a store that has the offload manager's lookup(key, req_context) (vLLM: "
+            f"the connector's manager); got {type(stored).__name__}: pass block_hashes instead",
+            "offload_keys",
+        )
+    cached = _CHUNKS.get(id(geom))
+    if cached is None or cached[0] is not geom:
+        cached = _chunks(geom)
+    _, chunk, top, partial_tails = cached
+    kind = type(offload_keys)
+    if (kind is not list and kind is not tuple) or len(offload_keys) < top:  # the common case passes at once
+        if isinstance(offload_keys, Mapping):
+            missing = [g for g in chunk if g not in offload_keys]
+        elif isinstance(offload_keys, Sequence) and not isinstance(offload_keys, str | bytes | bytearray):
+            missing = [g for g in chunk if g >= len(offload_keys)]
+        else:
+            raise QueryError.single(
+                "bad_offload_keys",
+                "offload_keys must hold, per group index, the request's offload keys of that group (a list of "
+                f"lists, vLLM: [s.offload_keys for s in request_state.group_states], or a mapping); got "
+                f"{kind.__name__}",
+                "offload_keys",
+            )
+        if missing:
+            raise QueryError.single(
+                "bad_offload_keys",
+                f"offload_keys has no keys for offloaded group(s) {show(missing)}; entry g holds group g's keys, "
+                "one per chunk (an empty list when the request has none)",
+                "offload_keys",
+            )
+    tail = None
+    if block_hashes is None:
+        if partial_tails:
+            raise QueryError.single(
+                "missing_block_hashes",
+                "this geometry stores partial-tail keys, which end off the chunk grid and so are not in "
+                "offload_keys: pass block_hashes=<the request's hash chain> (vLLM: request.block_hashes) too",
+                "block_hashes",
+            )
+    else:
+        tail = _LookupProbe(lookup, _chain(block_hashes, "lookup(key, req_context)"), geom.hash_block_size,
+                            req_context)
+    return _KeysProbe(lookup, offload_keys, chunk, req_context, tail)
+
+
 def as_probe(
     geom: Geometry,
     stored: Any,
@@ -465,6 +683,7 @@ def as_probe(
     block_hashes: Sequence[Hashable] | None = None,
     holder: int = 0,
     req_context: Any = None,
+    offload_keys: Any = None,
 ) -> Probe:
     """The :class:`Probe` of a store in any accepted form (see the module docstring).
 
@@ -473,12 +692,27 @@ def as_probe(
     and refused otherwise; ``holder`` selects the Residency holder; ``req_context`` is passed to
     ``lookup``. A :class:`Probe` is returned unchanged.
 
+    ``offload_keys`` replaces ``block_hashes`` for a ``lookup`` object: per offloaded group index g
+    (a list of lists, or a mapping), the request's offload keys of group g, entry j being the key of
+    the chunk ending at ``(j + 1) * C_g`` (vLLM 0.33: ``[s.offload_keys for s in
+    req_status.group_states]``; the lists grow in place, so the outer list can be kept per request).
+    Keys past a list's end are not held. A geometry with partial tails also needs ``block_hashes``:
+    a partial-tail key is off the chunk grid (``missing_block_hashes`` when one is asked without it).
+
     >>> import kvgeom
     >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
     >>> p = as_probe(g, {1: {16, 32}})
     >>> p.contains(1, 32), p.contains(0, 32)
     (True, False)
+    >>> class Tier:  # an offload manager's lookup(key, req_context)
+    ...     def lookup(self, key, req_context):
+    ...         return key in {b"k0/1", b"k1/1"}
+    >>> p = as_probe(g, Tier(), offload_keys=[[b"k1/0"], [b"k0/1", b"k1/1", b"k2/1"]])
+    >>> p.contains(1, 32), p.contains(1, 48), p.contains(0, 32)
+    (True, False, False)
     """
+    if offload_keys is not None:
+        return _keys_probe(geom, stored, offload_keys, block_hashes, req_context)
     kind = type(stored)
     if kind is Residency:  # the hot path first: exact type checks are cheaper than ABC checks
         if type(block_hashes) is not list:

@@ -229,24 +229,82 @@ class Residency:
         self.discard(group, block_hash, holder)
 
     def add_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
-        """:meth:`add_key` for every key of a store-complete event (vLLM's ``complete_store`` keys), in one call."""
-        add = self.add
-        for key in keys:
-            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
-                block_hash, group = split_offload_key(key)  # raises bad_offload_key, or converts a bytearray
-            else:
-                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
-            add(group, block_hash, holder)
+        """:meth:`add_key` for every key of a store-complete event (vLLM's ``complete_store`` keys), in one call.
+
+        One pass over the event: each key's group suffix is read once per run of keys of one group (vLLM
+        lists an event's keys group by group), and the index, ids and arrays are updated in place, with
+        exactly the effect of :meth:`add_key` key by key.
+
+        >>> r = Residency()
+        >>> r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0), make_offload_key(b"a", 1)])
+        >>> r.contains(0, b"b"), r.contains(1, b"a"), r.contains(1, b"b")
+        (True, True, False)
+        """
+        self._update_keys(keys, holder, True)
 
     def discard_keys(self, keys: Iterable[bytes], holder: int = 0) -> None:
-        """:meth:`discard_key` for every key of an evict event (vLLM's ``evicted_keys``), in one call."""
-        discard = self.discard
-        for key in keys:
-            if type(key) is not bytes or len(key) <= GROUP_INDEX_BYTES:
-                block_hash, group = split_offload_key(key)
-            else:
-                block_hash, group = key[:-GROUP_INDEX_BYTES], int.from_bytes(key[-GROUP_INDEX_BYTES:], "big")
-            discard(group, block_hash, holder)
+        """:meth:`discard_key` for every key of an evict event (vLLM's ``evicted_keys``), in one call (one
+        pass, as :meth:`add_keys`).
+
+        >>> r = Residency(); r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0)])
+        >>> r.discard_keys([make_offload_key(b"a", 0), make_offload_key(b"c", 3)]); r.contains(0, b"a"), len(r)
+        (False, 1)
+        """
+        self._update_keys(keys, holder, False)
+
+    def _update_keys(self, keys: Iterable[bytes], holder: int, add: bool) -> None:
+        bit = 1 << _holder(holder)
+        index, arrays, ids = self._held, self._arrays, self._ids
+        changed = 0
+        suffix: bytes | None = None
+        group = -1
+        held: dict[Hashable, int] | None = None
+        array: npt.NDArray[np.bool_] | None = None
+        try:
+            for key in keys:
+                if type(key) is bytes and len(key) > GROUP_INDEX_BYTES:
+                    block_hash = key[:-GROUP_INDEX_BYTES]
+                    tail = key[-GROUP_INDEX_BYTES:]
+                    if tail != suffix:
+                        suffix, group = tail, int.from_bytes(tail, "big")
+                        held = index.get(group)
+                        array = arrays.get((group, holder)) if arrays else None
+                else:
+                    block_hash, group = split_offload_key(key)  # raises bad_offload_key, or converts a bytearray
+                    suffix = None  # the next key reads its group again
+                    held = index.get(group)
+                    array = arrays.get((group, holder)) if arrays else None
+                if add:
+                    if held is None:
+                        held = index[group] = {}
+                    old = held.get(block_hash, 0)
+                    if old & bit:
+                        continue
+                    held[block_hash] = old | bit
+                    changed += 1
+                    if arrays:
+                        i = ids.get(block_hash)
+                        if i is None:
+                            i = self._id(block_hash)  # may grow the arrays: read this group's again
+                            array = arrays.get((group, holder))
+                        if array is not None:
+                            array[i] = True
+                else:
+                    if held is None:
+                        continue
+                    old = held.get(block_hash, 0)
+                    if not old & bit:
+                        continue
+                    new = old & ~bit
+                    if new:
+                        held[block_hash] = new
+                    else:
+                        del held[block_hash]
+                    changed += 1
+                    if array is not None:
+                        array[ids[block_hash]] = False
+        finally:
+            self.version += changed  # every update so far counts, even when a later key is refused
 
     def clear(self, holder: int | None = None) -> None:
         """Forget every entry of ``holder`` (of every holder when None). O(entries held)."""

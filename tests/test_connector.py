@@ -99,6 +99,52 @@ class VllmConfig:
     kv_transfer_config: KVTransferConfig | None = field(default_factory=KVTransferConfig)
 
 
+@dataclass
+class ReqContext:
+    """vLLM's ReqContext as the page builds it: a request id."""
+
+    req_id: str
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """vLLM's LookupResult members as kvgeom reads them: by name."""
+
+    name: str
+
+
+HIT, MISS = LookupResult("HIT"), LookupResult("MISS")
+
+
+@dataclass
+class PrepareStoreOutput:
+    keys_to_store: list
+
+
+class CPUOffloadingManager:
+    """vLLM's CPU tier as the page uses it: prepare_store / complete_store, then lookup(key, req_context)
+    answers HIT for a stored key (ready once its store completed), MISS otherwise."""
+
+    def __init__(self, num_chunks: int) -> None:
+        self.num_chunks = num_chunks
+        self.ready: set[bytes] = set()
+        self.pending: set[bytes] = set()
+
+    def prepare_store(self, keys: list, req_context: ReqContext) -> PrepareStoreOutput:
+        new = [k for k in keys if k not in self.ready and k not in self.pending]
+        assert len(self.ready) + len(self.pending) + len(new) <= self.num_chunks
+        self.pending.update(new)
+        return PrepareStoreOutput(new)
+
+    def complete_store(self, keys: list, req_context: ReqContext) -> None:
+        for k in keys:
+            self.pending.discard(k)
+            self.ready.add(k)
+
+    def lookup(self, key: bytes, req_context: ReqContext) -> LookupResult:
+        return HIT if key in self.ready else MISS
+
+
 def _doc_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
 
@@ -143,9 +189,11 @@ def _run_doc(upto: int | None = None) -> dict[str, Any]:
         "request": _request,
         "vllm_config": vllm_config,
         "kv_cache_config": _make_kv_cache_config(vllm_config),
+        "CPUOffloadingManager": CPUOffloadingManager,
+        "ReqContext": ReqContext,
     }
     blocks = _doc_blocks()
-    assert len(blocks) == 3 and "VllmConfig(" in blocks[0]
+    assert len(blocks) == 4 and "VllmConfig(" in blocks[0]
     for block in blocks[1:upto]:
         exec(compile(block, str(DOC), "exec"), scope)
     return scope
@@ -161,8 +209,23 @@ def test_the_connector_page_runs_as_written():
 
 
 def test_the_retention_block_runs_as_written():
-    scope = _run_doc()
+    scope = _run_doc(upto=3)
     assert (scope["hit"].hit_tokens, scope["after"].hit_tokens) == (192, 128)  # 12 shared hash blocks
+
+
+def test_the_own_manager_block_runs_as_written():
+    # the connector's own tier and per-group keys, no index: C resumes at 192, the keys asked are the
+    # request's own list entries (none built), and the same as the retention block's index answers
+    scope = _run_doc()
+    geom, c, manager = scope["geom"], scope["c"], scope["manager"]
+    assert scope["hit"].hit_tokens == 192
+    asked = []
+    lookup = manager.lookup
+    manager.lookup = lambda key, ctx: asked.append(key) or lookup(key, ctx)
+    hit = lookup_hit(geom, c.num_tokens, stored=manager, offload_keys=scope["c_keys"], req_context=scope["c_ctx"])
+    assert hit == scope["hit"]
+    own = {id(k) for keys in scope["c_keys"] for k in keys}
+    assert asked and all(id(k) in own for k in asked)
 
 
 def test_a_token_id_of_256_or_more_hashes():

@@ -9,6 +9,7 @@ import kvgeom
 from kvgeom.errors import QueryError
 from kvgeom.hits import lookup_hit
 from kvgeom.probes import as_probe
+from kvgeom.residency import make_offload_key
 
 SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # FA 16 + Mamba 16, TP 2 / DCP 2: C = 32 and 16, H = 16
 SWA = kvgeom.resolve({
@@ -226,3 +227,101 @@ def test_a_lookup_trace_over_a_pending_tier_answers_as_lookup_hit(name, geom, n,
         for key in asked & unsettled:
             answers_seen = [p.held for p in trace.probes if (p.group, p.end_token) == key]
             assert len(answers_seen) >= 2 and answers_seen[-1] is False, (key, answers_seen)
+
+
+class KeyTier:
+    """An offload manager's lookup(key, req_context) over a set of keys; records what it is asked."""
+
+    def __init__(self, keys=()):
+        self.keys, self.asked = set(keys), []
+
+    def lookup(self, key, req_context):
+        self.asked.append(key)
+        return key in self.keys
+
+
+# vLLM's per-group offload keys of a 128-token request on the seed: group 0 C = 32 (4 keys), group 1 C = 16 (8)
+SEED_KEYS = [[b"a%d" % j for j in range(4)], [b"m%d" % j for j in range(8)]]
+# a geometry whose first group's chunk (2048) no 1k request fills: the lookup exits before any probe
+BIG = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}] * 3
+                      + [{"kind": "mamba", "block_size": 2048}], "parallel": {"tp": 8, "dcp": 8}, "offload": {}})
+TAIL = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                       "cache": {"prefix_match_unit": 8, "retention_interval": None}, "offload": {}})
+
+
+def test_per_group_offload_keys_are_read_not_built():
+    # attention chunks 0-2 held (ends 32, 64, 96), Mamba state at 96: hit 96 of a 128-token request
+    tier = KeyTier({b"a0", b"a1", b"a2", b"m5"})
+    assert lookup_hit(SEED, 128, stored=tier, offload_keys=SEED_KEYS).end_token == 96
+    # the keys asked are the caller's own objects, in vLLM's order: the attention prefix to its first miss
+    # (a3, the chunk covering the candidate 112), then the Mamba key at the new candidate 96
+    assert tier.asked == [b"a0", b"a1", b"a2", b"a3", b"m5"]
+    assert all(any(k is own for keys in SEED_KEYS for own in keys) for k in tier.asked)
+    # a mapping {group: keys} and a tuple answer the same
+    assert lookup_hit(SEED, 128, stored=tier, offload_keys={0: SEED_KEYS[0], 1: SEED_KEYS[1]}).end_token == 96
+    assert lookup_hit(SEED, 128, stored=tier, offload_keys=tuple(SEED_KEYS)).end_token == 96
+    # keys past a group's list are not held (a request whose lists stop at 64 tokens)
+    short = [SEED_KEYS[0][:2], SEED_KEYS[1][:4]]
+    assert lookup_hit(SEED, 128, stored=tier, offload_keys=short).end_token == 0  # no Mamba state at or before 64
+
+
+KEYS_ERRORS = [
+    # offload_keys with a store that has no lookup(key, req_context)
+    (lambda: lookup_hit(SEED, 128, stored=kvgeom.Residency(), offload_keys=SEED_KEYS), "unexpected_offload_keys"),
+    # not a per-group collection
+    (lambda: lookup_hit(SEED, 128, stored=KeyTier(), offload_keys=42), "bad_offload_keys"),
+    (lambda: lookup_hit(SEED, 128, stored=KeyTier(), offload_keys=b"a0"), "bad_offload_keys"),
+    # no entry for group 1
+    (lambda: lookup_hit(SEED, 128, stored=KeyTier(), offload_keys=[SEED_KEYS[0]]), "bad_offload_keys"),
+    (lambda: lookup_hit(SEED, 128, stored=KeyTier(), offload_keys={0: SEED_KEYS[0]}), "bad_offload_keys"),
+    # a group's entry is not a list of keys (read when the lookup reaches it)
+    (lambda: lookup_hit(SEED, 128, stored=KeyTier({b"a0"}), offload_keys=[SEED_KEYS[0], 7]), "bad_offload_keys"),
+    # ... refused even when the request is too short for any hit (the early exit still checks the store)
+    (lambda: lookup_hit(BIG, 1024, stored=KeyTier(), offload_keys=[[]] * 3), "bad_offload_keys"),
+    (lambda: lookup_hit(BIG, 1024, stored=object(), offload_keys=[[]] * 4), "unexpected_offload_keys"),
+    (lambda: lookup_hit(BIG, 1024, stored=kvgeom.Residency()), "missing_block_hashes"),
+    # partial tails end off the chunk grid: that key needs the hash chain as well
+    (lambda: lookup_hit(TAIL, 40, stored=KeyTier(), offload_keys=[[b"x"], [b"y"]]), "missing_block_hashes"),
+]
+
+
+@pytest.mark.parametrize(("call", "code"), KEYS_ERRORS)
+def test_bad_offload_keys(call, code):
+    with pytest.raises(QueryError) as info:
+        call()
+    assert info.value.code == code
+
+
+def test_a_pending_answer_is_refused_through_per_group_keys_too():
+    class Pending:
+        name = "HIT_PENDING"
+
+    class Tier:
+        def lookup(self, key, req_context):
+            return Pending()
+
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 128, stored=Tier(), offload_keys=SEED_KEYS)
+    assert info.value.code == "lookup_not_ready"
+
+
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "answers", "hit"), PENDING_ROWS, ids=[r[0] for r in PENDING_ROWS])
+def test_a_pending_tier_reads_the_same_through_per_group_keys(name, geom, n, answers, hit):
+    """The vLLM pending rows through a connector's own per-group keys (``offload_keys=``) defer or load as
+    through the hash chain: the keys probe reads HIT_PENDING / RETRY by vLLM's rules too."""
+    H = geom.hash_block_size
+    chain = [b"p%04d" % i for i in range(n // H)]
+    keys = [[] for _ in range(max(og.index for og in geom.offload.groups) + 1)]
+    for og in geom.offload.groups:
+        hpc = og.hashes_per_chunk
+        keys[og.index] = [make_offload_key(chain[(j + 1) * hpc - 1], og.index) for j in range(len(chain) // hpc)]
+    tail = {"block_hashes": chain} if geom.offload.supports_partial_tail else {}
+    tier = _TriState(chain, H, answers)
+    if hit is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(geom, n, stored=tier, offload_keys=keys, **tail)
+        assert info.value.code == "lookup_not_ready"
+    else:
+        assert lookup_hit(geom, n, stored=tier, offload_keys=keys, **tail).hit_tokens == hit

@@ -4,7 +4,8 @@ first miss.
 
 Forms: lists (today's ``stored``), sets, a ``contains`` callable, a ``Residency`` fed with vLLM
 offload key bytes + the request's hash chain, an object with the offload manager's
-``lookup(key, req_context)``, and bool chunk masks.
+``lookup(key, req_context)`` (with the hash chain, or with the request's own per-group offload keys),
+and bool chunk masks.
 """
 
 from __future__ import annotations
@@ -161,3 +162,45 @@ def test_a_lookup_that_does_not_defer_loads_what_the_settled_keys_give(geom, dat
         assert any(a is not LookupResult.HIT for a in answers.values())
         return
     assert hit == _lookup(geom, req, stored=Manager(settled), block_hashes=chain)
+
+
+def _per_group_keys(geom, chain):
+    """vLLM's per-group offload keys of a request (``RequestGroupState.offload_keys``): entry g holds
+    group g's keys, chunk j's key being the chain's hash ending at ``(j + 1) * C_g`` and the group index."""
+    top = max(og.index for og in geom.offload.groups) + 1
+    out = [[] for _ in range(top)]
+    for og in geom.offload.groups:
+        hpc = og.hashes_per_chunk
+        out[og.index] = [make_offload_key(chain[(j + 1) * hpc - 1], og.index) for j in range(len(chain) // hpc)]
+    return out
+
+
+@example(geom=kvgeom.resolve(_DENSE), data=None)
+@example(geom=kvgeom.resolve(_SWA), data=None)
+@example(geom=kvgeom.resolve(_TAIL), data=None)
+@given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
+                      tail_speculative_geometries()), data=st.data())
+def test_per_group_offload_keys_answer_as_the_hash_chain_and_ask_the_same_keys_in_the_same_order(geom, data):
+    # A connector's own per-group keys (offload_keys=) give the Hit of the stored lists, and ask the tier
+    # exactly the keys the hash-chain form asks, in the same order (lazy, stopping at the first miss).
+    if data is None:
+        H = geom.hash_block_size
+        req = (97, 0, 97, None, None, {og.index: list(range(H, 97, H)) for og in geom.offload.groups})
+    else:
+        req = data.draw(requests(geom))
+    n, stored = req[0], req[5]
+    chain = chain_of(geom, n)
+    H = geom.hash_block_size
+    keys = {make_offload_key(chain[e // H - 1], g) for g, ends in stored.items() for e in ends if e // H <= len(chain)}
+    per_group = _per_group_keys(geom, chain)
+    by_chain, by_keys = Manager(keys), Manager(keys)
+    expected = _lookup(geom, req, stored=by_chain, block_hashes=chain)
+    # a geometry with partial tails keys its partial-tail key through the chain, so it passes both
+    tail = {"block_hashes": chain} if geom.offload.supports_partial_tail else {}
+    assert _lookup(geom, req, stored=by_keys, offload_keys=per_group, **tail) == expected
+    assert _lookup(geom, req, stored=stored) == expected
+    assert by_keys.asked == by_chain.asked
+    # the same lists as a tuple, or as a mapping {group: keys}, answer the same
+    assert _lookup(geom, req, stored=Manager(keys), offload_keys=tuple(per_group), **tail) == expected
+    mapping = {og.index: per_group[og.index] for og in geom.offload.groups}
+    assert _lookup(geom, req, stored=Manager(keys), offload_keys=mapping, **tail) == expected

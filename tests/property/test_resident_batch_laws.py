@@ -125,3 +125,52 @@ def test_lookup_resident_equals_lookup_hit_request_by_request(geom, data):
 def test_lookup_resident_of_an_empty_batch_is_empty():
     geom = kvgeom.resolve(_DENSE)
     assert len(lookup_resident(geom, kvgeom.Residency(), [], np.zeros(0, dtype=np.int64))) == 0
+
+
+@st.composite
+def whole_events(draw):
+    """Events as a connector's tier reports them: (op, holder, keys) with several keys of several groups,
+    repeats and keys already held or absent included; a bytearray key now and then."""
+    size = draw(st.integers(1, 30))
+    universe = [make_offload_key(b"hash%d" % (i // 3), i % 3) for i in range(size)]
+    events = draw(st.lists(st.tuples(
+        st.sampled_from(["store", "evict"]), st.integers(0, 2),
+        st.lists(st.tuples(st.integers(0, size - 1), st.booleans()), max_size=12)), max_size=30))
+    return universe, [(op, h, [bytearray(universe[k]) if ba else universe[k] for k, ba in ks]) for op, h, ks in events]
+
+
+@example(stream=([make_offload_key(b"a", 0), make_offload_key(b"a", 1)],
+                 [("store", 0, [make_offload_key(b"a", 0), make_offload_key(b"a", 1), make_offload_key(b"a", 0)]),
+                  ("evict", 0, [make_offload_key(b"a", 1), make_offload_key(b"a", 1)])]),
+         early_arrays=True)
+@given(stream=whole_events(), early_arrays=st.booleans())
+def test_a_whole_event_in_one_call_equals_its_keys_one_by_one(stream, early_arrays):
+    # add_keys / discard_keys (one call per store-complete / evict event) leave the index, its version
+    # count, ids and arrays exactly as add_key / discard_key key by key
+    universe, events = stream
+    bulk, single = kvgeom.Residency(), kvgeom.Residency()
+    if early_arrays:
+        for r in (bulk, single):
+            for g in range(3):
+                for holder in (0, 2):
+                    r.held_array(g, holder)
+    for op, holder, keys in events:
+        if op == "store":
+            bulk.add_keys(keys, holder)
+            for key in keys:
+                single.add_key(key, holder)
+        else:
+            bulk.discard_keys(keys, holder)
+            for key in keys:
+                single.discard_key(key, holder)
+        assert bulk.version == single.version
+    assert len(bulk) == len(single)
+    for key in universe:
+        h, g = key[:-4], int.from_bytes(key[-4:], "big")
+        assert bulk.holders(g, h) == single.holders(g, h)
+    hashes = sorted({key[:-4] for key in universe})
+    assert bulk.intern(hashes).tolist() == single.intern(hashes).tolist()
+    for g in range(3):
+        for holder in (0, 2):
+            assert (bulk.held_array(g, holder)[bulk.intern(hashes)]
+                    == single.held_array(g, holder)[single.intern(hashes)]).all()
