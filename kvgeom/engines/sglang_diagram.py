@@ -93,9 +93,9 @@ def render_sglang_svg(
     c = geom.config
     lanes = 5 if geom.checkpoint_grid is not None else 2
     height = _TOP + _LANE * lanes + 30
-    summary = (f"SGLang page_size={c.page_size} dcp={c.dcp_size} tp={c.tp_size}  pools: {', '.join(c.pools)}"
-               + (f"  strategy {c.mamba_radix_cache_strategy}" if geom.checkpoint_grid is not None else "")
-               + f"  one prompt of {total} tokens")
+    summary = (f"SGLang page_size={c.page_size} dcp={c.dcp_size} tp={c.tp_size}; pools: {', '.join(c.pools)}"
+               + (f"; Mamba radix cache {c.mamba_radix_cache_strategy}" if geom.checkpoint_grid is not None else "")
+               + f"; one prompt of {total} tokens")
     out = svg_open(width, height, title or "SGLang deployment", summary)
 
     def x(t: int) -> str:
