@@ -181,7 +181,7 @@ def test_router_scores_replicas_from_sglangs_own_events():
             reader.apply_batch(batch, replica=r)
     chains = replicas[0][2]
     assert chains == replicas[1][2]  # a query's chain does not depend on the replica
-    scores = score_replicas(event_geometry(g), reader, [c[: len(q) // page] for c, q in zip(chains, queries)],
-                            [len(q) for q in queries], num_replicas=2)
+    request_chains = [c[: len(q) // page] for c, q in zip(chains, queries, strict=True)]
+    scores = score_replicas(event_geometry(g), reader, request_chains, [len(q) for q in queries], num_replicas=2)
     engine = [[replicas[0][1][i], replicas[1][1][i]] for i in range(len(queries))]
     assert scores.tier("GPU").tolist() == engine == [[12, 8], [8, 12], [16, 8], [0, 0]]

