@@ -46,6 +46,8 @@ DIAGRAMS: list[tuple[str, str, int, str]] = [
      "LMCache #4809 right: resolved 2304-token pages, attention span 9216, Mamba 2304"),
     ("lmcache-4809-wrong.svg", str(CONFIGS / "lmcache-4809-wrong.json"), 18432,
      "LMCache #4809 as the buggy connector saw it: CLI block 256, span 1024"),
+    ("sglang-34808-diagram.svg", str(CONFIGS / "sglang-34808-right.json"), 1000,
+     "SGLang 0.5.23, page 64 x DCP 2, Mamba chunk 192: a 1000-token prompt"),
 ]
 
 

@@ -365,9 +365,17 @@ def _cmd_hit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _cmd_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from kvgeom.diagram import render_svg
 
-    geom = _resolve_arg(args.config)
+    sglang = _sglang_section(args.config)
     try:
-        svg = render_svg(geom, args.prefix, title=args.title or args.config, width=args.width)
+        if sglang is not None:  # an SGLang deployment: its tree page, Mamba grids and one prompt
+            from kvgeom.engines.sglang import resolve_sglang
+            from kvgeom.engines.sglang_diagram import render_sglang_svg
+
+            svg = render_sglang_svg(resolve_sglang(sglang), args.prefix, title=args.title or args.config,
+                                    width=args.width)
+        else:
+            svg = render_svg(_resolve_arg(args.config), args.prefix, title=args.title or args.config,
+                             width=args.width)
     except KVGeomError as e:
         raise _fail(_label(args.config), e) from None
     if args.output == "-":

@@ -27,7 +27,7 @@ from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.keys import chunk_end_token, chunk_hash_index, num_keys
 from kvgeom.ranks import dcp_placement, rank_lengths
 
-__all__ = ["DEFAULT_WIDTH", "MIN_WIDTH", "default_prefix", "render_svg"]
+__all__ = ["DEFAULT_WIDTH", "LABEL_WIDTH", "MIN_WIDTH", "default_prefix", "px", "render_svg", "svg_open", "token_x"]
 
 _LEFT = 240
 _PLOT = 900
@@ -42,6 +42,8 @@ DEFAULT_WIDTH = _LEFT + _PLOT + _RIGHT
 MIN_WIDTH = _LEFT + 400 + _RIGHT
 _RANK_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
 _BLOCK_COLORS = ("#dfe7f2", "#c5d3e8")
+#: Width in px of the label column left of the token axis (every kvgeom diagram has one).
+LABEL_WIDTH = _LEFT
 
 
 def default_prefix(geom: Geometry) -> int:
@@ -145,12 +147,6 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     if width < DEFAULT_WIDTH:  # two lines, each shorter than the narrowest picture
         legend = [legend[0][: legend[0].index(" red tick")], legend[0][legend[0].index("red tick") :]]
     height = _TOP + _LANE * len(geom.groups) + 24 + 14 * (len(legend) - 1)
-    out: list[str] = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="10" y="18" font-size="14" font-weight="bold">{escape(title or "kvgeom geometry")}</text>',
-    ]
     par = geom.config.parallel
     off = geom.offload
     summary = (
@@ -159,7 +155,7 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
         + (f"offload k={off.blocks_per_chunk}" if off is not None else "no offload (no keys)")
         + f"  first {total} tokens"
     )
-    out.append(f'<text x="10" y="36">{escape(summary)}</text>')
+    out = svg_open(width, height, title or "kvgeom geometry", summary)
     out.extend(_axis(geom, total, plot))
     for lane, g in enumerate(geom.groups):
         out.extend(_lane(geom, g, total, _TOP + lane * _LANE, keys.get(g.index), too_many.get(g.index), plot))
@@ -167,6 +163,41 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
         out.append(f'<text x="10" y="{height - 10 - 14 * (len(legend) - 1 - i)}" fill="#555">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def svg_open(width: int, height: int, title: str, summary: str) -> list[str]:
+    """The opening lines every kvgeom diagram shares: the ``<svg>`` element (11 px sans-serif), a white
+    background, a bold title and a summary line, both escaped.
+
+    >>> svg_open(680, 100, "a <b>", "c")[2]
+    '<text x="10" y="18" font-size="14" font-weight="bold">a &lt;b&gt;</text>'
+    """
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="18" font-size="14" font-weight="bold">{escape(title)}</text>',
+        f'<text x="10" y="36">{escape(summary)}</text>',
+    ]
+
+
+def token_x(t: int, total: int, plot: int) -> float:
+    """The x position in px of token ``t`` on a ``plot`` px axis of ``total`` tokens, right of the label
+    column. Invariant: ``token_x(0) == LABEL_WIDTH`` and ``token_x(total) == LABEL_WIDTH + plot``.
+
+    >>> token_x(0, 64, 900), token_x(64, 64, 900)
+    (240.0, 1140.0)
+    """
+    return _x(t, total, plot)
+
+
+def px(v: float) -> str:
+    """A coordinate as SVG text: two decimals at most, no trailing zeros.
+
+    >>> px(12.5), px(3.0), px(1 / 3)
+    ('12.5', '3', '0.33')
+    """
+    return _f(v)
 
 
 def _axis(geom: Geometry, total: int, plot: int) -> list[str]:

@@ -61,7 +61,7 @@ FLOORS: dict[str, int] = {
              "conformance.vllm_prefix",
              "conformance.vllm_scheduler", "conformance.vllm_stores", "conformance.vllm_pending"),
     # engine homes (docs/architecture.md, "Where a new engine goes")
-    **_floor(11, "engines", "engines.sglang", "conformance.sglang_engine",
+    **_floor(11, "engines", "engines.sglang", "engines.sglang_diagram", "conformance.sglang_engine",
              "conformance.sglang_radix"),
     **_floor(11, "engines", "engines.lmcache", "conformance.lmcache_engine", "conformance.lmcache_transfer"),
     # thin faces and the command line

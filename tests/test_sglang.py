@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 import kvgeom
 from kvgeom.cli import main
 from kvgeom.engines.sglang import event_geometry, event_reader, resolve_sglang
@@ -95,6 +97,72 @@ def test_the_sglang_page_code_runs():
 
     page = Path(__file__).resolve().parents[1] / "docs" / "engines" / "sglang.md"
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, str(page), "exec"), {})
+
+
+# -- kvgeom diagram on an SGLang deployment ---------------------------------------------------------------
+def _lanes(svg):
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    return root, [g.get("data-lane") for g in root.iter(ns + "g")], ns
+
+
+def test_diagram_draws_the_grids_and_the_prompts_checkpoints(tmp_path, capsys):
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(LCM_GRID))
+    out_file = tmp_path / "x.svg"
+    code, out, err = _run(["diagram", str(new), "--prefix", "1000", "-o", str(out_file)], capsys)
+    assert (code, out, err) == (0, "", "")
+    root, lanes, ns = _lanes(out_file.read_text(encoding="utf-8"))
+    assert lanes == ["tree-page", "mamba-chunk", "checkpoint-grid", "track-grid", "prompt"]
+    # 1000 tokens: 8 tree pages of 128 (the last one partial), chunk ends every 192, grid lcm = 384, track 768
+    assert len([r for r in root.iter(ns + "rect") if r.get("class") == "page"]) == 8
+    assert len([e for e in root.iter(ns + "line") if e.get("class") == "chunk"]) == 5
+    dots = {c: [e.get("data-token") for e in root.iter(ns + "circle") if e.get("class") == c]
+            for c in ("grid", "track", "checkpoint")}
+    assert dots == {"grid": ["384", "768"], "track": ["768"], "checkpoint": ["384", "768"]}
+    hit = [r for r in root.iter(ns + "rect") if r.get("class") == "hit"]
+    assert [r.get("data-tokens") for r in hit] == ["768"]  # a repeat reuses up to the last checkpoint
+
+
+def test_diagram_to_stdout_and_a_sliding_window(tmp_path, capsys):
+    swa = tmp_path / "swa.toml"
+    swa.write_text('[sglang]\npage_size = 16\npools = ["full", "swa"]\nsliding_window_size = 40\n')
+    code, out, _ = _run(["diagram", str(swa), "--prefix", "100", "-o", "-"], capsys)
+    assert code == 0
+    root, lanes, ns = _lanes(out)
+    assert lanes == ["tree-page", "prompt"]
+    kinds = {r.get("class"): r.get("data-tokens") for r in root.iter(ns + "rect")}
+    assert kinds["hit"] == "96" and kinds["swa-window"] == "40"  # whole tree pages; the window kept
+
+
+def test_diagram_of_a_refused_deployment_exit_1(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(OLD_GRID))
+    out_file = tmp_path / "x.svg"
+    code, out, err = _run(["diagram", str(old), "-o", str(out_file)], capsys)
+    assert code == 1 and out == "" and "[checkpoint_off_tree_page]" in err and "Traceback" not in err
+    assert not out_file.exists()
+
+
+@pytest.mark.parametrize("argv, code, needle", [
+    (["--prefix", "0"], 2, "[bad_num_tokens]"),
+    (["--prefix", "100000000"], 2, "[result_too_large]"),
+    (["--width", "600"], 2, "[too_narrow]"),
+])
+def test_diagram_bad_numbers_exit_2(tmp_path, capsys, argv, code, needle):
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(LCM_GRID))
+    got, out, err = _run(["diagram", str(new), *argv, "-o", "-"], capsys)
+    assert (got, out) == (code, "") and needle in err and err.startswith(str(new))
+
+
+def test_diagram_of_a_malformed_section_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sglang": {"page_size": 0}}))
+    code, _, err = _run(["diagram", str(bad), "-o", "-"], capsys)
+    assert code == 2 and err.startswith(f"{bad}: sglang.page_size:")

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from kvgeom._pydantic import FrozenModel, PositiveInt, StrictBool
+from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
 from kvgeom.config import read_file
 from kvgeom.errors import ConfigError, GeometryError, Problem, QueryError
 
@@ -84,6 +84,7 @@ __all__ = [
     "mamba_cache_chunk_size",
     "prefix_hit",
     "resolve_sglang",
+    "swa_tombstones",
     "track_grid",
     "tree_page",
 ]
@@ -114,6 +115,9 @@ GLOSSARY: dict[str, str] = {
     "Mamba branch point": "the depth of the deepest node holding a mamba_value on the matched path",
     "checkpoint": "a Mamba state (mamba_value) attached to a radix-tree node",
     "model chunk": "hf_config.mamba_chunk_size (FLA CHUNK_SIZE 64 when absent)",
+    "SWA window": "CacheInitParams.swa_retain_window (max of sliding_window_size and draft_swa_window)",
+    "SWA tombstone": "a radix node whose SWA component value is None (evicted; its full KV stays)",
+    "evicted tokens": "swa_evicted_seqlen (InsertParams.get_evicted_seqlen(ComponentType.SWA))",
     "pools": "the pools the model and server args create (full KV, MLA, SWA, Mamba state, DSA index)",
 }
 """kvgeom's term -> SGLang 0.5.23's name for it (:data:`SGLANG_NAMES` is the other direction)."""
@@ -149,6 +153,9 @@ class SGLangConfig(FrozenModel):
     ``checkpoint_grid`` is kvgeom's, not a server arg: the grid the SGLang build places Mamba
     checkpoints on, ``"lcm"`` for 0.5.23 (after #34808/#35412/#39115) or ``"chunk"`` for builds
     before the fix, whose checkpoints land off the tree page when DCP widens it.
+    ``sliding_window_size`` is the model's (the ``swa`` pool's attention window) and
+    ``draft_swa_window`` the tokens a fused draft model reads back in that pool (0 without one); the
+    radix tree keeps ``max`` of the two (:attr:`SGLangGeometry.swa_window`).
     """
 
     FIELD_PREFIX: ClassVar[str] = "sglang"
@@ -169,6 +176,8 @@ class SGLangConfig(FrozenModel):
     disable_overlap_schedule: StrictBool = False
     enable_mixed_chunk: StrictBool = False
     checkpoint_grid: Literal["lcm", "chunk"] = "lcm"
+    sliding_window_size: PositiveInt | None = None
+    draft_swa_window: NonNegativeInt = 0
 
     @property
     def has_mamba(self) -> bool:
@@ -246,6 +255,10 @@ class SGLangGeometry:
     kv_event_block_size: int
     hicache_logical_page: int
     warnings: tuple[SGLangWarning, ...]
+    swa_window: int | None = None
+    """The history the tree keeps for a sliding-window pool, ``max(sliding_window_size,
+    draft_swa_window)``: a prefix hit needs this many SWA-resident tokens since the last tombstone.
+    None without an ``swa`` pool or without a stated ``sliding_window_size``."""
 
     def to_dict(self) -> dict[str, Any]:
         """The numbers, the config and the warnings as plain JSON values."""
@@ -259,6 +272,7 @@ class SGLangGeometry:
             "track_grid": self.track_grid,
             "kv_event_block_size": self.kv_event_block_size,
             "hicache_logical_page": self.hicache_logical_page,
+            "swa_window": self.swa_window,
             "warnings": [{"code": w.code, "field": w.field, "message": w.message} for w in self.warnings],
         }
 
@@ -465,7 +479,9 @@ def resolve_sglang(source: SGLangConfig | Mapping[str, Any] | str | os.PathLike[
     return SGLangGeometry(
         config=c, tree_page=page, mamba_chunk=chunk, checkpoint_grid=grid, track_grid=tgrid,
         kv_event_block_size=page, hicache_logical_page=page,
-        warnings=tuple(_warnings(c, page, chunk, grid, tgrid)))
+        warnings=tuple(_warnings(c, page, chunk, grid, tgrid)),
+        swa_window=(max(c.sliding_window_size, c.draft_swa_window)
+                    if "swa" in c.pools and c.sliding_window_size is not None else None))
 
 
 # -- questions about a request ----------------------------------------------------------------------
@@ -493,10 +509,10 @@ def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ..
 @dataclass(frozen=True, slots=True)
 class SGLangHit:
     """What a prefix match gives, as SGLang's ``match_prefix`` reports it: the device prefix (what the
-    request reuses: the Mamba branch point for a Mamba hybrid, else the full-KV hit), the full-KV hit
-    (tree pages matched) and the Mamba branch point (the deepest checkpoint at or below the full-KV hit;
-    None without a Mamba pool). Checked against SGLang's unified radix cache kit
-    (``kvgeom/conformance/sglang_radix.py``)."""
+    request reuses: the deepest matched node every pool accepts), the full-KV hit (tree pages matched)
+    and the Mamba branch point (the deepest checkpoint at or below the full-KV hit; None without a Mamba
+    pool). Without a sliding-window pool the device prefix of a Mamba hybrid is its branch point.
+    Checked against SGLang's unified radix cache kit (``kvgeom/conformance/sglang_radix.py``)."""
 
     device_prefix: int
     full_kv_hit: int
@@ -508,10 +524,57 @@ class SGLangHit:
         return self.device_prefix
 
 
-def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[int] = ()) -> SGLangHit:
+def _ranges(geom: SGLangGeometry, tombstones: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``tombstones`` checked (a sliding-window pool with a window; ``0 <= start < stop``) and merged."""
+    if tombstones and geom.swa_window is None:
+        fix = ("set sglang.sliding_window_size" if "swa" in geom.config.pools
+               else "add the 'swa' pool and its sliding_window_size")
+        raise QueryError.single("swa_tombstones_without_window",
+                                f"swa_tombstones={list(tombstones)!r} need a sliding-window pool with a window; {fix}",
+                                "swa_tombstones", swa_tombstones=list(tombstones))
+    out: list[tuple[int, int]] = []
+    for r in sorted(tombstones):
+        if (not isinstance(r, tuple | list) or len(r) != 2 or not all(type(x) is int for x in r)
+                or not 0 <= r[0] < r[1]):
+            raise QueryError.single("bad_swa_tombstone",
+                                    f"a tombstone is a token range (start, stop) with 0 <= start < stop, got {r!r}",
+                                    "swa_tombstones", tombstone=r)
+        if out and r[0] <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], r[1]))
+        else:
+            out.append((r[0], r[1]))
+    return out
+
+
+def _swa_accepts(depth: int, window: int, tombstones: Sequence[tuple[int, int]]) -> bool:
+    """SGLang's SWA match validator at a node ending at ``depth``: the node is SWA-resident and at least
+    ``window`` SWA-resident tokens lie between the last tombstone and ``depth`` (any number when no
+    tombstone lies above it)."""
+    if depth == 0:
+        return True
+    last_end = None
+    for start, stop in tombstones:
+        if start < depth <= stop:
+            return False
+        if stop < depth:
+            last_end = stop
+    return last_end is None or depth - last_end >= window
+
+
+def prefix_hit(
+    geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[int] = (), *,
+    swa_tombstones: Sequence[tuple[int, int]] = (),
+) -> SGLangHit:
     """The hit of a prefix whose first ``matched_tokens`` tokens are in the tree, given the depths that
-    hold Mamba checkpoints. The tree matches whole tree pages; the Mamba branch point is the deepest
-    checkpoint at or below the full-KV hit.
+    hold Mamba checkpoints and the token ranges ``[start, stop)`` of the path whose sliding-window KV is
+    evicted (SWA tombstones: see :func:`swa_tombstones`). The tree matches whole tree pages; a Mamba
+    hybrid can stop only at a checkpoint; a sliding-window pool accepts a node that has at least
+    :attr:`SGLangGeometry.swa_window` SWA-resident tokens since the last tombstone above it (every node
+    when none lies above). The device prefix is the deepest depth every pool accepts.
+
+    Invariants: ``device_prefix <= full_kv_hit <= matched_tokens``; ``full_kv_hit`` is a multiple of the
+    tree page; the Mamba branch point is a checkpoint at or below the full-KV hit and never below the
+    device prefix; no tombstones: the device prefix is the branch point (Mamba) or the full-KV hit.
 
     >>> g = resolve_sglang({"page_size": 64, "dcp_size": 2, "tp_size": 2, "pools": ["full", "mamba"]})
     >>> prefix_hit(g, 300, checkpoint_positions(g, 300))
@@ -520,15 +583,75 @@ def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[
     SGLangHit(device_prefix=128, full_kv_hit=256, mamba_branch_point=128)
     >>> prefix_hit(g, 300, [128]).hit_tokens
     128
+
+    A sliding window of 4 with tokens [0, 6) evicted: 10 matched tokens keep 4 since the tombstone and
+    hit; 9 keep 3 and fall back to the tombstone's start, 0.
+
+    >>> w = resolve_sglang({"pools": ["full", "swa"], "sliding_window_size": 4})
+    >>> prefix_hit(w, 10, swa_tombstones=[(0, 6)]).device_prefix, prefix_hit(w, 9, swa_tombstones=[(0, 6)])
+    (10, SGLangHit(device_prefix=0, full_kv_hit=9, mamba_branch_point=None))
     """
     if type(matched_tokens) is not int or matched_tokens < 0:
         raise QueryError.single("bad_num_tokens", f"matched_tokens must be an int >= 0, got {matched_tokens!r}",
                                 "matched_tokens", matched_tokens=matched_tokens)
+    tombs = _ranges(geom, swa_tombstones)
     full = matched_tokens - matched_tokens % geom.tree_page
+    window = geom.swa_window
     if geom.checkpoint_grid is None:
-        return SGLangHit(full, full, None)
-    branch = max((c for c in checkpoints if 0 < c <= full), default=0)
-    return SGLangHit(branch, full, branch)
+        # Run ends are the only depths to try: validity only grows along a tombstone-free run.
+        candidates = [full, *(s for s, _ in tombs if s <= full)]
+        branch = None
+    else:
+        candidates = [c for c in checkpoints if 0 < c <= full]
+        branch = max(candidates, default=0)
+    if window is not None and tombs:
+        candidates = [d for d in candidates if _swa_accepts(d, window, tombs)]
+    return SGLangHit(max(candidates, default=0), full, branch)
+
+
+def swa_tombstones(geom: SGLangGeometry, inserts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Where a prompt's path carries SWA tombstones after a run of inserts, each given, in order, as
+    ``(shared_tokens, evicted_tokens)``: the insert shares its first ``shared_tokens`` tokens with the
+    prompt, and its request had already freed the sliding-window KV of its first ``evicted_tokens``
+    (SGLang's ``swa_evicted_seqlen``, a multiple of the tree page). SGLang's rule on insert: the
+    request's live window ``[evicted_tokens, shared_tokens)`` is SWA-resident afterwards (a tombstone
+    there is recovered from the request's KV); below it, what the tree already held keeps its state
+    and what the insert adds is a tombstone.
+
+    Invariant: the ranges are disjoint, sorted, on the tree page and inside ``[0, max shared_tokens)``;
+    no insert with evicted tokens: no tombstone.
+
+    >>> w = resolve_sglang({"pools": ["full", "swa"], "sliding_window_size": 4})
+    >>> swa_tombstones(w, [(12, 6)]), swa_tombstones(w, [(12, 6), (8, 2)]), swa_tombstones(w, [(4, 0), (12, 8)])
+    (((0, 6),), ((0, 2),), ((4, 8),))
+    """
+    page = geom.tree_page
+    covered = 0
+    live: list[bool] = []
+    for item in inserts:
+        shared, evicted = item
+        for name, v in (("shared_tokens", shared), ("evicted_tokens", evicted)):
+            if type(v) is not int or v < 0 or v % page:
+                raise QueryError.single(
+                    "bad_swa_insert", f"{name}={v!r} must be an int >= 0 and a multiple of the tree page {page} "
+                    f"(SGLang keeps whole pages); use {v - v % page if type(v) is int and v > 0 else 0}",
+                    "inserts", **{name: v})
+        live.extend([False] * max(0, shared - len(live)))
+        for p in range(shared):
+            if p >= evicted:
+                live[p] = True
+            elif p >= covered:
+                live[p] = False
+        covered = max(covered, shared)
+    out: list[tuple[int, int]] = []
+    for p, alive in enumerate(live):
+        if alive:
+            continue
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

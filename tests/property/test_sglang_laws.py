@@ -15,6 +15,7 @@ from kvgeom.engines.sglang import (
     dcp_transfer_plan,
     prefix_hit,
     resolve_sglang,
+    swa_tombstones,
 )
 
 pow2 = st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -140,3 +141,105 @@ def test_hicache_dcp_rules():
     assert e.value.code == "hicache_dcp_needs_mla"
     assert resolve_sglang({**base, "pools": ["mla"]}).hicache_logical_page == 32
     assert math.lcm(64, 32) == 64
+
+
+# -- sliding-window hits -----------------------------------------------------------------------------------
+@st.composite
+def swa_paths(draw: st.DrawFn) -> tuple:
+    """A full + SWA (optionally + Mamba) deployment and one prompt's path: matched tokens, tombstones on
+    page boundaries, checkpoints, and the node ends SGLang's tree has there (page ends, at random)."""
+    page = draw(st.sampled_from([1, 2, 4, 16]))
+    window = draw(st.integers(1, 40))
+    draft = draw(st.sampled_from([0, 0, 8, 64]))
+    mamba = page == 1 and draw(st.booleans())
+    pages = draw(st.integers(0, 24))
+    dead = draw(st.lists(st.booleans(), min_size=pages, max_size=pages))
+    cfg = {"page_size": page, "pools": ["full", "swa", "mamba"] if mamba else ["full", "swa"],
+           "sliding_window_size": window, "draft_swa_window": draft}
+    if mamba:
+        cfg.update(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
+    ends = sorted({page * (i + 1) for i in range(pages) if draw(st.booleans())} | {page * pages})
+    # a tombstone is a whole node: node ends bound every dead run
+    tombs, prev = [], 0
+    for e in ends:
+        if dead[e // page - 1] if e else False:
+            tombs.append((prev, e))
+        prev = e
+    cps = [e for e in ends if e and draw(st.booleans())] if mamba else []
+    extra = draw(st.integers(0, page - 1))
+    return resolve_sglang(cfg), page * pages + extra, ends, tombs, cps
+
+
+def _walk(window, ends, tombs, cps, mamba):
+    """SGLang's match walk node by node: each component's validator, the deepest node all accept."""
+    dead = {e for _, e in tombs}
+    run, best, prev = math.inf, 0, 0
+    for e in ends:
+        if e == 0:
+            continue
+        if e in dead:
+            run, ok = 0, False
+        else:
+            run += e - prev
+            ok = run >= window
+        if ok and (not mamba or e in cps):
+            best = e
+        prev = e
+    return best
+
+
+@given(swa_paths())
+def test_swa_hit_is_the_deepest_node_every_validator_accepts(case):
+    # the run-end rule of prefix_hit agrees with a node-by-node walk over any node ends the tree may have
+    g, matched, ends, tombs, cps = case
+    hit = prefix_hit(g, matched, cps, swa_tombstones=tombs)
+    assert hit.device_prefix == _walk(g.swa_window, ends, tombs, cps, g.checkpoint_grid is not None)
+
+
+@given(swa_paths())
+def test_swa_hit_bounds(case):
+    g, matched, _ends, tombs, cps = case
+    hit = prefix_hit(g, matched, cps, swa_tombstones=tombs)
+    assert hit.device_prefix <= hit.full_kv_hit <= matched and hit.full_kv_hit % g.tree_page == 0
+    assert not any(s < hit.device_prefix <= e for s, e in tombs)  # never ends inside a tombstone
+    if hit.mamba_branch_point is not None:
+        assert hit.device_prefix <= hit.mamba_branch_point
+    assert prefix_hit(g, matched, cps).device_prefix >= hit.device_prefix  # tombstones only take away
+
+
+@given(st.sampled_from([1, 4, 16]), st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=6))
+def test_swa_tombstones_are_sorted_disjoint_pages_inside_the_path(page, raw):
+    g = resolve_sglang({"page_size": page, "pools": ["full", "swa"], "sliding_window_size": 8})
+    inserts = [(a * page, b * page) for a, b in raw]
+    tombs = swa_tombstones(g, inserts)
+    assert all(a < b and a % page == 0 and b % page == 0 for a, b in tombs)
+    assert all(tombs[i][1] < tombs[i + 1][0] for i in range(len(tombs) - 1))
+    assert all(b <= max(n for n, _ in inserts) for _, b in tombs)
+    assert swa_tombstones(g, [(n, 0) for n, _ in inserts]) == ()
+
+
+def test_swa_examples():
+    w = resolve_sglang({"pools": ["full", "swa"], "sliding_window_size": 4})
+    assert w.swa_window == 4 and w.to_dict()["swa_window"] == 4
+    # a fused draft reading 6 tokens back widens what the tree keeps
+    assert resolve_sglang({"pools": ["full", "swa"], "sliding_window_size": 4, "draft_swa_window": 6}).swa_window == 6
+    # no tombstone: every matched page is reusable, whatever the window
+    assert prefix_hit(w, 3).device_prefix == 3
+    # the window counts from the end of the last tombstone: [0, 6) evicted, 4 needed
+    assert [prefix_hit(w, n, swa_tombstones=[(0, 6)]).device_prefix for n in (6, 9, 10, 12)] == [0, 0, 10, 12]
+    # two dead runs: a match ending short of the window after the second falls back to the first one's start
+    assert prefix_hit(w, 14, swa_tombstones=[(2, 4), (10, 12)]).device_prefix == 10
+    assert prefix_hit(w, 13, swa_tombstones=[(2, 4), (10, 12)]).device_prefix == 10
+    # insert rule: the live window is recovered, older tokens keep what the tree held
+    assert swa_tombstones(w, [(12, 8), (12, 4)]) == ((0, 4),)
+    # bad input names the field
+    with pytest.raises(kvgeom.QueryError) as q:
+        prefix_hit(resolve_sglang({"pools": ["full", "swa"]}), 8, swa_tombstones=[(0, 4)])
+    assert q.value.code == "swa_tombstones_without_window" and "sliding_window_size" in str(q.value)
+    with pytest.raises(kvgeom.QueryError) as q:
+        prefix_hit(w, 8, swa_tombstones=[(4, 2)])
+    assert q.value.code == "bad_swa_tombstone"
+    with pytest.raises(kvgeom.QueryError) as q:
+        swa_tombstones(resolve_sglang({"page_size": 4, "pools": ["full", "swa"], "sliding_window_size": 4}),
+                       [(8, 2)])
+    assert q.value.code == "bad_swa_insert" and "evicted_tokens=2" in str(q.value)
