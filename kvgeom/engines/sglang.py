@@ -52,9 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from kvgeom._check import bounded_ints, positive
+from kvgeom._format import show
 from kvgeom._pydantic import FrozenModel, PositiveInt, StrictBool
 from kvgeom.config import read_file
 from kvgeom.errors import ConfigError, GeometryError, Problem, QueryError
+from kvgeom.masks import MAX_SCALAR_RESULT, check_result_size
 
 if TYPE_CHECKING:
     from kvgeom.events import KVEventReader
@@ -187,7 +190,7 @@ def tree_page(page_size: int, dcp_size: int = 1) -> int:
     >>> tree_page(64, 2), tree_page(1)
     (128, 1)
     """
-    return page_size * dcp_size
+    return positive("page_size", page_size) * positive("dcp_size", dcp_size)
 
 
 def mamba_cache_chunk_size(model_chunk: int | None, page_size: int) -> int:
@@ -201,7 +204,8 @@ def mamba_cache_chunk_size(model_chunk: int | None, page_size: int) -> int:
     ...
     kvgeom.engines.sglang.SGLangConfigError: sglang.page_size: page_size=128 and the model's Mamba chunk 192 ...
     """
-    chunk = FLA_CHUNK_SIZE if model_chunk is None else model_chunk
+    chunk = FLA_CHUNK_SIZE if model_chunk is None else positive("model_chunk", model_chunk)
+    page_size = positive("page_size", page_size)
     if max(chunk, page_size) % min(chunk, page_size):
         raise SGLangConfigError.single(
             "mamba_chunk_page_mismatch",
@@ -218,7 +222,7 @@ def checkpoint_grid(chunk: int, tree_page: int) -> int:
     >>> checkpoint_grid(64, 128), checkpoint_grid(192, 128), checkpoint_grid(256, 64)
     (128, 384, 256)
     """
-    return math.lcm(chunk, tree_page)
+    return math.lcm(positive("chunk", chunk), positive("tree_page", tree_page))
 
 
 def track_grid(grid: int, mamba_track_interval: int) -> int:
@@ -227,7 +231,7 @@ def track_grid(grid: int, mamba_track_interval: int) -> int:
     >>> track_grid(384, 256)
     768
     """
-    return math.lcm(grid, mamba_track_interval)
+    return math.lcm(positive("grid", grid), positive("mamba_track_interval", mamba_track_interval))
 
 
 # -- the resolved geometry ------------------------------------------------------------------------------
@@ -469,6 +473,15 @@ def resolve_sglang(source: SGLangConfig | Mapping[str, Any] | str | os.PathLike[
 
 
 # -- questions about a request ----------------------------------------------------------------------
+def _sglang_geometry(geom: Any) -> None:
+    if not isinstance(geom, SGLangGeometry):
+        raise QueryError.single(
+            "not_sglang_geometry",
+            f"geom must be an SGLangGeometry (kvgeom.engines.sglang.resolve_sglang), got {type(geom).__name__}",
+            "geom",
+        )
+
+
 def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ...]:
     """The depths at which a ``num_tokens``-token prompt can leave a Mamba checkpoint in the tree: every
     multiple of the checkpoint grid up to ``num_tokens`` (``extra_buffer``), or only the insert end
@@ -479,14 +492,16 @@ def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ..
     >>> checkpoint_positions(g, 300)
     (128, 256)
     """
+    _sglang_geometry(geom)
     if type(num_tokens) is not int or num_tokens < 0:
-        raise QueryError.single("bad_num_tokens", f"num_tokens must be an int >= 0, got {num_tokens!r}",
+        raise QueryError.single("bad_num_tokens", f"num_tokens must be an int >= 0, got {show(num_tokens)}",
                                 "num_tokens", num_tokens=num_tokens)
     grid = geom.checkpoint_grid
     if grid is None:
         return ()
     if geom.config.mamba_radix_cache_strategy == "no_buffer":
         return (num_tokens,) if num_tokens else ()
+    check_result_size(num_tokens // grid)  # 2^62 tokens would list 2^55 depths: refused (issue 19)
     return tuple(range(grid, num_tokens + 1, grid))
 
 
@@ -521,13 +536,15 @@ def prefix_hit(geom: SGLangGeometry, matched_tokens: int, checkpoints: Sequence[
     >>> prefix_hit(g, 300, [128]).hit_tokens
     128
     """
+    _sglang_geometry(geom)
     if type(matched_tokens) is not int or matched_tokens < 0:
-        raise QueryError.single("bad_num_tokens", f"matched_tokens must be an int >= 0, got {matched_tokens!r}",
+        raise QueryError.single("bad_num_tokens", f"matched_tokens must be an int >= 0, got {show(matched_tokens)}",
                                 "matched_tokens", matched_tokens=matched_tokens)
     full = matched_tokens - matched_tokens % geom.tree_page
     if geom.checkpoint_grid is None:
         return SGLangHit(full, full, None)
-    branch = max((c for c in checkpoints if 0 < c <= full), default=0)
+    depths = bounded_ints("checkpoints", checkpoints, MAX_SCALAR_RESULT, "checkpoints[]", "depths")  # issue 19
+    branch = max((c for c in depths if 0 < c <= full), default=0)
     return SGLangHit(branch, full, branch)
 
 
@@ -621,6 +638,9 @@ def explain_sglang(geom: SGLangGeometry, label: str = "") -> str:
       tree page: 16 tokens (page_size 16 x dcp_size 1); KV events and HiCache pages are 16 tokens
       pools: full
     """
+    _sglang_geometry(geom)
+    if not isinstance(label, str):
+        raise QueryError.single("bad_label", f"label must be a string, got {type(label).__name__}", "label")
     c = geom.config
     head = f"SGLang {SGLANG_VERSION} deployment" + (f" {label}" if label else "")
     lines = [head,
