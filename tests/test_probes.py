@@ -128,3 +128,54 @@ def test_eagle_pair_held(held, stop, pairs):
     probe = eagle_pair_held(as_probe(FA_ONLY, {0: held}), 16, stop)
     assert [e for e in range(16, 81, 16) if probe.contains(0, e)] == pairs
     assert not probe.contains(0, 24)  # off the chunk grid: never held
+
+
+# Rows for the mutation run of kvgeom.probes (issue 19, docs/mutation.md): what each check names.
+STORE_PROBLEMS = [
+    # an end token off the H grid: the problem names the group's key, its end token and H
+    (lambda: lookup_hit(SEED, 64, stored={1: [20]}), "not_on_hash_grid", "stored.1",
+     {"end_token": 20, "hash_block_size": 16}),
+    # a key that is not a group index: the problem names the stored mapping
+    (lambda: lookup_hit(SEED, 64, stored={"x": [16]}), "bad_group_key", "stored", {}),
+    # a 2-D integer array is not a list of end tokens (the batch form is a bool matrix)
+    (lambda: lookup_hit(SEED, 64, stored={1: np.array([[16, 32]])}), "bad_stored", "stored.1", {}),
+    # a Residency with a string (not a sequence of hashes) for a chain
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes="abcd"), "bad_block_hashes",
+     "block_hashes", {}),
+    # ... or an int
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=5), "bad_block_hashes", "block_hashes", {}),
+    # a stored range past sys.maxsize: refused by its size, shown as "more than" int64
+    (lambda: lookup_hit(SEED, 64, stored={1: range(16, 2**70, 16)}), "too_many_stored", "stored.1",
+     {"count": 2**63, "limit": 1 << 20}),
+    # one end token past the bound
+    (lambda: lookup_hit(SEED, 64, stored={1: range(16, 16 * ((1 << 20) + 2), 16)}), "too_many_stored", "stored.1",
+     {"count": (1 << 20) + 1, "limit": 1 << 20}),
+    # a hash chain shorter than the request: 1 hash for 64 tokens of H = 16
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=[b"a"]), "block_hashes_too_short",
+     "block_hashes", {"num_hashes": 1, "needed": 4}),
+]
+
+
+@pytest.mark.parametrize(("call", "code", "field", "values"), STORE_PROBLEMS)
+def test_store_problems_name_the_field_and_numbers(call, code, field, values):
+    with pytest.raises(QueryError) as info:
+        call()
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field) == (code, field)
+    assert {k: problem.values.get(k) for k in values} == values
+
+
+def test_stored_bounds_and_array_forms():
+    from kvgeom.probes import MAX_STORED_ENDS
+
+    # exactly MAX_STORED_ENDS end tokens are checked and read
+    ends = range(16, 16 * (MAX_STORED_ENDS + 1), 16)
+    assert lookup_hit(SEED, 65, stored={0: [32, 64], 1: ends}).end_token == 64
+    # a 1-D integer array is a list of end tokens
+    assert lookup_hit(SEED, 65, stored={0: np.array([32, 64]), 1: np.array([16, 32, 48])}).end_token == 48
+    # a range past sys.maxsize is described, not printed
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(16, 2**70, 16)})
+    assert "more than 9223372036854775807 end tokens" in str(info.value)
+    # every checked end token is read, a plain or numpy int alike (the fast path and the loop agree)
+    assert lookup_hit(SEED, 65, stored={0: [32, np.int64(64)], 1: [16, 32, 48]}).end_token == 48
