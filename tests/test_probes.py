@@ -150,6 +150,13 @@ STORE_PROBLEMS = [
     # one end token past the bound
     (lambda: lookup_hit(SEED, 64, stored={1: range(16, 16 * ((1 << 20) + 2), 16)}), "too_many_stored", "stored.1",
      {"count": (1 << 20) + 1, "limit": 1 << 20}),
+    # an end token that is not an int: the problem names the group's end tokens
+    (lambda: lookup_hit(SEED, 64, stored={1: [16, "32"]}), "not_an_integer", "stored.1 end token", {}),
+    # 0 is no key's end token (keys end on positive multiples of H)
+    (lambda: lookup_hit(SEED, 64, stored={1: [0, 16]}), "not_on_hash_grid", "stored.1", {"end_token": 0}),
+    # a range of exactly int64-max end tokens is counted, not described
+    (lambda: lookup_hit(SEED, 64, stored={1: range(2**63 - 1)}), "too_many_stored", "stored.1",
+     {"count": 2**63 - 1}),
     # a hash chain shorter than the request: 1 hash for 64 tokens of H = 16
     (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=[b"a"]), "block_hashes_too_short",
      "block_hashes", {"num_hashes": 1, "needed": 4}),
@@ -177,5 +184,11 @@ def test_stored_bounds_and_array_forms():
     with pytest.raises(QueryError) as info:
         lookup_hit(SEED, 64, stored={1: range(16, 2**70, 16)})
     assert "more than 9223372036854775807 end tokens" in str(info.value)
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(2**63 - 1)})
+    assert "lists 9223372036854775807 end tokens" in str(info.value)
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(16, 16 * ((MAX_STORED_ENDS) + 2), 16)})
+    assert f"lists {MAX_STORED_ENDS + 1} end tokens" in str(info.value)
     # every checked end token is read, a plain or numpy int alike (the fast path and the loop agree)
     assert lookup_hit(SEED, 65, stored={0: [32, np.int64(64)], 1: [16, 32, 48]}).end_token == 48
