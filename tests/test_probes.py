@@ -158,10 +158,10 @@ STORE_PROBLEMS = [
     (lambda: lookup_hit(SEED, 64, stored={1: range(2**63 - 1)}), "too_many_stored", "stored.1",
      {"count": 2**63 - 1}),
     # a geometry without offloading has no tier to ask, whatever the store form
-    (lambda: lookup_hit(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), 64, stored={0: [64]}),
+    (lambda: as_probe(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), {0: [64]}),
      "no_offload", "offload", {}),
-    (lambda: lookup_hit(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), 64,
-                        stored=lambda g, e: True), "no_offload", "offload", {}),
+    (lambda: as_probe(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), lambda g, e: True),
+     "no_offload", "offload", {}),
     # a hash chain shorter than the request: 1 hash for 64 tokens of H = 16
     (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=[b"a"]), "block_hashes_too_short",
      "block_hashes", {"num_hashes": 1, "needed": 4}),
