@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sized
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,56 @@ def nonneg(name: str, value: Any) -> int:
             **{name: value},
         )
     return int(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool (``True``/``False`` or a numpy bool), else :class:`QueryError` ``not_a_bool`` naming
+    ``name``: a string ``"false"`` is truthy and must not pass as one."""
+    if type(value) is bool or isinstance(value, np.bool_):
+        return bool(value)
+    raise QueryError.single(
+        "not_a_bool", f"{name} must be true or false, got {show(value)} ({type(value).__name__})", name
+    )
+
+
+def bounded_ints(name: str, values: Any, limit: int, item: str, what: str) -> list[int]:
+    """``values`` as a list of ints in ``[0, int64 max]`` (each checked by :func:`nonneg` as ``item``): an
+    iterable, not a string or mapping (``bad_<name>``), of at most ``limit`` items (``result_too_large``,
+    checked before the items are read: a ``range`` of 10**12 is refused at once). ``what`` names the items
+    in the messages.
+    """
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable) or _unsized_array(values):
+        raise QueryError.single(
+            f"bad_{name}", f"{name} must be a collection of {what}, got {show(values)} ({type(values).__name__})", name
+        )
+    items = values if isinstance(values, Sized) else list(islice(values, limit + 1))
+    try:
+        count = len(items)
+    except OverflowError:  # a range past sys.maxsize
+        count = INT64_MAX + 1
+    if count > limit:
+        many = str(count) if count <= INT64_MAX else "more than 2^63"
+        raise QueryError.single(
+            "result_too_large",
+            f"{name} lists {many} {what}, more than the scalar path reads ({limit})",
+            name,
+            count=count,
+            limit=limit,
+        )
+    return [nonneg(item, v) for v in items]
+
+
+def _unsized_array(values: Any) -> bool:
+    return isinstance(values, np.ndarray) and values.ndim != 1
+
+
+def mapping(name: str, value: Any) -> Mapping[Any, Any]:
+    """``value`` when it is a mapping, else :class:`QueryError` ``not_a_mapping`` naming ``name``."""
+    if isinstance(value, Mapping):
+        return value
+    raise QueryError.single(
+        "not_a_mapping", f"{name} must map a group index to a count, got {show(value)} ({type(value).__name__})", name
+    )
 
 
 def positive(name: str, value: Any) -> int:

@@ -114,6 +114,8 @@ def render_svg(geom: Geometry, prefix_tokens: int | None = None, *, title: str =
     >>> [g.get("data-kind") for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "lane"]
     ['full_attention', 'mamba']
     """
+    if not isinstance(title, str):
+        raise QueryError.single("bad_title", f"title must be a string, got {type(title).__name__}", "title")
     total = default_prefix(geom) if prefix_tokens is None else nonneg("prefix_tokens", prefix_tokens)
     total = max(total, 1)
     width = DEFAULT_WIDTH if width is None else nonneg("width", width)
@@ -258,7 +260,8 @@ def _lane(
         for c in range(1, total // g.span + 1):
             b = c * g.span
             block = state_block_for_boundary(geom, g.index, b)
-            fill = "#222" if is_restorable(geom, g.index, b) else "white"
+            # a group outside prefix caching (prefix_cacheable false, not offloaded) restores no state
+            fill = "#222" if g.prefix_cacheable and is_restorable(geom, g.index, b) else "white"
             parts.append(
                 f'<circle class="state" data-block="{block}" cx="{_f(_x(b, total, plot))}" cy="{by + 28}" r="3" '
                 f'fill="{fill}" stroke="#222"/>'

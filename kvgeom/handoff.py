@@ -39,14 +39,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from itertools import accumulate
+from typing import Any
 
-from kvgeom._check import nonneg
+from kvgeom._check import bounded_ints, nonneg
 from kvgeom._math import rdown
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
-from kvgeom.masks import reachable_block_mask
+from kvgeom.masks import MAX_STORE_BLOCKS, reachable_block_mask, reachable_points
 from kvgeom.prefill import mamba_checkpoint, prompt_hash_checkpoint
 
 __all__ = [
+    "checked_chunk_ends",
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
@@ -100,6 +102,7 @@ def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int)
     >>> mamba_cacheable_tokens(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 1, 100)  # H = 16 < L, partial hits on
     100
     """
+    geom.group(group)  # a list or dict index raises no_such_group, not a TypeError
     c = nonneg("num_computed_tokens", num_computed_tokens)
     if not geom.config.cache.prefix_caching:
         return 0
@@ -148,14 +151,31 @@ def state_ends(
     """
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
+    above, upto = _window_bound("above", above), None if upto is None else _window_bound("upto", upto)
     top = min(computed, prompt) if upto is None else min(computed, prompt, upto)
     if chunk_ends is None:
         ends = set(accumulate(mamba_checkpoint(geom, prompt).prefill_chunks)) if prompt else set()
     else:
-        ends = {nonneg("chunk_ends[]", e) for e in chunk_ends}
+        ends = set(checked_chunk_ends(chunk_ends))
     if 0 < computed < prompt:
         ends.add(computed)
     return tuple(sorted(e for e in ends if max(above, 0) < e <= top))
+
+
+def _window_bound(name: str, value: Any) -> int:
+    """An ``above``/``upto`` window bound: any int (negative is below everything), else ``not_an_integer``."""
+    return value if type(value) is int else nonneg(name, value)
+
+
+def checked_chunk_ends(chunk_ends: Any) -> tuple[int, ...]:
+    """``chunk_ends`` (token counts at which prefill chunks ended) checked: an iterable of ints in
+    ``[0, int64 max]``, not a string, at most :data:`kvgeom.masks.MAX_STORE_BLOCKS` of them (``bad_chunk_ends``,
+    ``result_too_large``, ``not_an_integer``, ...; a million ends cost seconds, issue 19).
+
+    >>> checked_chunk_ends([64, 100])
+    (64, 100)
+    """
+    return tuple(bounded_ints("chunk_ends", chunk_ends, MAX_STORE_BLOCKS, "chunk_ends[]", "token counts"))
 
 
 def _cached_exactly(
@@ -196,16 +216,17 @@ def mamba_handoffs(
     >>> mamba_handoffs(g, 1, 100, 100, (96, 100))   # the replay boundary 99 keeps the chunk end 96
     (96,)
     """
-    g = geom.groups[group]
+    g = geom.group(group)
     B = g.block_size
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
+    above, upto = _window_bound("above", above), None if upto is None else _window_bound("upto", upto)
     cap = mamba_cacheable_tokens(geom, group, min(computed, prompt))
     top = cap if upto is None else min(cap, upto)
     candidates = [e for e in state_ends(geom, prompt, computed, chunk_ends, above=above, upto=top) if e % B == 0]
     if not candidates:
         return ()
-    points = replay_boundaries(geom, prompt) if reachable is None else tuple(reachable)
+    points = replay_boundaries(geom, prompt) if reachable is None else tuple(reachable_points(reachable))
     mask = reachable_block_mask(
         geom, group, candidates[-1] // B, first_block=candidates[0] // B - 1, reachable=points
     )

@@ -26,17 +26,33 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kvgeom._check import nonneg, prompt_tokens
+from kvgeom._check import flag, mapping, nonneg, prompt_tokens
 from kvgeom._check import scenario as check_scenario
 from kvgeom._math import INT64_MAX, cdiv, rdown
 from kvgeom.boundaries import restore_read_block, state_block_for_boundary
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
-from kvgeom.handoff import mamba_handoffs, partial_tail_boundary, partial_tail_key, partial_tail_max_boundary
+from kvgeom.handoff import (
+    checked_chunk_ends,
+    mamba_handoffs,
+    partial_tail_boundary,
+    partial_tail_key,
+    partial_tail_max_boundary,
+)
 from kvgeom.keys import num_keys, offload_group
-from kvgeom.masks import check_result_size, reachable_block_mask, swa_store_horizon
+from kvgeom.masks import check_result_size, check_store_size, reachable_block_mask, reachable_points, swa_store_horizon
 from kvgeom.prefix import scheduler_keeps_load
-from kvgeom.probes import HIT, MISS, PENDING, RETRY, Probe, RecordingProbe, as_probe, eagle_pair_held
+from kvgeom.probes import (
+    HIT,
+    MISS,
+    PENDING,
+    RETRY,
+    Probe,
+    RecordingProbe,
+    as_probe,
+    check_chain_length,
+    eagle_pair_held,
+)
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
 
@@ -280,10 +296,14 @@ def lookup_hit(
         if not hot:
             as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context,
                      offload_keys=offload_keys)
+        if block_hashes is not None and len(block_hashes) < n // order.H:
+            check_chain_length(geom, n, block_hashes)  # a short chain would read as misses: a silent 0 (issue 19)
         hit = _NO_HIT.get(c)
         return hit if hit is not None else _no_hit(c)
     probe = as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context,
                      offload_keys=offload_keys)
+    if block_hashes is not None and len(block_hashes) < n // order.H:
+        check_chain_length(geom, n, block_hashes)
     # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
     done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
     found = _partial_tail(geom, order, probe, n, prompt, c, done, limit) if order.partial_tail_span else None
@@ -970,6 +990,10 @@ def plan_store(
     off = _offload(geom)
     n = nonneg("num_tokens", num_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
+    offload_prompt_only, finished = flag("offload_prompt_only", offload_prompt_only), flag("finished", finished)
+    loaded_from_offload = flag("loaded_from_offload", loaded_from_offload)
+    stored_chunks = None if stored_chunks is None else mapping("stored_chunks", stored_chunks)
+    allocated_blocks = None if allocated_blocks is None else mapping("allocated_blocks", allocated_blocks)
     prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
     offloadable = min(computed, n)
     prompt_offloadable = min(prompt, n)
@@ -980,12 +1004,13 @@ def plan_store(
         offloadable = min(offloadable, prompt)
     if finished:
         offloadable = min(offloadable, max(prompt, n - 1))
-    points = tuple(reachable) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
-    ends = None if chunk_ends is None else tuple(nonneg("chunk_ends[]", e) for e in chunk_ends)
+    points = tuple(reachable_points(reachable)) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
+    ends = None if chunk_ends is None else checked_chunk_ends(chunk_ends)
     tail = partial_tail_boundary(
         geom, prompt, computed, ends, loaded_from_offload=loaded_from_offload, max_offload_tokens=max_offload_tokens
     )
     out = []
+    walked = 0  # blocks visited so far: the plan is refused before a group that would pass MAX_STORE_BLOCKS
     for og in off.groups:
         g = geom.groups[og.index]
         C = og.tokens_per_chunk
@@ -996,6 +1021,7 @@ def plan_store(
             storable = min(storable, nonneg(f"allocated_blocks[{og.index}]", allocated_blocks[og.index]) // k)
         start = nonneg(f"stored_chunks[{og.index}]", (stored_chunks or {}).get(og.index, 0))
         check_result_size(storable - start)
+        check_store_size(walked := walked + max(storable - start, 0) * k)
         prompt_chunks = prompt_offloadable // C
         horizon = swa_store_horizon(
             geom, og.index, storable_chunks=storable, prompt_chunks=prompt_chunks, finished=finished

@@ -46,18 +46,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal, assert_never
 
-from kvgeom._check import nonneg
+from kvgeom._check import bounded_ints, flag, nonneg
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 
 __all__ = [
     "MAX_SCALAR_RESULT",
+    "MAX_STORE_BLOCKS",
     "MaskSide",
     "check_result_size",
+    "check_store_size",
     "default_alignment",
     "mask_side",
     "reachable_block_mask",
+    "reachable_points",
     "swa_run",
     "swa_store_horizon",
 ]
@@ -94,6 +97,46 @@ def check_result_size(count: int) -> None:
             "num_blocks",
             count=count,
         )
+
+
+#: The most blocks one scalar store plan (or hand-off walk) visits, over all its groups: each costs a few
+#: microseconds of Python, so 2^18 blocks (4M tokens of 16-token blocks) answer within about a second; past
+#: it the plan is refused before the work (issue 19: 10^9 tokens took minutes) and :mod:`kvgeom.batch` is
+#: the tool (``plan_stores``), or ``stored_chunks`` narrows the range.
+MAX_STORE_BLOCKS = 1 << 18
+
+
+def check_store_size(count: int) -> None:
+    """Refuse a store plan or Mamba hand-off walk over more than :data:`MAX_STORE_BLOCKS` blocks
+    (:class:`kvgeom.QueryError` ``result_too_large``, with ``count`` and ``limit``); the bound itself is walked.
+
+    >>> check_store_size(MAX_STORE_BLOCKS)
+    >>> try:
+    ...     check_store_size(MAX_STORE_BLOCKS + 1)
+    ... except QueryError as e:
+    ...     print(e.problems[0].code, e.problems[0].values)
+    result_too_large {'count': 262145, 'limit': 262144}
+    """
+    if count > MAX_STORE_BLOCKS:
+        raise QueryError.single(
+            "result_too_large",
+            f"the store plan walks {count} blocks, more than the scalar path visits ({MAX_STORE_BLOCKS}); use "
+            "kvgeom.batch.plan_stores for requests this long, or narrow the range (stored_chunks)",
+            "num_tokens",
+            count=count,
+            limit=MAX_STORE_BLOCKS,
+        )
+
+
+def reachable_points(reachable: Any) -> list[int]:
+    """``reachable`` (token boundaries a hit may resume at) checked: an iterable, not a string, of at most
+    :data:`MAX_STORE_BLOCKS` ints in ``[0, int64 max]`` (``bad_reachable``, ``result_too_large``,
+    ``not_an_integer``, ...: a ``range`` of 10^12 boundaries is refused before it is walked, issue 19).
+
+    >>> reachable_points((99, 63))
+    [99, 63]
+    """
+    return bounded_ints("reachable", reachable, MAX_STORE_BLOCKS, "reachable boundary", "token boundaries")
 
 
 def default_alignment(geom: Geometry, group: int) -> int | None:
@@ -208,8 +251,11 @@ def reachable_block_mask(
     n = nonneg("num_blocks", num_blocks)
     lo = nonneg("first_block", first_block)
     R = geom.config.cache.retention_interval if retention is _UNSET else retention
-    align = default_alignment(geom, group) if alignment is _UNSET else alignment
-    points = [nonneg("reachable boundary", t) for t in reachable]
+    if alignment is _UNSET:
+        align = default_alignment(geom, group)
+    else:  # a string or float alignment was used unchecked, or raised TypeError (issue 19)
+        align = None if alignment is None else nonneg("alignment", alignment)
+    points = reachable_points(reachable)
     if final_segment_end_block is not None:
         final_segment_end_block = nonneg("final_segment_end_block", final_segment_end_block)
     if R is not None:
@@ -318,7 +364,11 @@ def swa_store_horizon(
     >>> swa_store_horizon(swa, 1, storable_chunks=3, prompt_chunks=7, finished=False)
     7
     """
-    if geom.config.cache.retention_interval is not None or geom.group(group).family != "sliding":
+    family = geom.group(group).family
+    storable_chunks = nonneg("storable_chunks", storable_chunks)
+    prompt_chunks = nonneg("prompt_chunks", prompt_chunks)
+    finished = flag("finished", finished)
+    if geom.config.cache.retention_interval is not None or family != "sliding":
         return None
     og = geom.offload.get(group) if geom.offload is not None else None
     if og is not None and og.eagle_group:

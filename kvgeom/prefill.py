@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvgeom._check import nonneg, prompt_tokens
+from kvgeom._check import flag, nonneg, positive, prompt_tokens
 from kvgeom._math import rdown, rup
 from kvgeom.errors import QueryError
 from kvgeom.specs import is_prefix_cacheable
@@ -61,6 +61,8 @@ def mamba_checkpoint_position(num_tokens: int, unit: int, drop: bool, lookahead_
     >>> mamba_checkpoint_position(100, 16, False), mamba_checkpoint_position(100, 16, True)
     (96, 80)
     """
+    num_tokens, unit = nonneg("num_tokens", num_tokens), positive("unit", unit)
+    drop, lookahead_tokens = flag("drop", drop), nonneg("lookahead_tokens", lookahead_tokens)
     if drop:
         return max(rdown(num_tokens, unit) - unit, 0)
     return max(rdown(num_tokens - max(1, lookahead_tokens), unit), 0)

@@ -50,18 +50,36 @@ import numpy as np
 
 from kvgeom._check import group_key, nonneg
 from kvgeom._format import show
+from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
 from kvgeom.residency import GROUP_INDEX_BYTES, Residency
 
 if TYPE_CHECKING:
     from kvgeom.geometry import Geometry
 
-__all__ = ["HIT", "MISS", "PENDING", "RETRY", "Probe", "RecordingProbe", "as_probe", "eagle_pair_held",
-           "stored_group_index", "validated_stored"]
+__all__ = [
+    "HIT",
+    "MAX_STORED_ENDS",
+    "MISS",
+    "PENDING",
+    "RETRY",
+    "Probe",
+    "RecordingProbe",
+    "as_probe",
+    "check_chain_length",
+    "eagle_pair_held",
+    "stored_group_index",
+    "validated_stored",
+]
 
 #: The four answers a tier gives for one key (vLLM 0.33 ``LookupResult``): held; not held; held but not
 #: readable yet (``HIT_PENDING``); location unknown (``RETRY``). :meth:`Probe.state` returns one of them.
 HIT, MISS, PENDING, RETRY = "hit", "miss", "pending", "retry"
+
+#: Most end tokens a ``stored`` list (the JSON form) may name per group: every one is checked, so a longer
+#: list (16M tokens of keys at H = 16) is refused before the work (``too_many_stored``, issue 19); a tier that
+#: large is asked through a ``contains(group, end_token)`` callable or a :class:`kvgeom.Residency`.
+MAX_STORED_ENDS = 1 << 20
 
 Contains = Callable[[int, int], bool]
 
@@ -479,6 +497,23 @@ def _ends_checked(key: Any, ends: Any, H: int) -> frozenset[int]:
         raise QueryError.single(
             "bad_stored", f"stored[{index}] must be a list of end tokens, got {show(ends)}", f"stored.{index}"
         )
+    try:
+        count = len(ends)
+    except OverflowError:  # a range past sys.maxsize
+        count = INT64_MAX + 1
+    if count > MAX_STORED_ENDS:
+        many = str(count) if count <= INT64_MAX else f"more than {INT64_MAX}"
+        raise QueryError.single(
+            "too_many_stored",
+            f"stored[{index}] lists {many} end tokens; a stored list holds at most {MAX_STORED_ENDS}, each "
+            "checked: pass a contains(group, end_token) callable or a Residency for a larger tier",
+            f"stored.{index}",
+            count=count,
+            limit=MAX_STORED_ENDS,
+        )
+    fast = _plain_grid_ends(ends, H)
+    if fast is not None:
+        return fast
     checked = set()
     for e in ends:
         e = nonneg(f"stored.{index} end token", e)
@@ -492,6 +527,24 @@ def _ends_checked(key: Any, ends: Any, H: int) -> frozenset[int]:
             )
         checked.add(e)
     return frozenset(checked)
+
+
+def _plain_grid_ends(ends: Collection[Any], H: int) -> frozenset[int] | None:
+    """``ends`` as a set when every one is a plain int in ``(0, int64 max]`` on the H grid (checked at C speed:
+    a million end tokens in well under a second), else None and the caller's loop names the first bad one."""
+    try:
+        held = frozenset(ends)
+    except TypeError:  # an unhashable element
+        return None
+    if set(map(type, held)) - {int}:
+        return None
+    try:
+        arr = np.fromiter(held, dtype=np.int64, count=len(held))
+    except OverflowError:
+        return None
+    if arr.size and (arr.min() <= 0 or (arr % H).any()):
+        return None
+    return held
 
 
 def validated_stored(geom: Geometry, stored: Any) -> dict[int, frozenset[int]]:
@@ -546,6 +599,34 @@ def _mapping_probe(geom: Geometry, stored: Mapping[Any, Any]) -> Probe:
         return _SetProbe(sets)
     assert geom.offload is not None
     return _MaskProbe(sets, masks, {og.index: og.tokens_per_chunk for og in geom.offload.groups})
+
+
+def check_chain_length(geom: Geometry, num_tokens: int, block_hashes: Sequence[Hashable]) -> None:
+    """Refuse a hash chain shorter than a request of ``num_tokens`` has (:class:`kvgeom.QueryError`
+    ``block_hashes_too_short``): vLLM's ``request.block_hashes`` holds ``max(0, num_tokens - P) // H`` hashes
+    (P: :attr:`kvgeom.Geometry.hash_lookahead_tokens`), and a lookup past a short chain would read every
+    missing key as not held and answer a silent 0 (issue 19).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # H = 16, P = 0
+    >>> check_chain_length(g, 64, ["h0", "h1", "h2", "h3"])
+    >>> try:
+    ...     check_chain_length(g, 64, ["h0"])
+    ... except kvgeom.QueryError as e:
+    ...     print(e.code, e.values)
+    block_hashes_too_short {'num_hashes': 1, 'needed': 4}
+    """
+    needed = max(0, num_tokens - geom.hash_lookahead_tokens) // geom.hash_block_size
+    if len(block_hashes) < needed:
+        raise QueryError.single(
+            "block_hashes_too_short",
+            f"block_hashes holds {len(block_hashes)} hashes; a request of num_tokens={num_tokens} has {needed} "
+            f"(one per H={geom.hash_block_size} tokens, less the {geom.hash_lookahead_tokens} look-ahead tokens): "
+            "pass the request's whole chain (vLLM: request.block_hashes)",
+            "block_hashes",
+            num_hashes=len(block_hashes),
+            needed=needed,
+        )
 
 
 def _chain(block_hashes: Any, form: str) -> Sequence[Hashable]:

@@ -54,17 +54,38 @@ from kvgeom.errors import QueryError
 if TYPE_CHECKING:
     from kvgeom.geometry import Geometry
 
-__all__ = ["GROUP_INDEX_BYTES", "Residency", "split_offload_key", "make_offload_key"]
+__all__ = ["BLOCK_HASH_SIZES", "GROUP_INDEX_BYTES", "Residency", "split_offload_key", "make_offload_key"]
 
 GROUP_INDEX_BYTES = 4
 """vLLM appends the group index to the block hash as 4 big-endian bytes (``make_offload_key``)."""
+
+BLOCK_HASH_SIZES = (16, 32)
+"""The sizes of vLLM 0.33's block hashes in bytes: 16 for ``xxhash``/``xxhash_cbor``, 32 for ``sha256``/
+``sha256_cbor`` (:func:`kvgeom.hashing.block_hashes`). An offload key is one of them plus the group index, so a
+key of any other length (a 5-byte key, a bare 32-byte hash) is not vLLM's and is refused (issue 19)."""
+
+
+_KEY_SIZES = frozenset(size + GROUP_INDEX_BYTES for size in BLOCK_HASH_SIZES)
+"""The lengths of vLLM's offload keys; any other is read (and refused) by :func:`split_offload_key`."""
+
+
+def _check_hash_size(size: int, what: str, field: str) -> None:
+    if size not in BLOCK_HASH_SIZES:
+        raise QueryError.single(
+            "bad_offload_key",
+            f"{what}; vLLM's block hashes are {BLOCK_HASH_SIZES[0]} bytes (xxhash) or {BLOCK_HASH_SIZES[1]} "
+            f"(sha256), so its offload keys are {BLOCK_HASH_SIZES[0] + GROUP_INDEX_BYTES} or "
+            f"{BLOCK_HASH_SIZES[1] + GROUP_INDEX_BYTES} bytes",
+            field,
+            size=size,
+        )
 
 
 def make_offload_key(block_hash: bytes, group: int) -> bytes:
     """vLLM's offload key bytes for ``block_hash`` in ``group``.
 
-    >>> make_offload_key(b"ab", 3)
-    b'ab\\x00\\x00\\x00\\x03'
+    >>> make_offload_key(bytes(range(16)), 3)[-6:]
+    b'\\x0e\\x0f\\x00\\x00\\x00\\x03'
     """
     if not isinstance(block_hash, bytes | bytearray | memoryview):
         raise QueryError.single(
@@ -75,14 +96,17 @@ def make_offload_key(block_hash: bytes, group: int) -> bytes:
         raise QueryError.single(
             "bad_group_index", f"group index {group!r} does not fit vLLM's 4-byte key suffix", "group"
         )
+    size = len(block_hash) if not isinstance(block_hash, memoryview) else block_hash.nbytes
+    _check_hash_size(size, f"the block hash is {size} bytes", "block_hash")
     return bytes(block_hash) + group.to_bytes(GROUP_INDEX_BYTES, "big")
 
 
 def split_offload_key(key: bytes) -> tuple[bytes, int]:
     """``(block_hash, group)`` of vLLM offload key bytes (the inverse of :func:`make_offload_key`).
 
-    >>> split_offload_key(b'ab\\x00\\x00\\x00\\x03')
-    (b'ab', 3)
+    >>> block_hash, group = split_offload_key(bytes(16) + b'\\x00\\x00\\x00\\x03')
+    >>> len(block_hash), group
+    (16, 3)
     """
     if not isinstance(key, bytes | bytearray | memoryview) or len(key) <= GROUP_INDEX_BYTES:
         size = len(key) if isinstance(key, bytes | bytearray | memoryview) else None
@@ -93,6 +117,7 @@ def split_offload_key(key: bytes) -> tuple[bytes, int]:
             "key",
         )
     raw = bytes(key)
+    _check_hash_size(len(raw) - GROUP_INDEX_BYTES, f"the key is {len(raw)} bytes", "key")
     return raw[:-GROUP_INDEX_BYTES], int.from_bytes(raw[-GROUP_INDEX_BYTES:], "big")
 
 
@@ -235,9 +260,10 @@ class Residency:
         lists an event's keys group by group), and the index, ids and arrays are updated in place, with
         exactly the effect of :meth:`add_key` key by key.
 
+        >>> a, b = b"a" * 16, b"b" * 16   # 16-byte block hashes, as vLLM's xxhash gives them
         >>> r = Residency()
-        >>> r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0), make_offload_key(b"a", 1)])
-        >>> r.contains(0, b"b"), r.contains(1, b"a"), r.contains(1, b"b")
+        >>> r.add_keys([make_offload_key(a, 0), make_offload_key(b, 0), make_offload_key(a, 1)])
+        >>> r.contains(0, b), r.contains(1, a), r.contains(1, b)
         (True, True, False)
         """
         self._update_keys(keys, holder, True)
@@ -246,8 +272,9 @@ class Residency:
         """:meth:`discard_key` for every key of an evict event (vLLM's ``evicted_keys``), in one call (one
         pass, as :meth:`add_keys`).
 
-        >>> r = Residency(); r.add_keys([make_offload_key(b"a", 0), make_offload_key(b"b", 0)])
-        >>> r.discard_keys([make_offload_key(b"a", 0), make_offload_key(b"c", 3)]); r.contains(0, b"a"), len(r)
+        >>> a, b, c = b"a" * 16, b"b" * 16, b"c" * 16
+        >>> r = Residency(); r.add_keys([make_offload_key(a, 0), make_offload_key(b, 0)])
+        >>> r.discard_keys([make_offload_key(a, 0), make_offload_key(c, 3)]); r.contains(0, a), len(r)
         (False, 1)
         """
         self._update_keys(keys, holder, False)
@@ -262,7 +289,7 @@ class Residency:
         array: npt.NDArray[np.bool_] | None = None
         try:
             for key in keys:
-                if type(key) is bytes and len(key) > GROUP_INDEX_BYTES:
+                if type(key) is bytes and len(key) in _KEY_SIZES:
                     block_hash = key[:-GROUP_INDEX_BYTES]
                     tail = key[-GROUP_INDEX_BYTES:]
                     if tail != suffix:

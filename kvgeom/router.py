@@ -56,15 +56,17 @@ Invariants (property-tested in ``tests/property/test_router_laws.py``):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kvgeom._check import nonneg
+from kvgeom._check import bounded_ints, nonneg
+from kvgeom._format import show
 from kvgeom._math import cdiv
+from kvgeom.batch._arrays import MAX_RESULT, check_total
 from kvgeom.errors import QueryError
 from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
 from kvgeom.residency import Residency
@@ -73,7 +75,15 @@ if TYPE_CHECKING:
     from kvgeom.events import KVEventReader
     from kvgeom.geometry import Geometry
 
-__all__ = ["LookupGroup", "RouterScores", "chain_matrix", "lookup_groups", "replica_hits", "score_replicas"]
+__all__ = [
+    "MAX_REPLICAS",
+    "LookupGroup",
+    "RouterScores",
+    "chain_matrix",
+    "lookup_groups",
+    "replica_hits",
+    "score_replicas",
+]
 
 BoolMatrix = npt.NDArray[np.bool_]
 IntVector = npt.NDArray[np.int64]
@@ -108,6 +118,25 @@ def _unpack(masks: list[int], num_replicas: int) -> BoolMatrix:
     return np.unpackbits(packed, axis=1, count=num_replicas, bitorder="little").view(bool)
 
 
+#: Most replicas a router scores (a holder is one bit of a Residency entry; 2^40 replicas would allocate a
+#: terabyte): past it :class:`kvgeom.QueryError` ``result_too_large`` (issue 19).
+MAX_REPLICAS = 1 << 16
+
+
+def _replica_count(num_replicas: Any) -> int:
+    """``num_replicas`` checked: an int in ``[0, MAX_REPLICAS]``."""
+    R = nonneg("num_replicas", num_replicas)
+    if R > MAX_REPLICAS:
+        raise QueryError.single(
+            "result_too_large",
+            f"num_replicas={R}: a router scores at most {MAX_REPLICAS} replicas (one holder bit each)",
+            "num_replicas",
+            num_replicas=R,
+            limit=MAX_REPLICAS,
+        )
+    return R
+
+
 def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], num_replicas: int) -> BoolMatrix:
     """``M[i, r]``: replica ``r`` (holder bit r) holds ``group``'s entry keyed by ``chain[i]``, i.e.
     the entry ending at token ``(i+1)*H``. Shape ``(len(chain), num_replicas)``.
@@ -116,7 +145,9 @@ def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], nu
     >>> chain_matrix(r, 0, ["a", "b", "c"], 2).astype(int).tolist()
     [[0, 1], [1, 0], [0, 0]]
     """
-    R = nonneg("num_replicas", num_replicas)
+    R = _replica_count(num_replicas)
+    if isinstance(chain, Sized):  # (hashes, replicas) bools, refused before allocating
+        check_total("chain_matrix", len(chain) * R)
     return _unpack(_chain_masks(residency, group, chain, R), R)
 
 
@@ -585,7 +616,15 @@ def score_replicas(
     """
     from kvgeom.events import KVEventReader
 
-    R = nonneg("num_replicas", num_replicas)
+    R = _replica_count(num_replicas)
+    if tiers is not None and (
+        isinstance(tiers, str) or not isinstance(tiers, Sequence) or not all(isinstance(t, str) for t in tiers)
+    ):
+        raise QueryError.single("bad_tiers", f"tiers is a list of tier names, got {show(tiers)}", "tiers")
+    if isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(
+        isinstance(c, Sequence) and not isinstance(c, str | bytes) for c in chains
+    ):
+        raise QueryError.single("bad_chains", "chains must be a list of hash chains (lists of block hashes)", "chains")
     seen_types: frozenset[type] = frozenset()
     if isinstance(residency, KVEventReader):
         by_tier = residency.residencies()
@@ -606,7 +645,7 @@ def score_replicas(
     if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
         counts = [num_tokens] * n_q
     else:
-        counts = list(num_tokens)  # type: ignore[arg-type]
+        counts = bounded_ints("num_tokens", num_tokens, MAX_RESULT, "num_tokens[]", "token counts")
         if len(counts) != n_q:
             raise QueryError.single(
                 "length_mismatch", f"{len(counts)} num_tokens for {n_q} chains; give one per chain or a single int",
@@ -625,6 +664,7 @@ def score_replicas(
             "bit_path_unsupported",
             f"the bit-parallel kernels handle full-attention and Mamba groups only; this geometry has "
             f"{sorted({lg.family for lg in plan} - _BIT_FAMILIES)} groups: leave matrix_path unset", "matrix_path")
+    check_total("hit_tokens", n_q * len(names) * R)  # the result, refused before allocating
     out = np.zeros((n_q, len(names), R), dtype=np.int64)
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
         n = nonneg(f"num_tokens[{q}]", n)

@@ -36,13 +36,13 @@ ignored. Meant for tests: it keeps every position as a Python int.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any
 
 from kvgeom import hits
-from kvgeom._check import nonneg
+from kvgeom._check import flag, nonneg
 from kvgeom._math import cdiv
 from kvgeom.boundaries import restore_read_block, running_state_block, state_block_for_boundary
 from kvgeom.errors import QueryError
@@ -50,7 +50,15 @@ from kvgeom.geometry import Geometry
 from kvgeom.keys import boundary_hash_index, offload_group
 from kvgeom.ranks import Placement, dcp_placement
 
-__all__ = ["GPUPrefixCache", "RequestReport", "ScenarioReport", "Simulator", "run_request", "run_scenario"]
+__all__ = [
+    "MAX_SIM_TOKENS",
+    "GPUPrefixCache",
+    "RequestReport",
+    "ScenarioReport",
+    "Simulator",
+    "run_request",
+    "run_scenario",
+]
 
 _EMPTY = -1
 
@@ -59,6 +67,25 @@ def _as_dict(plan: Any) -> Mapping[str, Any]:
     to_dict = getattr(plan, "to_dict", None)
     out: Mapping[str, Any] = to_dict() if callable(to_dict) else plan
     return out
+
+
+#: The longest request the simulator runs: it keeps every position as a Python int, so a longer one would
+#: take seconds per call (issue 19); past it a run is refused (``result_too_large``) before any work.
+MAX_SIM_TOKENS = 1 << 16
+
+
+def _sim_tokens(name: str, value: Any) -> int:
+    """``value`` checked by :func:`kvgeom._check.nonneg` and at most :data:`MAX_SIM_TOKENS`."""
+    n = nonneg(name, value)
+    if n > MAX_SIM_TOKENS:
+        raise QueryError.single(
+            "result_too_large",
+            f"{name}={n}: the simulator runs requests of at most {MAX_SIM_TOKENS} tokens (it keeps every position "
+            "as a Python int); use the rule functions (kvgeom.hits, kvgeom.batch) for longer requests",
+            name,
+            **{name: n, "limit": MAX_SIM_TOKENS},
+        )
+    return n
 
 
 @dataclass
@@ -149,7 +176,7 @@ class Simulator:
     def prefill(self, num_tokens: int) -> None:
         """Compute positions ``[computed, num_tokens)`` cold: write every position into its slot and
         advance every Mamba state (block *i* keeps the state after ``(i+1)*B_m`` tokens)."""
-        n = nonneg("num_tokens", num_tokens)
+        n = _sim_tokens("num_tokens", num_tokens)
         for gs in self.groups.values():
             if gs.mamba:
                 for b in range(gs.block_size, n + 1, gs.block_size):
@@ -366,7 +393,7 @@ def run_scenario(
     >>> r.hit_plan.hit.end_token, r.ok
     (64, True)
     """
-    n = nonneg("num_tokens", num_tokens)
+    n = _sim_tokens("num_tokens", num_tokens)
     local = nonneg("local_computed_tokens", local_computed_tokens)
     sim = Simulator(geom)
     sim.prefill(n)
@@ -381,7 +408,7 @@ def run_scenario(
         if callable(evict):
             predicate = evict
         else:
-            bits = list(evict)
+            bits = _eviction_bits("evict", evict)
             order = sorted((g, (h + 1) * geom.hash_block_size) for h, g in sim.tier)
             gone = {key for key, bit in zip(order, bits, strict=False) if bit}
 
@@ -469,7 +496,7 @@ class GPUPrefixCache:
         from kvgeom.masks import reachable_block_mask
 
         geom = self.geom
-        n = nonneg("num_tokens", num_tokens)
+        n = _sim_tokens("num_tokens", num_tokens)
         ends = self.chunk_ends = self._chunk_ends(n, chunk_ends, max_num_batched_tokens)
         if not geom.config.cache.prefix_caching or n == 0:
             return
@@ -499,6 +526,7 @@ class GPUPrefixCache:
 
     def _chunk_ends(self, n: int, chunk_ends: Sequence[int] | None, budget: int | None) -> frozenset[int]:
         """The checked chunk ends of :meth:`cache_request` (empty without an align Mamba group: unused)."""
+        from kvgeom.handoff import checked_chunk_ends
         from kvgeom.prefill import mamba_checkpoint, prefill_chunk_ends
 
         if chunk_ends is not None and budget is not None:
@@ -509,7 +537,7 @@ class GPUPrefixCache:
                 "chunk_ends",
             )
         if chunk_ends is not None:
-            ends = tuple(nonneg("chunk_ends[]", e) for e in chunk_ends)
+            ends = checked_chunk_ends(chunk_ends)
             if n and (not ends or ends[-1] != n or any(b <= a for a, b in zip((0, *ends), ends, strict=False))):
                 raise QueryError.single(
                     "bad_chunk_ends",
@@ -594,8 +622,26 @@ class RequestReport:
         return not self.local_problems and not self.tier_problems and not self.restore_problems
 
 
-def _bits_predicate(order: list[tuple[int, int]], bits: Sequence[bool]) -> Callable[[int, int], bool]:
-    gone = {key for key, bit in zip(order, bits, strict=False) if bit}
+def _eviction_bits(name: str, bits: Any) -> list[bool]:
+    """``bits`` (which entries to evict, in order) checked: an iterable, not a string, of at most
+    :data:`MAX_SIM_TOKENS` bools (``bad_<name>``, ``result_too_large``, ``not_a_bool``)."""
+    if isinstance(bits, str | bytes | Mapping) or not isinstance(bits, Iterable):
+        raise QueryError.single(
+            f"bad_{name}", f"{name} must be a predicate evict(group, end_token) or a list of bools, got "
+            f"{type(bits).__name__}", name,
+        )
+    items = list(islice(bits, MAX_SIM_TOKENS + 1))
+    if len(items) > MAX_SIM_TOKENS:
+        raise QueryError.single(
+            "result_too_large", f"{name} lists more than {MAX_SIM_TOKENS} bools, more entries than a run holds", name
+        )
+    return [flag(f"{name}[]", b) for b in items]
+
+
+def _bits_predicate(
+    order: list[tuple[int, int]], bits: Sequence[bool], name: str = "evict"
+) -> Callable[[int, int], bool]:
+    gone = {key for key, bit in zip(order, _eviction_bits(name, bits), strict=False) if bit}
     return lambda g, e: (g, e) in gone
 
 
@@ -630,12 +676,12 @@ def run_request(
     """
     from kvgeom.request import plan_request
 
-    n = nonneg("num_tokens", num_tokens)
-    n0 = n if first_tokens is None else nonneg("first_tokens", first_tokens)
+    n = _sim_tokens("num_tokens", num_tokens)
+    n0 = n if first_tokens is None else _sim_tokens("first_tokens", first_tokens)
     cache = GPUPrefixCache(geom)
     cache.cache_request(n0, max_num_batched_tokens=max_num_batched_tokens)
     if evict_gpu is not None:
-        pred = evict_gpu if callable(evict_gpu) else _bits_predicate(sorted(cache.entries), evict_gpu)
+        pred = evict_gpu if callable(evict_gpu) else _bits_predicate(sorted(cache.entries), evict_gpu, "evict_gpu")
         cache.evict(lambda g, e: not pred(g, e))
     scenario: dict[str, Any] = {"num_tokens": n, "resident": cache.resident()}
     sim = None
@@ -648,7 +694,7 @@ def run_request(
         if evict_tier is not None:
             H = geom.hash_block_size
             order = sorted((g, (h + 1) * H) for h, g in sim.tier)
-            tpred = evict_tier if callable(evict_tier) else _bits_predicate(order, evict_tier)
+            tpred = evict_tier if callable(evict_tier) else _bits_predicate(order, evict_tier, "evict_tier")
             sim.evict(lambda g, e: not tpred(g, e))
         tier_problems = sim.check_tier()
         scenario["stored"] = sim.tier_end_tokens()

@@ -803,7 +803,7 @@ def test_speculative_config_without_flagged_groups_resolves():
 
 def test_offload_keys_round_trip_and_feed_residency():
     g = geometry_from_vllm(seed_kv(), seed_vc())
-    chain = [bytes([i]) * 8 for i in range(8)]  # 8 hashes of H = 16 tokens: 128 tokens
+    chain = [bytes([i]) * 16 for i in range(8)]  # 8 (xxhash-sized) hashes of H = 16 tokens: 128 tokens
     keys = OffloadKeys(g, chain)
     r = Residency()
     for group, end in [(0, 64), (1, 32), (1, 128)]:
@@ -817,9 +817,9 @@ def test_offload_keys_round_trip_and_feed_residency():
 
 OFFLOAD_KEY_ERRORS = [
     # a hash of another request
-    (lambda k: k.to_kvgeom(make_offload_key(b"elsewhere", 0)), "unknown_block_hash"),
+    (lambda k: k.to_kvgeom(make_offload_key(b"elsewhere".ljust(16, b"."), 0)), "unknown_block_hash"),
     # a group the geometry does not have
-    (lambda k: k.to_kvgeom(make_offload_key(bytes([1]) * 8, 5)), "no_such_group"),
+    (lambda k: k.to_kvgeom(make_offload_key(bytes([1]) * 16, 5)), "no_such_group"),
     # an end token off the H grid
     (lambda k: k.to_vllm(0, 40), "end_token_off_grid"),
     # an end token past the chain
@@ -827,7 +827,7 @@ OFFLOAD_KEY_ERRORS = [
     # not an offload key at all
     (lambda k: k.to_kvgeom(b"ab"), "bad_offload_key"),
     # a chain that holds something other than bytes
-    (lambda k: OffloadKeys(SEED_GEOMETRY, ["h0"]).to_kvgeom(make_offload_key(b"h0", 0)), "bad_block_hash"),
+    (lambda k: OffloadKeys(SEED_GEOMETRY, ["h0"]).to_kvgeom(make_offload_key(bytes(16), 0)), "bad_block_hash"),
     # ... or is not a chain at all
     (lambda k: OffloadKeys(SEED_GEOMETRY, 5), "bad_block_hashes"),
 ]
@@ -855,7 +855,7 @@ def test_hostile_objects_are_config_errors_not_crashes(call):
 
 @pytest.mark.parametrize(("call", "code"), OFFLOAD_KEY_ERRORS)
 def test_offload_key_errors(call, code):
-    keys = OffloadKeys(geometry_from_vllm(seed_kv(), seed_vc()), [bytes([i]) * 8 for i in range(8)])
+    keys = OffloadKeys(geometry_from_vllm(seed_kv(), seed_vc()), [bytes([i]) * 16 for i in range(8)])
     with pytest.raises(QueryError) as info:
         call(keys)
     assert info.value.code == code

@@ -157,3 +157,63 @@ def test_eagle_partial_tail_keyed_at_boundary_plus_margin():
     # without chunk 64 the pop removes the only stored chunk (complete hit 0), and no tail in 8..56 has both
     # its attention key at b + 8 and its Mamba key at b
     assert hits.lookup_hit(g, 100, stored={0: [32, 88], 1: [32, 80]}).end_token == 0
+
+
+# Rows for the mutation run of kvgeom.handoff (issue 19, docs/mutation.md): the argument checks, each
+# naming the argument, and the windows they bound.
+HANDOFF_PROBLEMS = [
+    # a window bound that is not an int
+    (lambda: state_ends(SEED, 100, 100, None, above="32"), "not_an_integer", "above"),
+    (lambda: state_ends(SEED, 100, 100, None, upto=64.0), "not_an_integer", "upto"),
+    (lambda: mamba_handoffs(SEED, 1, 100, 100, None, above=None), "not_an_integer", "above"),
+    (lambda: mamba_handoffs(SEED, 1, 100, 100, None, upto="64"), "not_an_integer", "upto"),
+    # chunk ends that are no collection, or a string, or too many
+    (lambda: state_ends(SEED, 100, 100, 96), "bad_chunk_ends", "chunk_ends"),
+    (lambda: state_ends(SEED, 100, 100, "96"), "bad_chunk_ends", "chunk_ends"),
+    (lambda: state_ends(SEED, 100, 100, range(10**12)), "result_too_large", "chunk_ends"),
+    (lambda: state_ends(SEED, 100, 100, [96, -1]), "negative", "chunk_ends[]"),
+    # a group index that is not one: no_such_group, not a TypeError
+    (lambda: mamba_handoffs(SEED, "1", 100, 100), "no_such_group", "group"),
+    (lambda: mamba_cacheable_tokens(SEED, [1], 100), "no_such_group", "group"),
+    # reachable boundaries that are no collection
+    (lambda: mamba_handoffs(SEED, 1, 100, 100, (96, 100), reachable=99), "bad_reachable", "reachable"),
+]
+
+
+@pytest.mark.parametrize(("call", "code", "field"), HANDOFF_PROBLEMS)
+def test_handoff_argument_problems(call, code, field):
+    with pytest.raises(kvgeom.QueryError) as info:
+        call()
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field) == (code, field)
+
+
+def test_handoff_window_bounds_and_limits():
+    from kvgeom.masks import MAX_STORE_BLOCKS
+
+    # a negative lower bound is below everything; numpy ints are ints
+    assert state_ends(SEED, 100, 100, (96, 100), above=-5) == (96, 100)
+    import numpy as np
+
+    every = (16, 32, 48, 64, 80, 96, 100)  # a prefill stopped at every Mamba block
+    assert state_ends(SEED, 100, 100, every, above=np.int64(32), upto=np.int64(64)) == (48, 64)
+    assert mamba_handoffs(SEED_DENSE, 1, 100, 100, every, above=np.int64(32), upto=64) == (48, 64)
+    # the default (vLLM's unbounded split: one chunk to 96, then 100) has no end in (32, 64]
+    assert mamba_handoffs(SEED_DENSE, 1, 100, 100, None, above=np.int64(32), upto=64) == ()
+    # exactly MAX_STORE_BLOCKS chunk ends are read; one more is refused with the count
+    n = 16 * MAX_STORE_BLOCKS
+    assert len(state_ends(SEED, n, n, range(16, n + 1, 16))) == MAX_STORE_BLOCKS
+    with pytest.raises(kvgeom.QueryError) as info:
+        state_ends(SEED, n + 16, n + 16, range(16, n + 17, 16))
+    assert info.value.values == {"count": MAX_STORE_BLOCKS + 1, "limit": MAX_STORE_BLOCKS}
+    # ... and inside a window only the window's blocks count
+    assert state_ends(SEED, 10**9, 10**9, above=10**9 - 32) == (10**9 - 16, 10**9)
+    # chunk ends: a generator is read, up to the bound
+    assert state_ends(SEED, 100, 100, (e for e in (96, 100))) == (96, 100)
+
+
+def test_the_default_split_of_a_huge_prompt_is_two_chunk_ends_not_a_walk():
+    # issue 19: the old default (a state at every Mamba block) walked 62.5M blocks for 10^9 tokens and had to
+    # be refused; vLLM's unbounded split (the default since issue 19 item 3) is one chunk to the last
+    # cacheable boundary and the prompt's end, answered without a walk
+    assert state_ends(SEED, 10**9, 10**9) == (10**9 - 16, 10**9)

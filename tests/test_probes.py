@@ -189,7 +189,7 @@ PENDING_ROWS = [
 
 @pytest.mark.parametrize(("name", "geom", "n", "answers", "hit"), PENDING_ROWS, ids=[r[0] for r in PENDING_ROWS])
 def test_a_tier_that_answers_pending_is_read_as_vllm_reads_it(name, geom, n, answers, hit):
-    chain = [b"p%04d" % i for i in range(n // geom.hash_block_size)]
+    chain = [b"p%015d" % i for i in range(n // geom.hash_block_size)]
     tier = _TriState(chain, geom.hash_block_size, answers)
     if hit is None:
         with pytest.raises(QueryError) as info:
@@ -200,7 +200,7 @@ def test_a_tier_that_answers_pending_is_read_as_vllm_reads_it(name, geom, n, ans
 
 
 def test_an_unknown_lookup_answer_is_refused():
-    chain = [b"p%04d" % i for i in range(4)]
+    chain = [b"p%015d" % i for i in range(4)]
     with pytest.raises(QueryError) as info:
         lookup_hit(SEED, 64, stored=_TriState(chain, 16, {"0": {32: "MAYBE"}}), block_hashes=chain)
     assert info.value.code == "lookup_not_ready" and "HIT_PENDING" in info.value.problems[0].message
@@ -212,7 +212,7 @@ def test_a_lookup_trace_over_a_pending_tier_answers_as_lookup_hit(name, geom, n,
     :func:`lookup_hit` does (a recorder that hid them would count a pending key as held and never re-ask)."""
     from kvgeom.hits import lookup_trace
 
-    chain = [b"p%04d" % i for i in range(n // geom.hash_block_size)]
+    chain = [b"p%015d" % i for i in range(n // geom.hash_block_size)]
     tier = _TriState(chain, geom.hash_block_size, answers)
     if hit is None:
         with pytest.raises(QueryError) as info:
@@ -312,7 +312,7 @@ def test_a_pending_tier_reads_the_same_through_per_group_keys(name, geom, n, ans
     """The vLLM pending rows through a connector's own per-group keys (``offload_keys=``) defer or load as
     through the hash chain: the keys probe reads HIT_PENDING / RETRY by vLLM's rules too."""
     H = geom.hash_block_size
-    chain = [b"p%04d" % i for i in range(n // H)]
+    chain = [b"p%015d" % i for i in range(n // H)]
     keys = [[] for _ in range(max(og.index for og in geom.offload.groups) + 1)]
     for og in geom.offload.groups:
         hpc = og.hashes_per_chunk
@@ -325,3 +325,83 @@ def test_a_pending_tier_reads_the_same_through_per_group_keys(name, geom, n, ans
         assert info.value.code == "lookup_not_ready"
     else:
         assert lookup_hit(geom, n, stored=tier, offload_keys=keys, **tail).hit_tokens == hit
+
+
+# Rows for the mutation run of kvgeom.probes (issue 19, docs/mutation.md): what each check names.
+STORE_PROBLEMS = [
+    # an end token off the H grid: the problem names the group's key, its end token and H
+    (lambda: lookup_hit(SEED, 64, stored={1: [20]}), "not_on_hash_grid", "stored.1",
+     {"end_token": 20, "hash_block_size": 16}),
+    # a key that is not a group index: the problem names the stored mapping
+    (lambda: lookup_hit(SEED, 64, stored={"x": [16]}), "bad_group_key", "stored", {}),
+    # a 2-D integer array is not a list of end tokens (the batch form is a bool matrix)
+    (lambda: lookup_hit(SEED, 64, stored={1: np.array([[16, 32]])}), "bad_stored", "stored.1", {}),
+    # a Residency with a string (not a sequence of hashes) for a chain
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes="abcd"), "bad_block_hashes",
+     "block_hashes", {}),
+    # ... or an int
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=5), "bad_block_hashes", "block_hashes", {}),
+    # a stored range past sys.maxsize: refused by its size, shown as "more than" int64
+    (lambda: lookup_hit(SEED, 64, stored={1: range(16, 2**70, 16)}), "too_many_stored", "stored.1",
+     {"count": 2**63, "limit": 1 << 20}),
+    # one end token past the bound
+    (lambda: lookup_hit(SEED, 64, stored={1: range(16, 16 * ((1 << 20) + 2), 16)}), "too_many_stored", "stored.1",
+     {"count": (1 << 20) + 1, "limit": 1 << 20}),
+    # an end token that is not an int: the problem names the group's end tokens
+    (lambda: lookup_hit(SEED, 64, stored={1: [16, "32"]}), "not_an_integer", "stored.1 end token", {}),
+    # 0 is no key's end token (keys end on positive multiples of H)
+    (lambda: lookup_hit(SEED, 64, stored={1: [0, 16]}), "not_on_hash_grid", "stored.1", {"end_token": 0}),
+    # a range of exactly int64-max end tokens is counted, not described
+    (lambda: lookup_hit(SEED, 64, stored={1: range(2**63 - 1)}), "too_many_stored", "stored.1",
+     {"count": 2**63 - 1}),
+    # a geometry without offloading has no tier to ask, whatever the store form
+    (lambda: as_probe(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), {0: [64]}),
+     "no_offload", "offload", {}),
+    (lambda: as_probe(kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 64}]}), lambda g, e: True),
+     "no_offload", "offload", {}),
+    # a hash chain shorter than the request: 1 hash for 64 tokens of H = 16
+    (lambda: lookup_hit(SEED, 64, stored=kvgeom.Residency(), block_hashes=[b"a"]), "block_hashes_too_short",
+     "block_hashes", {"num_hashes": 1, "needed": 4}),
+]
+
+
+@pytest.mark.parametrize(("call", "code", "field", "values"), STORE_PROBLEMS)
+def test_store_problems_name_the_field_and_numbers(call, code, field, values):
+    with pytest.raises(QueryError) as info:
+        call()
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field) == (code, field)
+    assert {k: problem.values.get(k) for k in values} == values
+
+
+def test_stored_bounds_and_array_forms():
+    from kvgeom.probes import MAX_STORED_ENDS
+
+    # exactly MAX_STORED_ENDS end tokens are checked and read
+    ends = range(16, 16 * (MAX_STORED_ENDS + 1), 16)
+    assert lookup_hit(SEED, 65, stored={0: [32, 64], 1: ends}).end_token == 64
+    # a 1-D integer array is a list of end tokens
+    assert lookup_hit(SEED, 65, stored={0: np.array([32, 64]), 1: np.array([16, 32, 48])}).end_token == 48
+    # a range past sys.maxsize is described, not printed
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(16, 2**70, 16)})
+    assert "more than 9223372036854775807 end tokens" in str(info.value)
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(2**63 - 1)})
+    assert "lists 9223372036854775807 end tokens" in str(info.value)
+    with pytest.raises(QueryError) as info:
+        lookup_hit(SEED, 64, stored={1: range(16, 16 * ((MAX_STORED_ENDS) + 2), 16)})
+    assert f"lists {MAX_STORED_ENDS + 1} end tokens" in str(info.value)
+    # every checked end token is read, a plain or numpy int alike (the fast path and the loop agree)
+    assert lookup_hit(SEED, 65, stored={0: [32, np.int64(64)], 1: [16, 32, 48]}).end_token == 48
+
+
+def test_an_event_of_keys_refuses_a_key_vllm_could_not_emit_as_one_key_does():
+    """Residency.add_keys (one pass per event) and add_key refuse the same keys: a 5-byte key (a 1-byte hash)
+    is no vLLM 0.33 offload key (issue 19), whichever way it arrives."""
+    good = make_offload_key(b"h" * 16, 0)
+    for call in (lambda r: r.add_key(b"h" + bytes(4)), lambda r: r.add_keys([good, b"h" + bytes(4)]),
+                 lambda r: r.discard_keys([b"h" + bytes(4)])):
+        with pytest.raises(QueryError) as info:
+            call(kvgeom.Residency())
+        assert info.value.code == "bad_offload_key"

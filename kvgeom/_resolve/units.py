@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from functools import reduce
 
+from kvgeom._format import show
 from kvgeom._math import INT64_MAX
 from kvgeom._resolve.problems import Collector, group_name, span_words
 from kvgeom.config import KVGeomConfig
@@ -47,7 +48,7 @@ def scheduler_block(groups: list[GroupGeometry]) -> int:
         spans = [g.span for g in groups]
         raise GeometryError.single(
             "scheduler_block_too_large",
-            f"the lcm of the spans {spans} is {L}, past int64; spans that share no factors blow up the "
+            f"the lcm of the spans {show(spans)} is {show(L)}, past int64; spans that share no factors blow up the "
             "scheduler block: make the block sizes multiples of one another",
             "groups",
             spans=spans,

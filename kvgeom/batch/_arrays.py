@@ -18,6 +18,7 @@ twin modules of :mod:`kvgeom.batch` import them; users reach the twins through :
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,12 @@ def ints(name: str, x: Any, ndim: int = 1, *, allow_minus_one: bool = False, sig
     if isinstance(x, np.ndarray) and x.dtype == np.int64 and x.ndim == ndim:
         a = x
     else:
+        if not isinstance(x, np.ndarray) and isinstance(x, Sized):  # a range(10**12) is refused, not allocated
+            try:
+                count = len(x)
+            except OverflowError:
+                count = MAX_RESULT + 1
+            check_total(name, count)
         try:
             a = np.asarray(x)
         except (ValueError, TypeError) as e:

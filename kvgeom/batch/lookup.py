@@ -73,6 +73,12 @@ class RequestChains:
 
     def update(self, request_id: Hashable, block_hashes: Sequence[Hashable]) -> None:
         """Record ``request_id``'s hash chain (the full list; only its new tail is interned)."""
+        if isinstance(block_hashes, str | bytes) or not isinstance(block_hashes, Sequence):
+            raise QueryError.single(
+                "bad_block_hashes",
+                f"block_hashes must be a sequence of block hashes, got {type(block_hashes).__name__}",
+                "block_hashes",
+            )
         row = self._row.get(request_id)
         if row is None:
             row = self._free.pop() if self._free else len(self._len)
@@ -114,6 +120,24 @@ class RequestChains:
 
     def __len__(self) -> int:
         return len(self._row)
+
+
+def _check_chain_lengths(geom: Geometry, n: I64, lengths: I64) -> None:
+    """:func:`kvgeom.probes.check_chain_length` per request: the first request whose chain is short is named."""
+    needed = np.maximum(n - geom.hash_lookahead_tokens, 0) // geom.hash_block_size
+    short = np.flatnonzero(lengths < needed)
+    if short.size:
+        i = int(short[0])
+        raise QueryError.single(
+            "block_hashes_too_short",
+            f"request {i}'s chain holds {int(lengths[i])} hashes; a request of num_tokens={int(n[i])} has "
+            f"{int(needed[i])} (one per H={geom.hash_block_size} tokens, less the {geom.hash_lookahead_tokens} "
+            "look-ahead tokens): pass each request's whole chain (vLLM: request.block_hashes)",
+            "chains",
+            request=i,
+            num_hashes=int(lengths[i]),
+            needed=int(needed[i]),
+        )
 
 
 class ChainRows:
@@ -206,6 +230,7 @@ def lookup_resident(
                 "foreign_chains", "these RequestChains intern hashes against another Residency", "chains"
             )
         ids, row_of = chains.chains.ids, chains.rows
+        tracked = chains.chains
     else:
         if isinstance(chains, str | bytes) or not isinstance(chains, Sequence):
             raise QueryError.single(
@@ -215,8 +240,9 @@ def lookup_resident(
         tmp = RequestChains(residency)
         for i, chain in enumerate(chains):
             tmp.update(i, chain)
-        ids, row_of = tmp.ids, np.arange(len(chains), dtype=np.int64)
+        ids, row_of, tracked = tmp.ids, np.arange(len(chains), dtype=np.int64), tmp
     same_length("chains", row_of, size)
+    _check_chain_lengths(geom, n, np.asarray(tracked._len, dtype=np.int64)[row_of])
     prompt, local, mnn, mlt = lookup_args(
         n, num_prompt_tokens, local_computed_tokens, max_num_new_tokens, max_load_tokens
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kvgeom._format import show
 from kvgeom.batch._arrays import I64, Bools
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, OffloadGeometry
@@ -43,7 +44,7 @@ def stored_matrices(geom: Geometry, off: OffloadGeometry, stored: Any, size: int
     out = {og.index: np.zeros((size, 0), dtype=np.bool_) for og in off.groups}
     for key, m in stored.items():
         index = stored_group_index(key, out)
-        a = np.asarray(m)
+        a = _matrix(key, m, size)
         if a.ndim != 2 or a.shape[0] != size or (a.size and a.dtype != np.bool_):
             raise QueryError.single(
                 "bad_stored",
@@ -53,6 +54,28 @@ def stored_matrices(geom: Geometry, off: OffloadGeometry, stored: Any, size: int
             )
         out[index] = a.astype(np.bool_, copy=False)
     return out
+
+
+def _matrix(key: Any, m: Any, size: int) -> np.ndarray:
+    """``np.asarray(m)``, refused (``bad_stored``) before a wrong-length sequence is copied and when numpy
+    cannot build it (a ``range`` of 10**12 ends: a MemoryError, issue 19)."""
+    if isinstance(m, np.ndarray):
+        return m
+    try:
+        rows = len(m)
+    except (TypeError, OverflowError):
+        rows = size
+    why = f"it has {rows} rows"
+    if rows == size:
+        try:
+            return np.asarray(m)
+        except (ValueError, TypeError, OverflowError, MemoryError) as e:
+            why = f"numpy cannot read it as one ({type(e).__name__}: {show(str(e), 80)})"
+    raise QueryError.single(
+        "bad_stored",
+        f"stored[{show(key, 40)}] must be a bool matrix of shape (num requests={size}, hash indices); {why}",
+        f"stored.{show(key, 40)}",
+    )
 
 
 class HeldMatrix:

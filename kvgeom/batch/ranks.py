@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvgeom._math import INT64_MAX
-from kvgeom.batch._arrays import I64, div, int64_view, ints, overflow, pow2_shift
+from kvgeom.batch._arrays import I64, check_total, div, int64_view, ints, overflow, pow2_shift
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.ranks import slot_mapped_group
@@ -320,6 +320,7 @@ def rank_lengths(geom: Geometry, group: int, num_tokens: Any) -> I64:
     g = geom.group(group)
     n = ints("num_tokens", num_tokens)
     D = geom.kv_shards
+    check_total("rank_lengths", n.size * D)  # (n, D) int64: refused before numpy allocates it (issue 19)
     if not g.dealt:
         return np.repeat(n[:, None], D, axis=1)
     interleave = geom.config.parallel.cp_interleave

@@ -73,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvgeom._check import bounded_ints
 from kvgeom._format import show
 from kvgeom.errors import KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
@@ -212,6 +213,11 @@ def lmcache_span(g: GroupGeometry, dcp: int) -> int:
     return g.block_size
 
 
+#: Most spans :func:`scheduler_block` and :func:`is_coarse` read (one per group; a config has at most
+#: :data:`kvgeom.config.MAX_ITEMS` groups).
+MAX_SPANS = 10_000
+
+
 def scheduler_block(spans: Sequence[int]) -> int:
     """LMCache's scheduler block: the lcm of the non-zero spans. :class:`LMCacheRefusal` when every span
     is 0 (no group LMCache can store).
@@ -219,11 +225,12 @@ def scheduler_block(spans: Sequence[int]) -> int:
     >>> scheduler_block([32, 0, 48])
     96
     """
+    spans = bounded_ints("spans", spans, MAX_SPANS, "spans[]", "spans")
     live = [s for s in spans if s > 0]
     if not live:
         raise LMCacheRefusal.single(
             "lmcache_no_cacheable_group",
-            f"LMCache needs at least one prefix-cacheable group, but every group's span is 0 ({list(spans)}); "
+            f"LMCache needs at least one prefix-cacheable group, but every group's span is 0 ({show(spans)}); "
             "do not put LMCache in front of a deployment without a prefix-cacheable group",
             "groups", spans=list(spans),
         )
@@ -239,7 +246,7 @@ def is_coarse(spans: Sequence[int]) -> bool:
     >>> is_coarse([112, 144])
     True
     """
-    live = [s for s in spans if s > 0]
+    live = [s for s in bounded_ints("spans", spans, MAX_SPANS, "spans[]", "spans") if s > 0]
     return bool(live) and scheduler_block(live) > COARSE_FACTOR * max(live)
 
 
@@ -466,6 +473,10 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     ...
     kvgeom.engines.lmcache.LMCacheRefusal: lmcache.chunk_size: LMCache chunk_size 48 must be a multiple of ...
     """
+    if settings is not None and not isinstance(settings, LMCacheSettings):
+        raise QueryError.single(
+            "bad_settings", f"settings must be an LMCacheSettings or None, got {type(settings).__name__}", "settings"
+        )
     s = settings if settings is not None else LMCacheSettings()
     p = geom.parallel
     _check_mamba_step(geom, s)

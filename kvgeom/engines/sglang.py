@@ -52,9 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from kvgeom._check import bounded_ints, positive
+from kvgeom._format import show
 from kvgeom._pydantic import FrozenModel, NonNegativeInt, PositiveInt, StrictBool
 from kvgeom.config import read_file
 from kvgeom.errors import ConfigError, GeometryError, Problem, QueryError
+from kvgeom.masks import MAX_SCALAR_RESULT, check_result_size
 
 if TYPE_CHECKING:
     from kvgeom.events import KVEventReader
@@ -196,7 +199,7 @@ def tree_page(page_size: int, dcp_size: int = 1) -> int:
     >>> tree_page(64, 2), tree_page(1)
     (128, 1)
     """
-    return page_size * dcp_size
+    return positive("page_size", page_size) * positive("dcp_size", dcp_size)
 
 
 def mamba_cache_chunk_size(model_chunk: int | None, page_size: int) -> int:
@@ -210,7 +213,8 @@ def mamba_cache_chunk_size(model_chunk: int | None, page_size: int) -> int:
     ...
     kvgeom.engines.sglang.SGLangConfigError: sglang.page_size: page_size=128 and the model's Mamba chunk 192 ...
     """
-    chunk = FLA_CHUNK_SIZE if model_chunk is None else model_chunk
+    chunk = FLA_CHUNK_SIZE if model_chunk is None else positive("model_chunk", model_chunk)
+    page_size = positive("page_size", page_size)
     if max(chunk, page_size) % min(chunk, page_size):
         raise SGLangConfigError.single(
             "mamba_chunk_page_mismatch",
@@ -227,7 +231,7 @@ def checkpoint_grid(chunk: int, tree_page: int) -> int:
     >>> checkpoint_grid(64, 128), checkpoint_grid(192, 128), checkpoint_grid(256, 64)
     (128, 384, 256)
     """
-    return math.lcm(chunk, tree_page)
+    return math.lcm(positive("chunk", chunk), positive("tree_page", tree_page))
 
 
 def track_grid(grid: int, mamba_track_interval: int) -> int:
@@ -236,7 +240,7 @@ def track_grid(grid: int, mamba_track_interval: int) -> int:
     >>> track_grid(384, 256)
     768
     """
-    return math.lcm(grid, mamba_track_interval)
+    return math.lcm(positive("grid", grid), positive("mamba_track_interval", mamba_track_interval))
 
 
 # -- the resolved geometry ------------------------------------------------------------------------------
@@ -485,6 +489,15 @@ def resolve_sglang(source: SGLangConfig | Mapping[str, Any] | str | os.PathLike[
 
 
 # -- questions about a request ----------------------------------------------------------------------
+def _sglang_geometry(geom: Any) -> None:
+    if not isinstance(geom, SGLangGeometry):
+        raise QueryError.single(
+            "not_sglang_geometry",
+            f"geom must be an SGLangGeometry (kvgeom.engines.sglang.resolve_sglang), got {type(geom).__name__}",
+            "geom",
+        )
+
+
 def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ...]:
     """The depths at which a ``num_tokens``-token prompt can leave a Mamba checkpoint in the tree: every
     multiple of the checkpoint grid up to ``num_tokens`` (``extra_buffer``), or only the insert end
@@ -495,14 +508,16 @@ def checkpoint_positions(geom: SGLangGeometry, num_tokens: int) -> tuple[int, ..
     >>> checkpoint_positions(g, 300)
     (128, 256)
     """
+    _sglang_geometry(geom)
     if type(num_tokens) is not int or num_tokens < 0:
-        raise QueryError.single("bad_num_tokens", f"num_tokens must be an int >= 0, got {num_tokens!r}",
+        raise QueryError.single("bad_num_tokens", f"num_tokens must be an int >= 0, got {show(num_tokens)}",
                                 "num_tokens", num_tokens=num_tokens)
     grid = geom.checkpoint_grid
     if grid is None:
         return ()
     if geom.config.mamba_radix_cache_strategy == "no_buffer":
         return (num_tokens,) if num_tokens else ()
+    check_result_size(num_tokens // grid)  # 2^62 tokens would list 2^55 depths: refused (issue 19)
     return tuple(range(grid, num_tokens + 1, grid))
 
 
@@ -530,19 +545,25 @@ def _ranges(geom: SGLangGeometry, tombstones: Sequence[tuple[int, int]]) -> list
         fix = ("set sglang.sliding_window_size" if "swa" in geom.config.pools
                else "add the 'swa' pool and its sliding_window_size")
         raise QueryError.single("swa_tombstones_without_window",
-                                f"swa_tombstones={list(tombstones)!r} need a sliding-window pool with a window; {fix}",
-                                "swa_tombstones", swa_tombstones=list(tombstones))
-    out: list[tuple[int, int]] = []
-    for r in sorted(tombstones):
+                                f"swa_tombstones={show(tombstones)} need a sliding-window pool with a window; {fix}",
+                                "swa_tombstones")
+    if isinstance(tombstones, str | bytes | Mapping) or not isinstance(tombstones, Sequence | set | frozenset):
+        raise QueryError.single("bad_swa_tombstone",
+                                f"swa_tombstones must be a list of (start, stop) token ranges, got {show(tombstones)}",
+                                "swa_tombstones")
+    check_result_size(len(tombstones))
+    for r in tombstones:  # every range checked before they are sorted (mixed types must not reach sorted())
         if (not isinstance(r, tuple | list) or len(r) != 2 or not all(type(x) is int for x in r)
                 or not 0 <= r[0] < r[1]):
             raise QueryError.single("bad_swa_tombstone",
-                                    f"a tombstone is a token range (start, stop) with 0 <= start < stop, got {r!r}",
-                                    "swa_tombstones", tombstone=r)
-        if out and r[0] <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], r[1]))
+                                    f"a tombstone is a token range (start, stop) with 0 <= start < stop, got {show(r)}",
+                                    "swa_tombstones", tombstone=show(r))
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted((t[0], t[1]) for t in tombstones):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
         else:
-            out.append((r[0], r[1]))
+            out.append((start, stop))
     return out
 
 
@@ -591,8 +612,9 @@ def prefix_hit(
     >>> prefix_hit(w, 10, swa_tombstones=[(0, 6)]).device_prefix, prefix_hit(w, 9, swa_tombstones=[(0, 6)])
     (10, SGLangHit(device_prefix=0, full_kv_hit=9, mamba_branch_point=None))
     """
+    _sglang_geometry(geom)
     if type(matched_tokens) is not int or matched_tokens < 0:
-        raise QueryError.single("bad_num_tokens", f"matched_tokens must be an int >= 0, got {matched_tokens!r}",
+        raise QueryError.single("bad_num_tokens", f"matched_tokens must be an int >= 0, got {show(matched_tokens)}",
                                 "matched_tokens", matched_tokens=matched_tokens)
     tombs = _ranges(geom, swa_tombstones)
     full = matched_tokens - matched_tokens % geom.tree_page
@@ -602,7 +624,8 @@ def prefix_hit(
         candidates = [full, *(s for s, _ in tombs if s <= full)]
         branch = None
     else:
-        candidates = [c for c in checkpoints if 0 < c <= full]
+        depths = bounded_ints("checkpoints", checkpoints, MAX_SCALAR_RESULT, "checkpoints[]", "depths")  # issue 19
+        candidates = [c for c in depths if 0 < c <= full]
         branch = max(candidates, default=0)
     if window is not None and tombs:
         candidates = [d for d in candidates if _swa_accepts(d, window, tombs)]
@@ -636,6 +659,7 @@ def swa_tombstones(geom: SGLangGeometry, inserts: Sequence[tuple[int, int]]) -> 
                     "bad_swa_insert", f"{name}={v!r} must be an int >= 0 and a multiple of the tree page {page} "
                     f"(SGLang keeps whole pages); use {v - v % page if type(v) is int and v > 0 else 0}",
                     "inserts", **{name: v})
+        check_result_size(shared)  # one flag per shared token: a huge insert is refused, not allocated (issue 19)
         live.extend([False] * max(0, shared - len(live)))
         for p in range(shared):
             if p >= evicted:
@@ -744,6 +768,9 @@ def explain_sglang(geom: SGLangGeometry, label: str = "") -> str:
       tree page: 16 tokens (page_size 16 x dcp_size 1); KV events and HiCache pages are 16 tokens
       pools: full
     """
+    _sglang_geometry(geom)
+    if not isinstance(label, str):
+        raise QueryError.single("bad_label", f"label must be a string, got {type(label).__name__}", "label")
     c = geom.config
     head = f"SGLang {SGLANG_VERSION} deployment" + (f" {label}" if label else "")
     lines = [head,

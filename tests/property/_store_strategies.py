@@ -55,5 +55,5 @@ def requests(draw, geom, *, chunk_grid_only=False):
 
 
 def chain_of(geom, n, salt=b""):
-    """A request's hash chain: n // H distinct bytes hashes."""
-    return [i.to_bytes(8, "big") + b"h" + salt for i in range(n // geom.hash_block_size)]
+    """A request's hash chain: n // H distinct bytes hashes (16 bytes each, the size of vLLM's xxhash)."""
+    return [(i.to_bytes(8, "big") + b"h" + salt).ljust(16, b".") for i in range(n // geom.hash_block_size)]

@@ -475,7 +475,7 @@ def test_resident_batch_lookup_agrees_with_the_matrix_batch_and_the_scalar(geom,
     chains = RequestChains(tier)
     shared = data.draw(st.booleans(), label="requests share hashes")
     for i in range(size):
-        chain = [b"h%d-%d" % (0 if shared else i, j) for j in range(n[i] // H)]
+        chain = [(b"h%d-%d" % (0 if shared else i, j)).ljust(16, b".") for j in range(n[i] // H)]
         chains.update(i, chain)
         for g, m in stored.items():
             for col in np.flatnonzero(m[i][: len(chain)]):
@@ -497,7 +497,7 @@ def test_resident_batch_lookup_agrees_with_the_matrix_batch_and_the_scalar(geom,
                              max_load_tokens=mlt)
     assert [got.hit(i) for i in range(size)] == [want.hit(i) for i in range(size)]
     for i in range(size):
-        chain = [b"h%d-%d" % (0 if shared else i, j) for j in range(n[i] // H)]
+        chain = [(b"h%d-%d" % (0 if shared else i, j)).ljust(16, b".") for j in range(n[i] // H)]
         assert got.hit(i) == hits.lookup_hit(geom, n[i], stored=tier, block_hashes=chain, num_prompt_tokens=prompt[i],
                                              local_computed_tokens=local[i], max_load_tokens=mlt)
 

@@ -498,3 +498,260 @@ def test_many_groups_dealt_over_many_ranks_are_refused_not_built():
                            "parallel": {"tp": 65536, "dcp": 65536}, "offload": {}})
     assert _fast(geom.key_map, 64).code == "result_too_large"
     assert _fast(render_svg, geom).code == "result_too_large"
+
+
+# --------------------------------------------------------------------------- issue 19: inputs that still hurt
+
+
+def _primes(n: int) -> list[int]:
+    out: list[int] = []
+    k = 2
+    while len(out) < n:
+        if all(k % p for p in out if p * p <= k):
+            out.append(k)
+        k += 1
+    return out
+
+
+#: 2000 coprime spans: their lcm has about 7500 digits, past Python's 4300-digit int-to-str limit.
+LCM_BLOWUP = {"groups": [{"kind": "full_attention", "block_size": p} for p in _primes(2000)], "offload": {}}
+
+
+def test_lcm_past_the_int_to_str_limit_is_a_geometry_error(tmp_path):
+    # issue 19: the message printed L with str(), a ValueError (a CLI traceback, exit 1)
+    e = _fast(kvgeom.resolve, LCM_BLOWUP)
+    assert e is not None and e.code == "scheduler_block_too_large" and "digits" in str(e)
+    _check_error(e)
+    path = tmp_path / "lcm.json"
+    path.write_text(json.dumps(LCM_BLOWUP), encoding="utf-8")
+    for argv in (["check", str(path)], ["check", "--format", "json", str(path)], ["explain", str(path)],
+                 ["diagram", str(path), "-o", "-"]):
+        code, out, stderr = _run_cli(argv)
+        assert code == 1 and "scheduler_block_too_large" in stderr + out
+
+
+@pytest.mark.parametrize("cfg", [
+    {"groups": list(range(10**6))},  # issue 19: 4 s to build the validation error
+    {"groups": [{"kind": "mla", "block_size": 0}] * 10**6},  # 9 s
+    {"groups": [{"kind": "full_attention", "block_size": 16}] * 100_000, "offload": {}},  # resolved in 12 s
+    {"groups": [{"kind": "mla", "block_size": 16}], "parallel": {"tp": list(range(10**6))}},
+    {"groups": [{"kind": "uniform", "layers": [{"kind": "mla", "block_size": 16}] * 20_000}]},
+], ids=["1M ints as groups", "1M bad groups", "100k groups", "1M-list tp", "20k uniform layers"])
+def test_an_array_past_max_items_is_refused_before_validation(cfg):
+    from kvgeom.config import MAX_ITEMS
+
+    for fn in (kvgeom.resolve, kvgeom.load_config):
+        e = _fast(fn, cfg)
+        assert e is not None and e.code == "too_many_items" and e.problems[0].values["limit"] == MAX_ITEMS
+        _check_error(e)
+
+
+def test_max_items_groups_still_resolve():
+    from kvgeom.config import MAX_ITEMS
+
+    assert _fast(kvgeom.resolve, {"groups": [{"kind": "full_attention", "block_size": 16}] * MAX_ITEMS}) is None
+
+
+def test_a_stored_range_of_1e12_end_tokens_is_refused_before_it_is_checked():
+    from kvgeom.probes import MAX_STORED_ENDS
+
+    huge = range(16, 16 * 10**12, 16)
+    for call in (lambda: hits.plan_hit(DEFAULT, {"num_tokens": 64, "stored": {"0": huge}}),
+                 lambda: hits.lookup_hit(DEFAULT, 64, stored={0: huge}),
+                 lambda: hits.plan_hit(DEFAULT, {"num_tokens": 64, "stored": {"1": range(16, 10**30, 16)}})):
+        e = _fast(call)
+        assert e is not None and e.code == "too_many_stored" and e.problems[0].values["limit"] == MAX_STORED_ENDS
+    # the bound itself is checked and answered
+    ends = list(range(16, 16 * (MAX_STORED_ENDS + 1), 16))
+    assert _fast(hits.plan_hit, DEFAULT, {"num_tokens": 64, "stored": {"0": ends}}) is None
+    # the batch twin: a matrix of the wrong row count is refused before numpy copies it
+    e = _fast(lambda: batch.lookup_hits(DEFAULT, [64], stored={0: huge}))
+    assert e is not None and e.code == "bad_stored"
+
+
+def _preset(name: str) -> kvgeom.Geometry:
+    from kvgeom.presets import load_preset
+
+    return kvgeom.resolve(load_preset(name))
+
+
+@pytest.mark.parametrize("name", ["falcon-mamba", "deepseek-v3-mla-dcp8", "seed-hybrid", "glm5next-dcp4",
+                                  "qwen35-mtp-hybrid", "gemma3-swa"])
+def test_store_plans_of_1e9_tokens_are_refused_before_the_work(name):
+    # issue 19: falcon-mamba took 152 s for an empty plan; seed-hybrid's half-computed prompt minutes
+    from kvgeom import handoff
+    from kvgeom.masks import MAX_STORE_BLOCKS
+
+    geom = _preset(name)
+    for computed in (10**9, 10**9 // 2):
+        e = _fast(lambda c=computed: hits.plan_store(geom, num_tokens=10**9, num_computed_tokens=c))
+        assert e is not None and e.code == "result_too_large"
+    mamba = [g.index for g in geom.groups if g.is_align_mamba]
+    if mamba:  # refused, or answered at once (under the GPU drop the split has a few chunks: qwen35)
+        e = _fast(handoff.mamba_handoffs, geom, mamba[0], 10**9, 10**9)
+        assert e is None or (e.code == "result_too_large" and e.problems[0].values["limit"] == MAX_STORE_BLOCKS)
+    from kvgeom.prefill import prefill_tail_stop
+
+    assert _fast(prefill_tail_stop, geom, 10**9) is None
+
+
+def test_store_plan_walk_bound_is_inclusive():
+    from kvgeom.masks import MAX_STORE_BLOCKS
+
+    geom = _preset("falcon-mamba")  # Mamba 16, k = 4: a 64-token chunk walks 4 blocks
+    n = 16 * MAX_STORE_BLOCKS
+    assert _fast(lambda: hits.plan_store(geom, num_tokens=n, num_computed_tokens=n)) is None
+    e = _fast(lambda: hits.plan_store(geom, num_tokens=n + 64, num_computed_tokens=n + 64))
+    assert e is not None and e.values == {"count": MAX_STORE_BLOCKS + 4, "limit": MAX_STORE_BLOCKS}
+
+
+WIDE = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 1}], "parallel": {"tp": 2**40, "dcp": 2**40},
+                       "offload": {}})
+
+
+def test_rank_lengths_over_2_40_ranks_are_refused_not_allocated():
+    # issue 19: batch.rank_lengths raised MemoryError (an (n, 2^40) int64 array)
+    for call in (lambda: ranks.rank_lengths(WIDE, 0, 2**30), lambda: batch.rank_lengths(WIDE, 0, [2**30]),
+                 lambda: batch.key_maps(WIDE, [2**30])):
+        e = _fast(call)
+        assert e is not None and e.code == "result_too_large"
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.reachable_block_mask(DEFAULT, 1, 4, retention=0, alignment="32", reachable=[40]),
+    lambda m: m.reachable_block_mask(SWA, 1, 4, retention=0, alignment=32.0, reachable=[40]),
+    lambda m: m.reachable_block_mask(DEFAULT, 1, 4, retention=32, alignment="32"),  # was silently ignored
+    lambda m: m.reachable_block_mask(DEFAULT, 1, 4, retention=0, reachable=40),
+    lambda m: m.reachable_block_mask(DEFAULT, 1, 4, retention=0, reachable="40"),
+    lambda m: m.reachable_block_mask(DEFAULT, 1, 4, retention=0, reachable=range(10**12)),
+    lambda m: m.swa_store_horizon(SWA, 1, storable_chunks="3", prompt_chunks=7, finished=False),
+    lambda m: m.swa_store_horizon(SWA, 1, storable_chunks=3, prompt_chunks=7, finished="no"),
+    lambda m: m.default_alignment(DEFAULT, "1"),
+], ids=["str alignment", "float alignment", "unused str alignment", "int reachable", "str reachable",
+        "1e12 reachable", "str storable_chunks", "str finished", "str group"])
+def test_masks_given_wrong_types_raise_query_errors(call):
+    from kvgeom import masks
+
+    e = _fast(call, masks)
+    assert e is not None
+    _check_error(e)
+
+
+def test_diagram_of_a_config_check_accepts_exits_0(tmp_path):
+    # issue 19: a Mamba group outside prefix caching is not offloaded; the diagram asked its chunk (exit 1)
+    cfg = {"groups": [{"kind": "full_attention", "block_size": 16},
+                      {"kind": "mamba", "block_size": 16, "prefix_cacheable": False}], "offload": {}}
+    path = tmp_path / "mamba-off.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    assert _run_cli(["check", str(path)])[0] == 0
+    code, svg, _ = _run_cli(["diagram", str(path), "-o", "-"])
+    assert code == 0 and svg.count('class="state"') > 0 and 'fill="#222" stroke="#222"' not in svg
+
+
+def test_a_short_hash_chain_is_refused_not_answered_0():
+    from kvgeom.batch.lookup import lookup_resident
+
+    tier = kvgeom.Residency()
+    chain = [bytes([i]) * 32 for i in range(4)]
+    tier.add_keys(kvgeom.make_offload_key(chain[i], g) for i in range(4) for g in (0, 1))
+    assert hits.lookup_hit(DEFAULT, 64, stored=tier, block_hashes=chain).hit_tokens == 48
+    for call in (lambda: hits.lookup_hit(DEFAULT, 64, stored=tier, block_hashes=chain[:1]),
+                 lambda: lookup_resident(DEFAULT, tier, [chain[:1]], [64])):
+        e = _fast(call)
+        assert e is not None and e.code == "block_hashes_too_short"
+        assert {k: e.values[k] for k in ("num_hashes", "needed")} == {"num_hashes": 1, "needed": 4}
+
+
+@pytest.mark.parametrize("key", [b"12345", bytes(32), bytes(21), bytes(40), b"", "x" * 36])
+def test_offload_keys_not_of_vllm_size_are_refused(key):
+    e = _fast(kvgeom.split_offload_key, key)
+    assert e is not None and e.code == "bad_offload_key"
+    e = _fast(kvgeom.Residency().add_key, key)
+    assert e is not None and e.code == "bad_offload_key"
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_offload_keys_of_vllm_size_round_trip(size):
+    key = kvgeom.make_offload_key(bytes(range(size)), 7)
+    assert len(key) == size + 4 and kvgeom.split_offload_key(key) == (bytes(range(size)), 7)
+    assert _fast(kvgeom.make_offload_key, b"x" * 5, 0).code == "bad_offload_key"
+
+
+# The same shapes elsewhere (issue 19's sweep): every public query, batch twin, engine helper, the router and
+# the simulator given one hostile argument returns or raises a bounded KVGeomError, quickly.
+_HOSTILE_ARGS = {"str": "32", "float": 32.0, "nan": float("nan"), "negative": -1, "huge": 10**30, "2^62": 2**62,
+                 "None": None, "range 1e12": range(16, 16 * 10**12, 16), "list 1e5": list(range(1, 10**5)),
+                 "object": object(), "bool": True, "dict": {"a": 1}, "2-d array": np.zeros((2, 2))}
+
+
+def _sglang_geom() -> Any:
+    from kvgeom.engines.sglang import resolve_sglang
+
+    return resolve_sglang({"page_size": 64, "dcp_size": 2, "tp_size": 2, "pools": ["full", "mamba"]})
+
+
+def _calls() -> list[tuple[str, Any, dict[str, Any]]]:
+    from kvgeom import handoff, masks, prefill, router, sim
+    from kvgeom.batch import lookup
+    from kvgeom.engines import lmcache, sglang
+
+    sg = _sglang_geom()
+    res = kvgeom.Residency()
+    return [
+        ("handoff.state_ends", handoff.state_ends, dict(geom=DEFAULT, num_prompt_tokens=64, num_computed_tokens=64,
+                                                        chunk_ends=None, above=0, upto=None)),
+        ("handoff.mamba_handoffs", handoff.mamba_handoffs, dict(geom=DEFAULT, group=1, num_prompt_tokens=64,
+                                                                num_computed_tokens=64, chunk_ends=None,
+                                                                reachable=None, above=0, upto=None)),
+        ("handoff.mamba_cacheable_tokens", handoff.mamba_cacheable_tokens, dict(geom=DEFAULT, group=1,
+                                                                                num_computed_tokens=64)),
+        ("prefill.mamba_checkpoint_position", prefill.mamba_checkpoint_position,
+         dict(num_tokens=100, unit=16, drop=False, lookahead_tokens=0)),
+        ("masks.reachable_block_mask", masks.reachable_block_mask,
+         dict(geom=DEFAULT, group=1, num_blocks=4, first_block=0, reachable=(), final_segment_end_block=None)),
+        ("hits.plan_store", hits.plan_store, dict(geom=DEFAULT, num_tokens=64, num_computed_tokens=64,
+                                                  stored_chunks=None, allocated_blocks=None, reachable=None,
+                                                  chunk_ends=None, finished=False)),
+        ("batch.num_keys", batch.num_keys, dict(geom=DEFAULT, group=0, num_tokens=[64])),
+        ("batch.plan_stores", batch.plan_stores, dict(geom=DEFAULT, num_tokens=[64], num_computed_tokens=[64])),
+        ("batch.lookup_hits", batch.lookup_hits, dict(geom=DEFAULT, num_tokens=[64], stored={})),
+        ("lookup.lookup_resident", lookup.lookup_resident, dict(geom=DEFAULT, residency=res,
+                                                                chains=[[b"h" * 16] * 4], num_tokens=[64])),
+        ("sglang.tree_page", sglang.tree_page, dict(page_size=64, dcp_size=2)),
+        ("sglang.mamba_cache_chunk_size", sglang.mamba_cache_chunk_size, dict(model_chunk=64, page_size=16)),
+        ("sglang.checkpoint_grid", sglang.checkpoint_grid, dict(chunk=64, tree_page=128)),
+        ("sglang.track_grid", sglang.track_grid, dict(grid=128, mamba_track_interval=256)),
+        ("sglang.checkpoint_positions", sglang.checkpoint_positions, dict(geom=sg, num_tokens=300)),
+        ("sglang.prefix_hit", sglang.prefix_hit, dict(geom=sg, matched_tokens=300, checkpoints=[128])),
+        ("sglang.explain_sglang", sglang.explain_sglang, dict(geom=sg, label="")),
+        ("lmcache.scheduler_block", lmcache.scheduler_block, dict(spans=[32, 16])),
+        ("lmcache.is_coarse", lmcache.is_coarse, dict(spans=[32, 16])),
+        ("lmcache.lmcache_geometry", lmcache.lmcache_geometry, dict(geom=DEFAULT, settings=None)),
+        ("router.chain_matrix", router.chain_matrix, dict(residency=res, group=0, chain=["a"], num_replicas=2)),
+        ("router.score_replicas", router.score_replicas, dict(geom=DEFAULT, residency=res, chains=[["a"] * 4],
+                                                              num_tokens=64, num_replicas=2, tiers=None)),
+        ("sim.run_request", sim.run_request, dict(geom=DEFAULT, num_tokens=64, first_tokens=None, evict_gpu=None,
+                                                  evict_tier=None)),
+        ("sim.run_scenario", sim.run_scenario, dict(geom=DEFAULT, num_tokens=64, evict=None)),
+        ("diagram.render_svg", __import__("kvgeom.diagram").diagram.render_svg, dict(geom=DEFAULT, title="")),
+    ]
+
+
+_CALLS = _calls()
+_SWEEP = [(name, arg) for name, _, kwargs in _CALLS for arg in kwargs if arg not in {"geom", "residency"}]
+
+
+@pytest.mark.parametrize(("name", "arg"), _SWEEP, ids=[f"{n}({a})" for n, a in _SWEEP])
+def test_each_public_call_given_a_hostile_argument_is_result_or_kvgeom_error(name, arg):
+    fn, kwargs = next((f, k) for n, f, k in _CALLS if n == name)
+    for value in _HOSTILE_ARGS.values():
+        _bounded(fn, **{**kwargs, arg: value})
+
+
+@given(call=st.sampled_from(range(len(_CALLS))), arg=st.data(), value=values | huge | odd)
+@FUZZ
+def test_public_calls_on_drawn_hostile_arguments_are_result_or_kvgeom_error(call, arg, value):
+    _, fn, kwargs = _CALLS[call]
+    names = [a for a in kwargs if a not in {"geom", "residency"}]
+    name = arg.draw(st.sampled_from(names))
+    _bounded(fn, **{**kwargs, name: value})
