@@ -21,7 +21,6 @@ from kvgeom.geometry import GroupGeometry, MambaMode
 from kvgeom.specs import (
     AnySpec,
     CircularBufferSpec,
-    EncoderOnlySpec,
     Family,
     HiSparseHotSpec,
     MambaSpec,
@@ -237,8 +236,6 @@ def row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | N
             widths.append(1)
         elif isinstance(leaf, HiSparseHotSpec):
             widths.append(leaf.blocks_per_request)  # vLLM 0.33 max_num_blocks_per_req: a fixed hot region
-        elif isinstance(leaf, EncoderOnlySpec):
-            widths.append(0)  # no block table the scheduler fills
         else:
             widths.append(cdiv(max_len, leaf.block_size * span_factor))
     return max(widths)

@@ -183,6 +183,8 @@ def _scheduler_max_blocks(x: kvgeom.GroupGeometry, max_len: int) -> int:
         return cdiv(max_len, x.span) + spec_blocks
     if x.kind == "circular_buffer":
         return 1
+    if x.kind == "hisparse_hot":
+        return x.spec.blocks_per_request  # a fixed hot region (vLLM 0.33 HiSparseHotSpec.max_num_blocks_per_req)
     return cdiv(max_len, x.span)
 
 
