@@ -162,3 +162,17 @@ def test_rswa_gap_blocks_are_the_blocks_vllm_frees(block, window, prompt, deltas
         steps.append(t)
     ours = [list(rswa_gap_blocks(g, len(groups) - 1, prompt, s)) for s in steps]
     assert vllm_null_blocks(g, len(groups) - 1, prompt, steps) == ours
+
+
+def test_a_sharded_hisparse_group_is_refused_under_dcp_as_vllms_hybrid_coordinator_does():
+    kv = _kv(FullAttentionSpec(block_size=16, **A), HiSparseResidentSpec(block_size=16, page_size=1024,
+                                                                         dcp_sharded=True))
+    with pytest.raises(AssertionError, match="DCP with hybrid KV cache layouts"):
+        get_kv_cache_coordinator(kv, max_model_len=4096, max_in_flight_tokens=8192, use_eagle=False,
+                                 enable_caching=True, enable_kv_cache_events=False, dcp_world_size=2,
+                                 pcp_world_size=1, scheduler_block_size=32, hash_block_size=16)
+    with pytest.raises(kvgeom.KVGeomError) as info:
+        kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                   {"kind": "hisparse_resident", "block_size": 16, "dcp_sharded": True}],
+                        "parallel": {"dcp": 2, "tp": 2}})
+    assert info.value.code == "sharded_kind_under_dcp"

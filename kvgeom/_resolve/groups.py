@@ -57,6 +57,8 @@ _VLLM_ON_SHARDED = {
     "cross": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups)",
     "circular": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups) "
     "and otherwise runs it",
+    "hisparse": "vLLM 0.33's HiSparse specs are replicated (dcp_sharded=False) and its hybrid coordinator "
+    "rejects a sharded one",
 }
 
 
