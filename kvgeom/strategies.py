@@ -646,7 +646,6 @@ def _configs(
     if encoder and len(specs) > 1:
         rest = [x for x in specs if family(x) != "encoder"]
         specs = [*rest, encoder[0]] if rest else [encoder[0]]
-    n = len(specs)
     sharded = tuple(s.block_size for s in specs if is_dcp_sharded(s))
     parallel = _add_interleave(draw, sizes, sharded)
     dumped = [_dump(s) for s in specs]
@@ -678,7 +677,8 @@ def _configs(
             cfg["offload"] = {"block_size": spans.pop() * k}
         else:
             cfg["offload"] = {"blocks_per_chunk": k} if k > 1 or draw(st.booleans()) else {}
-    if n > 1 and draw(st.integers(0, 3)) == 3:
+    # a unit only where vLLM's scheduler sees two or more groups (not the encoder-only group it never sees)
+    if len([s for s in specs if family(s) != "encoder"]) > 1 and draw(st.integers(0, 3)) == 3:
         H = draw(st.sampled_from(_divisors(H)))
         cache["prefix_match_unit"] = H
     for d in dumped:
