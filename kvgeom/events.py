@@ -60,9 +60,13 @@ from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlySpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     MambaSpec,
     MLASpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -119,7 +123,7 @@ def _leaf_kind(spec: Any) -> str:
             return "mla_attention"
         case SinkFullAttentionSpec():
             return "sink_full_attention"
-        case FullAttentionSpec():
+        case FullAttentionSpec() | RSWASpec():  # vLLM 0.33: RSWASpec is a FullAttentionSpec
             return "full_attention"
         case ChunkedLocalSpec():
             return "chunked_local_attention"
@@ -129,7 +133,9 @@ def _leaf_kind(spec: Any) -> str:
             return "mamba"
         case CrossAttentionSpec():
             return "cross_attention"
-        case CircularBufferSpec():
+        case EncoderOnlySpec():
+            return "encoder_only_attention"
+        case CircularBufferSpec() | HiSparseHotSpec() | HiSparseResidentSpec():
             return _UNKNOWN_KIND
         case _:  # pragma: no cover - every leaf kind is listed above
             raise TypeError(f"unhandled spec {type(spec).__name__}")

@@ -52,12 +52,17 @@ from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlySpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     MambaSpec,
     MLASpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    Standalone,
     is_latent,
     iter_leaves,
 )
@@ -86,7 +91,7 @@ def as_geometry(source: Geometry | KVGeomConfig | Mapping[str, Any] | str | os.P
     return source if isinstance(source, Geometry) else resolve(source)
 
 
-def splits_heads_over_tp(leaf: AnyLeaf | CircularBufferSpec) -> bool:
+def splits_heads_over_tp(leaf: AnyLeaf | Standalone) -> bool:
     """Whether TP ranks hold different slices of this layer's cache.
 
     Attention kinds split KV heads over TP and Mamba layers split state
@@ -99,8 +104,10 @@ def splits_heads_over_tp(leaf: AnyLeaf | CircularBufferSpec) -> bool:
     return not is_latent(leaf)
 
 
-def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:
+def _leaf_layout(leaf: AnyLeaf | Standalone) -> dict[str, Any]:
     match leaf:
+        case HiSparseHotSpec() | HiSparseResidentSpec():
+            return {"kind": leaf.kind, "page_size": leaf.page_size}
         case MambaSpec():
             return {
                 "kind": leaf.kind,
@@ -116,6 +123,8 @@ def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
             | CircularBufferSpec()
+            | RSWASpec()
+            | EncoderOnlySpec()
         ):
             return {
                 "kind": leaf.kind,
@@ -132,10 +141,10 @@ def _leaf_layout(leaf: AnyLeaf | CircularBufferSpec) -> dict[str, Any]:
 
 
 #: Per-layer fields that describe the page; a layer with none of them set has an unknown page layout.
-_PAGE_FIELDS = ("dtype", "num_kv_heads", "head_size", "head_size_v", "alignment", "shapes", "dtypes")
+_PAGE_FIELDS = ("dtype", "num_kv_heads", "head_size", "head_size_v", "alignment", "shapes", "dtypes", "page_size")
 
 
-def pages_known(leaves: list[AnyLeaf | CircularBufferSpec]) -> bool:
+def pages_known(leaves: list[AnyLeaf | Standalone]) -> bool:
     """Whether the config says anything about the pages of these layers (a dtype, heads, head sizes,
     alignment, or Mamba shapes/dtypes on some layer).
 

@@ -55,6 +55,7 @@ from kvgeom.probes import (
 )
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
+from kvgeom.specs import rswa_window_of
 
 __all__ = [
     "GroupLoad",
@@ -71,6 +72,7 @@ __all__ = [
     "plan_hit",
     "plan_load",
     "plan_store",
+    "rswa_gap_blocks",
     "skipped_tokens",
     "store_holdback_chunks",
 ]
@@ -787,6 +789,51 @@ def skipped_tokens(geom: Geometry, group: int, end_token: int) -> int:
             return max(N - 1, 0)
         case _:
             return 0
+
+
+def rswa_gap_blocks(geom: Geometry, group: int, num_prompt_tokens: int, num_computed_tokens: int) -> range:
+    """The blocks of a reference sliding-window (``rswa``) group vLLM 0.33 has freed from a decoding request.
+
+    vLLM 0.33's ``RSWAManager.remove_skipped_blocks`` replaces by the null block every block wholly between the
+    prompt and the last ``rswa_window`` processed tokens: blocks ``[cdiv(P, S), max(P, T - W) // S)`` for a
+    prompt of ``P`` tokens, ``T`` processed tokens, window ``W`` and span ``S``. It frees on every step, so
+    the range at ``T`` is every block freed so far. Everything else about the group is full attention (hits,
+    keys, stores: nothing of the prompt is ever freed).
+
+    Invariants: the range is empty or starts at ``cdiv(P, S)`` (no block holding a prompt token is freed);
+    it ends at or before the block holding token ``T - W`` (the last ``W`` processed tokens stay); it grows
+    with ``T``. ``P <= T`` is required; a group of another kind is :class:`kvgeom.QueryError` ``not_rswa``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...                                {"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> rswa_gap_blocks(g, 1, 50, 100), rswa_gap_blocks(g, 1, 50, 120), rswa_gap_blocks(g, 1, 50, 160)
+    (range(4, 4), range(4, 5), range(4, 7))
+    """
+    g = geom.group(group)
+    W = rswa_window_of(g.spec)
+    if W is None:
+        raise QueryError.single(
+            "not_rswa",
+            f"group {group} ({g.kind}) is not a reference sliding-window group; only kind 'rswa' frees decode "
+            "blocks this way (a sliding window's dropped tokens are kvgeom.hits.skipped_tokens)",
+            "group",
+            group=group,
+        )
+    P = nonneg("num_prompt_tokens", num_prompt_tokens)
+    T = nonneg("num_computed_tokens", num_computed_tokens)
+    if T < P:
+        raise QueryError.single(
+            "computed_before_prompt",
+            f"num_computed_tokens={T} is less than num_prompt_tokens={P}; vLLM frees R-SWA gap blocks only while "
+            "decoding, after the whole prompt is processed: pass T >= P",
+            "num_computed_tokens",
+            num_computed_tokens=T,
+            num_prompt_tokens=P,
+        )
+    S = g.span
+    first = cdiv(P, S)
+    return range(first, max(first, max(P, T - W) // S))
 
 
 def plan_load(geom: Geometry, hit: Hit) -> tuple[GroupLoad, ...]:

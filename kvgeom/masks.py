@@ -262,7 +262,7 @@ def reachable_block_mask(
         R = nonneg("retention", R)
     span = g.span
     match g.family:
-        case "full" | "chunked" | "cross" | "circular":
+        case "full" | "chunked" | "cross" | "circular" | "hisparse" | "encoder":
             return None
         case "mamba":
             if R is None or not align or (R and span >= R):

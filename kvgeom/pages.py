@@ -33,9 +33,13 @@ from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlySpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     MambaSpec,
     MLASpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -114,6 +118,8 @@ def missing_page_fields(spec: AnySpec) -> list[str]:
     match spec:
         case UniformSpec():
             return [f"layers[{i}].{name}" for i, layer in enumerate(spec.layers) for name in missing_page_fields(layer)]
+        case HiSparseHotSpec() | HiSparseResidentSpec():
+            return [] if spec.page_size is not None else ["page_size"]
         case MambaSpec():
             missing = [name for name in ("shapes", "dtypes") if getattr(spec, name) is None]
             if spec.shapes is not None and spec.dtypes is not None and len(spec.shapes) != len(spec.dtypes):
@@ -128,6 +134,8 @@ def missing_page_fields(spec: AnySpec) -> list[str]:
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
             | CircularBufferSpec()
+            | RSWASpec()
+            | EncoderOnlySpec()
         ):
             needed: tuple[str, ...] = ("head_size", "dtype")
             if not is_latent(spec):
@@ -158,6 +166,8 @@ def maybe_page_bytes(spec: AnySpec) -> int | None:
         case UniformSpec():
             pages = [maybe_page_bytes(layer) for layer in spec.layers]
             return None if any(p is None for p in pages) else sum(p for p in pages if p is not None)
+        case HiSparseHotSpec() | HiSparseResidentSpec():
+            return spec.page_size  # vLLM 0.33 gives the page bytes directly, whatever the block size
         case MambaSpec():
             if spec.page_size_padded is not None:
                 return spec.page_size_padded
@@ -172,6 +182,8 @@ def maybe_page_bytes(spec: AnySpec) -> int | None:
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
             | CircularBufferSpec()
+            | RSWASpec()
+            | EncoderOnlySpec()
         ):
             if spec.page_size_padded is not None:
                 return spec.page_size_padded

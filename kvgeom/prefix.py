@@ -426,7 +426,7 @@ def _lookup(lg: LookupGroup, contains: Contains, A: int, max_len: int, chain: in
             return _chunked(contains, lg.group_ids, S, lg.chunk, max_len)
         case "mamba":
             return _mamba(contains, lg.group_ids, S, A, max_len, chain)
-        case "cross" | "circular":  # refused by refuse_unlookable / never prefix-cacheable
+        case "cross" | "circular" | "hisparse" | "encoder":  # refused by refuse_unlookable / never prefix-cacheable
             return _Found(0, ())
         case _:
             assert_never(lg.family)

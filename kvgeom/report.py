@@ -191,6 +191,10 @@ def _window_label(g: GroupGeometry) -> str:
             return f"state ({g.mamba_mode})"
         case "circular":
             return "ring"
+        case "hisparse":
+            return "hisparse"
+        case "encoder":
+            return "none (encoder-only)"
         case _:
             assert_never(g.family)
 
@@ -497,7 +501,7 @@ def hit_landing_lines(geom: Geometry) -> list[str]:
                 lines.append(head + f"the state at exactly the hit ({grid})")
             case "cross":
                 lines.append(head + "no prefix-cache lookup in vLLM 0.33 (mark it prefix_cacheable=false)")
-            case "circular":
+            case "circular" | "hisparse" | "encoder":
                 lines.append(head + "not prefix-cacheable")
             case _:
                 assert_never(g.family)

@@ -282,10 +282,36 @@ class BlockSizeResolution:
     group_stages: tuple[tuple[int, ...], ...]
     """Pipeline stages holding layers of each group."""
     notes: tuple[str, ...]
+    layer_labels: tuple[str, ...] = ()
+    """Every layer's label in model order (``count`` expanded); not part of :meth:`to_dict`."""
 
     def resolve(self) -> Geometry:
         """``kvgeom.resolve(self.config)``: the full geometry of the resolved config."""
         return resolve(self.config)
+
+    def layer_block_sizes(self) -> tuple[tuple[str, int], ...]:
+        """``(label, block_size)`` of every layer, in model order: the per-rank block vLLM 0.33 runs it with.
+
+        vLLM 0.33 takes one ``--block-size`` for the whole model (``cache_config.block_size``); a layer's
+        own block is an *output*: the hybrid alignment raises the attention block, the Mamba block follows
+        it, and page unification may scale a layer's block (step 4), so layers of one model can run with
+        different blocks. Each layer's block is the ``block_size`` of the group it sits in (step 5).
+
+        Invariant: one pair per layer of the model, in model order; a layer's block is its group's
+        ``block_size`` in ``config["groups"]``; layers of one group share one block.
+
+        >>> r = resolve_block_sizes({"model": {"block_size": 16, "layers": [
+        ...     {"kind": "full_attention", "num_kv_heads": 2, "head_size": 128, "dtype": "bfloat16"},
+        ...     {"kind": "mamba", "shapes": [[16, 64, 64]], "dtypes": ["float32"], "count": 2}]}})
+        >>> r.layer_block_sizes()
+        (('layers[0]', 256), ('layers[1]#0', 256), ('layers[1]#1', 256))
+        """
+        block_of = {
+            label: int(group["block_size"])
+            for group, labels in zip(self.config["groups"], self.group_layers, strict=True)
+            for label in labels
+        }
+        return tuple((label, block_of[label]) for label in self.layer_labels)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable report (the key set is a stable contract).
@@ -753,8 +779,12 @@ def _group_layers(
     """Step 5: grouping, as vLLM 0.33 groups the unified layer specs; returns the groups and their layers.
 
     One group when the layers keep one group (a ``uniform`` container when their specs differ); otherwise
-    one bucket per distinct spec, split into groups of the smallest bucket's layer count, or one group per
-    bucket when ``max < 1.5 * min`` (vLLM pads instead).
+    one bucket per distinct spec (in order of first appearance), split into ``cdiv(len(bucket), size)``
+    groups, ``size`` the smallest bucket's layer count, or one group per bucket when ``max < 1.5 * min``
+    (vLLM pads instead). Membership: the bucket's layers in model order are dealt round-robin, group ``i`` of
+    a bucket holding its layers ``i, i + n, i + 2n, ...`` (vLLM 0.33 assigns ``layers[i::num_groups]``).
+
+    Invariant: every layer is in exactly one group; the groups of a bucket differ in size by at most one.
     """
     leaves = [_leaf(x, mode) for x in layers]
     groups: list[dict[str, Any]] = []
@@ -775,12 +805,16 @@ def _group_layers(
     if 2 * max(counts) < 3 * size:  # vLLM 0.33: max < 1.5 * min keeps one group per bucket (padding)
         size = max(counts)
     for idx in buckets.values():
-        for start in range(0, len(idx), size):
+        num_groups = cdiv(len(idx), size)
+        for start in range(num_groups):
             groups.append(dict(leaves[idx[0]]))
-            members.append([layers[i] for i in idx[start : start + size]])
+            # vLLM 0.33 deals a bucket's layers round-robin (layers[i::num_groups]), so every group holds
+            # layers of every pipeline stage; a contiguous cut would leave a stage's group empty
+            members.append([layers[i] for i in idx[start::num_groups]])
     if len(groups) > len(buckets):
         notes.append(
-            f"layers grouped {size} per group (bucket sizes {counts}): {len(groups)} groups of equal layer count"
+            f"layers grouped by {size} (bucket sizes {counts}): {len(groups)} groups, each bucket's layers dealt "
+            "round-robin over its groups"
         )
     return groups, members
 
@@ -839,4 +873,5 @@ def _result(
         group_layers=tuple(tuple(x.label for x in mem) for mem in members),
         group_stages=tuple(tuple(sorted({x.src.pp_stage for x in mem})) for mem in members),
         notes=tuple(notes),
+        layer_labels=tuple(x.label for x in layers),
     )

@@ -21,11 +21,23 @@ kind                   manager family      DCP-sharded  prefix-cacheable
 ``cross_attention``    cross               yes [1]_     yes (never offloaded)
 ``mamba``              mamba               **no**       yes
 ``circular_buffer``    circular            yes [1]_     **no**
+``rswa``               full                yes          yes
+``hisparse_hot``       hisparse            **no**       **no**
+``hisparse_resident``  hisparse            **no**       **no**
+``encoder_only``       encoder             yes          **no** [2]_
 ``uniform``            of its first layer  of its layers of its layers
 =====================  ==================  ===========  ===================
 
 .. [1] Under DCP these kinds must be replicated (``dcp_sharded=False``);
    :func:`kvgeom.resolve` rejects them otherwise.
+.. [2] vLLM 0.33's spec says cacheable, but its scheduler has no manager for the kind: the model runner
+   appends the group after the scheduler's config is built, so nothing of it is ever cached or offloaded,
+   and L and H are decided without it. It must be the last group, and there is at most one.
+
+``rswa`` (reference sliding-window attention) is full attention for every geometry rule: the same hit
+rule, hash unit, store mask and offload keys (vLLM 0.33 serves it with ``RSWAManager``, a full-attention
+manager). Only a running request's GPU row differs: once decoding moves past the window, the blocks between
+the prompt and the last ``rswa_window`` generated tokens are freed (:func:`kvgeom.hits.rswa_gap_blocks`).
 
 Whether a group is sharded across DCP ranks is decided in exactly one place,
 :func:`is_dcp_sharded`. It never looks at Python classes: a ``uniform``
@@ -49,6 +61,10 @@ __all__ = [
     "CircularBufferSpec",
     "CrossAttentionSpec",
     "DType",
+    "EncoderOnlySpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
+    "RSWASpec",
     "Family",
     "FullAttentionSpec",
     "GroupSpec",
@@ -67,6 +83,7 @@ __all__ = [
     "scheduler_view",
     "sliding_window_of",
     "attention_chunk_size_of",
+    "rswa_window_of",
     "tokens_per_state_of",
     "is_latent",
     "LATENT_KINDS",
@@ -108,7 +125,7 @@ DType = Literal[
 ]
 
 #: Which single-type manager serves a group; decides windows and hit finding.
-Family: TypeAlias = Literal["full", "sliding", "chunked", "cross", "mamba", "circular"]
+Family: TypeAlias = Literal["full", "sliding", "chunked", "cross", "mamba", "circular", "hisparse", "encoder"]
 
 
 class _Spec(FrozenModel):
@@ -226,6 +243,39 @@ class CircularBufferSpec(_AttentionSpec):
     head_size_v: PositiveInt | None = None
 
 
+class RSWASpec(_AttentionSpec):
+    """Reference sliding-window attention (vLLM ``RSWASpec``): full attention whose decode keeps only the
+    last ``rswa_window`` generated tokens; the prompt stays visible."""
+
+    kind: Literal["rswa"] = "rswa"
+    head_size_v: PositiveInt | None = None
+    rswa_window: NonNegativeInt = Field(description="Generated tokens a decode step still attends to.")
+
+
+class HiSparseHotSpec(_Spec):
+    """HiSparse's per-request hot region (vLLM ``HiSparseHotSpec``): ``blocks_per_request`` blocks, never
+    prefix-cached (the host source group owns prefix caching)."""
+
+    kind: Literal["hisparse_hot"] = "hisparse_hot"
+    blocks_per_request: PositiveInt = Field(description="Blocks every request's hot region holds.")
+    page_size: PositiveInt | None = Field(default=None, description="Bytes of one page (vLLM gives it directly).")
+
+
+class HiSparseResidentSpec(_Spec):
+    """HiSparse's GPU-resident pages of host-backed KV (vLLM ``HiSparseResidentSpec``); never prefix-cached."""
+
+    kind: Literal["hisparse_resident"] = "hisparse_resident"
+    page_size: PositiveInt | None = Field(default=None, description="Bytes of one page (vLLM gives it directly).")
+
+
+class EncoderOnlySpec(_AttentionSpec):
+    """Encoder-only (bidirectional) attention (vLLM ``EncoderOnlyAttentionSpec``): no KV cache the scheduler
+    holds; vLLM's model runner adds the group after the scheduler's config is built."""
+
+    kind: Literal["encoder_only"] = "encoder_only"
+    head_size_v: PositiveInt | None = None
+
+
 class MambaSpec(_Spec):
     """Recurrent state (Mamba, GDN, KDA, conv state): replicated on every DCP rank.
 
@@ -252,6 +302,7 @@ LeafSpec = Annotated[
     | SlidingWindowMLASpec
     | ChunkedLocalSpec
     | CrossAttentionSpec
+    | RSWASpec
     | MambaSpec,
     Field(discriminator="kind"),
 ]
@@ -314,6 +365,10 @@ GroupSpec = Annotated[
     | CrossAttentionSpec
     | MambaSpec
     | CircularBufferSpec
+    | RSWASpec
+    | HiSparseHotSpec
+    | HiSparseResidentSpec
+    | EncoderOnlySpec
     | UniformSpec,
     Field(discriminator="kind"),
 ]
@@ -326,12 +381,15 @@ AnyLeaf: TypeAlias = (
     | SlidingWindowMLASpec
     | ChunkedLocalSpec
     | CrossAttentionSpec
+    | RSWASpec
     | MambaSpec
 )
-AnySpec: TypeAlias = AnyLeaf | CircularBufferSpec | UniformSpec
+#: Kinds that stand alone: never a layer of a ``uniform`` group (vLLM merges neither into another spec).
+Standalone: TypeAlias = CircularBufferSpec | HiSparseHotSpec | HiSparseResidentSpec | EncoderOnlySpec
+AnySpec: TypeAlias = AnyLeaf | Standalone | UniformSpec
 
 
-def iter_leaves(spec: AnySpec) -> Iterator[AnyLeaf | CircularBufferSpec]:
+def iter_leaves(spec: AnySpec) -> Iterator[AnyLeaf | Standalone]:
     """The layer specs of a group: the layers of a ``uniform`` container, else the spec itself."""
     if isinstance(spec, UniformSpec):
         yield from spec.layers
@@ -339,7 +397,7 @@ def iter_leaves(spec: AnySpec) -> Iterator[AnyLeaf | CircularBufferSpec]:
         yield spec
 
 
-def scheduler_view(spec: AnySpec) -> AnyLeaf | CircularBufferSpec:
+def scheduler_view(spec: AnySpec) -> AnyLeaf | Standalone:
     """The spec the scheduler sees: a ``uniform`` container counts as its first layer.
 
     vLLM's scheduler-side config flattens the container to its first layer
@@ -352,7 +410,7 @@ def scheduler_view(spec: AnySpec) -> AnyLeaf | CircularBufferSpec:
 def family(spec: AnySpec) -> Family:
     """The manager family of a group (a ``uniform`` group: of its first layer)."""
     match spec:
-        case FullAttentionSpec() | MLASpec() | SinkFullAttentionSpec():
+        case FullAttentionSpec() | MLASpec() | SinkFullAttentionSpec() | RSWASpec():
             return "full"
         case SlidingWindowSpec() | SlidingWindowMLASpec():
             return "sliding"
@@ -364,6 +422,10 @@ def family(spec: AnySpec) -> Family:
             return "mamba"
         case CircularBufferSpec():
             return "circular"
+        case HiSparseHotSpec() | HiSparseResidentSpec():
+            return "hisparse"
+        case EncoderOnlySpec():
+            return "encoder"
         case UniformSpec():
             return family(spec.layers[0])
         case _:
@@ -381,9 +443,11 @@ def _sharded_by_kind(spec: AnySpec) -> bool:
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
             | CircularBufferSpec()
+            | RSWASpec()
+            | EncoderOnlySpec()
         ):
             return True
-        case MambaSpec():
+        case MambaSpec() | HiSparseHotSpec() | HiSparseResidentSpec():
             return False
         case UniformSpec():
             values = {is_dcp_sharded(layer) for layer in spec.layers}
@@ -425,13 +489,13 @@ def is_dcp_sharded(spec: AnySpec) -> bool:
 def is_prefix_cacheable(spec: AnySpec) -> bool:
     """Whether a group takes part in prefix caching (and hence in H and offloading).
 
-    The explicit ``prefix_cacheable`` field wins; circular buffers and
-    bounded-replay sliding-window MLA are not cacheable; everything else is.
+    The explicit ``prefix_cacheable`` field wins; circular buffers, the HiSparse hot and resident groups,
+    encoder-only attention and bounded-replay sliding-window MLA are not cacheable; everything else is.
     """
     if spec.prefix_cacheable is not None:
         return spec.prefix_cacheable
     match spec:
-        case CircularBufferSpec():
+        case CircularBufferSpec() | HiSparseHotSpec() | HiSparseResidentSpec() | EncoderOnlySpec():
             return False
         case SlidingWindowMLASpec():
             return not spec.bounded_replay
@@ -442,6 +506,7 @@ def is_prefix_cacheable(spec: AnySpec) -> bool:
             | SlidingWindowSpec()
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
+            | RSWASpec()
             | MambaSpec()
             | UniformSpec()
         ):
@@ -459,6 +524,19 @@ def sliding_window_of(spec: AnySpec) -> tuple[int, int] | None:
     match scheduler_view(spec):
         case SlidingWindowSpec() | SlidingWindowMLASpec() as view:
             return view.sliding_window, view.extra_retained_tokens
+        case _:
+            return None
+
+
+def rswa_window_of(spec: AnySpec) -> int | None:
+    """``rswa_window`` of a reference sliding-window group's scheduler view, or None for every other kind.
+
+    >>> rswa_window_of(RSWASpec(block_size=16, rswa_window=40)), rswa_window_of(FullAttentionSpec(block_size=16))
+    (40, None)
+    """
+    match scheduler_view(spec):
+        case RSWASpec() as view:
+            return view.rswa_window
         case _:
             return None
 
@@ -484,10 +562,10 @@ def is_drafter_group(spec: AnySpec) -> bool:
     return bool(spec.drafter) or any(bool(leaf.drafter) for leaf in iter_leaves(spec))
 
 
-def tokens_per_state_of(spec: AnyLeaf | CircularBufferSpec) -> int | None:
-    """``tokens_per_state`` of an attention layer (compressed attention when > 1); None for Mamba."""
+def tokens_per_state_of(spec: AnyLeaf | Standalone) -> int | None:
+    """``tokens_per_state`` of an attention layer (compressed attention when > 1); None for Mamba and HiSparse."""
     match spec:
-        case MambaSpec():
+        case MambaSpec() | HiSparseHotSpec() | HiSparseResidentSpec():
             return None
         case _:
             return spec.tokens_per_state
@@ -512,6 +590,10 @@ def is_latent(spec: AnySpec) -> bool:
             | ChunkedLocalSpec()
             | CrossAttentionSpec()
             | CircularBufferSpec()
+            | RSWASpec()
+            | HiSparseHotSpec()
+            | HiSparseResidentSpec()
+            | EncoderOnlySpec()
             | MambaSpec()
             | UniformSpec()
         ):
@@ -540,6 +622,10 @@ KINDS: frozenset[str] = frozenset(
         CrossAttentionSpec,
         MambaSpec,
         CircularBufferSpec,
+        RSWASpec,
+        HiSparseHotSpec,
+        HiSparseResidentSpec,
+        EncoderOnlySpec,
         UniformSpec,
     )
 )

@@ -47,9 +47,13 @@ from kvgeom.specs import (
     ChunkedLocalSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlySpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     MambaSpec,
     MLASpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -64,6 +68,10 @@ __all__ = [
     "block_sizes",
     "chunked_local_specs",
     "circular_buffer_specs",
+    "encoder_only_specs",
+    "hisparse_hot_specs",
+    "hisparse_resident_specs",
+    "rswa_specs",
     "configs",
     "cross_attention_specs",
     "dcp_sizes",
@@ -93,6 +101,10 @@ ALL_KINDS: tuple[str, ...] = (
     "chunked_local",
     "cross_attention",
     "circular_buffer",
+    "rswa",
+    "hisparse_hot",
+    "hisparse_resident",
+    "encoder_only",
 )
 
 #: Block multipliers: group blocks are ``unit * m``, so L = lcm(spans) stays
@@ -384,6 +396,60 @@ def circular_buffer_specs(
     return st.builds(CircularBufferSpec, block_size=_spec_args(block_size))
 
 
+def rswa_specs(
+    *, block_size: st.SearchStrategy[int] | None = None, max_window: int = 4096
+) -> st.SearchStrategy[RSWASpec]:
+    """:class:`kvgeom.RSWASpec` values, ``0 <= rswa_window <= max_window`` (full attention for every
+    geometry rule; only a decoding request's GPU row differs).
+
+    >>> minimal(rswa_specs(block_size=st.just(16)), lambda s: s.rswa_window > 40).rswa_window
+    41
+    """
+    _check_int("max_window", max_window, lo=0)
+    return st.builds(RSWASpec, block_size=_spec_args(block_size), rswa_window=st.integers(0, max_window))
+
+
+def hisparse_hot_specs(
+    *, block_size: st.SearchStrategy[int] | None = None, max_blocks_per_request: int = 64
+) -> st.SearchStrategy[HiSparseHotSpec]:
+    """:class:`kvgeom.HiSparseHotSpec` values (never prefix-cacheable, never dealt over DCP).
+
+    >>> minimal(hisparse_hot_specs(block_size=st.just(16))).blocks_per_request
+    1
+    """
+    _check_int("max_blocks_per_request", max_blocks_per_request, lo=1)
+    return st.builds(
+        HiSparseHotSpec,
+        block_size=_spec_args(block_size),
+        blocks_per_request=st.integers(1, max_blocks_per_request),
+        page_size=st.none() | st.integers(1, 1 << 20),
+    )
+
+
+def hisparse_resident_specs(
+    *, block_size: st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[HiSparseResidentSpec]:
+    """:class:`kvgeom.HiSparseResidentSpec` values (never prefix-cacheable, never dealt over DCP).
+
+    >>> minimal(hisparse_resident_specs(block_size=st.just(16))).kind
+    'hisparse_resident'
+    """
+    return st.builds(
+        HiSparseResidentSpec, block_size=_spec_args(block_size), page_size=st.none() | st.integers(1, 1 << 20)
+    )
+
+
+def encoder_only_specs(
+    *, block_size: st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[EncoderOnlySpec]:
+    """:class:`kvgeom.EncoderOnlySpec` values (no cache the scheduler holds).
+
+    >>> minimal(encoder_only_specs(block_size=st.just(16))).kind
+    'encoder_only'
+    """
+    return st.builds(EncoderOnlySpec, block_size=_spec_args(block_size))
+
+
 def _check_modes(name: str, modes: Sequence[str | None]) -> tuple[str | None, ...]:
     if isinstance(modes, str):
         raise InvalidArgument(f"{name}={modes!r} must be a sequence of modes, not a string")
@@ -465,6 +531,10 @@ _KIND_STRATEGIES: dict[str, Any] = {
     "chunked_local": chunked_local_specs,
     "cross_attention": cross_attention_specs,
     "circular_buffer": circular_buffer_specs,
+    "rswa": rswa_specs,
+    "hisparse_hot": hisparse_hot_specs,
+    "hisparse_resident": hisparse_resident_specs,
+    "encoder_only": encoder_only_specs,
     "mamba": mamba_specs,
     "uniform": uniform_specs,
 }
@@ -503,7 +573,9 @@ def _dump(spec: AnySpec) -> dict[str, Any]:
 
 
 _REPLICATED_UNDER_DCP = frozenset({"sliding", "chunked", "cross", "circular"})
-_NOT_OFFLOADABLE_KINDS = frozenset({"circular_buffer", "cross_attention"})
+_NOT_OFFLOADABLE_KINDS = frozenset(
+    {"circular_buffer", "cross_attention", "hisparse_hot", "hisparse_resident", "encoder_only"}
+)
 
 
 @st.composite
@@ -569,7 +641,11 @@ def _configs(
     # The groups after the first are a list, so the shrinker can delete any of them.
     specs: list[AnySpec] = [draw(group(True))]
     specs += draw(st.lists(group(False), min_size=min_groups - 1, max_size=max_groups - 1))
-    n = len(specs)
+    # vLLM 0.33's model runner appends one encoder-only group after the groups the scheduler manages.
+    encoder = [x for x in specs if family(x) == "encoder"]
+    if encoder and len(specs) > 1:
+        rest = [x for x in specs if family(x) != "encoder"]
+        specs = [*rest, encoder[0]] if rest else [encoder[0]]
     sharded = tuple(s.block_size for s in specs if is_dcp_sharded(s))
     parallel = _add_interleave(draw, sizes, sharded)
     dumped = [_dump(s) for s in specs]
@@ -601,7 +677,8 @@ def _configs(
             cfg["offload"] = {"block_size": spans.pop() * k}
         else:
             cfg["offload"] = {"blocks_per_chunk": k} if k > 1 or draw(st.booleans()) else {}
-    if n > 1 and draw(st.integers(0, 3)) == 3:
+    # a unit only where vLLM's scheduler sees two or more groups (not the encoder-only group it never sees)
+    if len([s for s in specs if family(s) != "encoder"]) > 1 and draw(st.integers(0, 3)) == 3:
         H = draw(st.sampled_from(_divisors(H)))
         cache["prefix_match_unit"] = H
     for d in dumped:

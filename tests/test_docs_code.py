@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGES = ["routing.md", "hashing.md"]
+PAGES = ["routing.md", "hashing.md", "resolution.md"]
 
 
 def python_blocks(page: str) -> list[str]:

@@ -59,7 +59,8 @@ FLOORS: dict[str, int] = {
              "conformance.command", "conformance.engines", "conformance.findings", "conformance.gpu_prefix",
              "conformance.run", "conformance.search", "conformance.vllm_engine", "conformance.vllm_objects",
              "conformance.vllm_prefix",
-             "conformance.vllm_scheduler", "conformance.vllm_stores", "conformance.vllm_pending"),
+             "conformance.vllm_scheduler", "conformance.vllm_stores", "conformance.vllm_pending",
+             "conformance.vllm_grouping", "conformance.vllm_rswa"),
     # engine homes (docs/architecture.md, "Where a new engine goes")
     **_floor(11, "engines", "engines.sglang", "engines.sglang_diagram", "conformance.sglang_engine",
              "conformance.sglang_radix"),

@@ -60,9 +60,10 @@ def resolve(source: KVGeomConfig | Mapping[str, Any] | str | os.PathLike[str]) -
     _groups.check_spans(groups, out)
     out.raise_if_any()
 
-    L = _units.scheduler_block(groups)
-    H, hash_ok, warnings = _units.hash_unit(cfg, groups, L, out)
-    partial = _units.partial_hash_hits(cfg, groups, H, hash_ok)
+    managed = _groups.scheduler_groups(groups)  # without the encoder-only group vLLM's scheduler never sees
+    L = _units.scheduler_block(managed)
+    H, hash_ok, warnings = _units.hash_unit(cfg, managed, L, out)
+    partial = _units.partial_hash_hits(cfg, managed, H, hash_ok)
     A = _units.hit_alignment(H, L, partial)
     _units.check_compression(groups, A, out)
     _units.check_retention(cfg, groups, L, out)

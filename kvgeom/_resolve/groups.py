@@ -22,6 +22,7 @@ from kvgeom.specs import (
     AnySpec,
     CircularBufferSpec,
     Family,
+    HiSparseHotSpec,
     MambaSpec,
     SinkFullAttentionSpec,
     UniformSpec,
@@ -35,11 +36,13 @@ from kvgeom.specs import (
 )
 
 __all__ = [
+    "check_encoder_only",
     "check_group",
     "check_spans",
     "resolve_group_list",
     "resolve_mamba_mode",
     "row_width",
+    "scheduler_groups",
     "window_needs",
 ]
 
@@ -54,6 +57,8 @@ _VLLM_ON_SHARDED = {
     "cross": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups)",
     "circular": "vLLM 0.33 rejects it only in the hybrid coordinator (prefix caching on, two or more groups) "
     "and otherwise runs it",
+    "hisparse": "vLLM 0.33's HiSparse specs are replicated (dcp_sharded=False) and its hybrid coordinator "
+    "rejects a sharded one",
 }
 
 
@@ -120,6 +125,24 @@ def _check_kind(i: int, spec: AnySpec, fam: Family, mode: MambaMode | None, cfg:
             "circular_buffer_cacheable",
             f"group {i} (circular_buffer) sets prefix_cacheable=true, but a ring buffer overwrites its slots "
             "and cannot serve prefix hits: remove the key",
+            f"{where}.prefix_cacheable",
+        )
+    if fam == "hisparse" and spec.prefix_cacheable:
+        out.add(
+            GeometryError,
+            "hisparse_cacheable",
+            f"group {i} ({kind}) sets prefix_cacheable=true, but vLLM 0.33 never prefix-caches HiSparse hot or "
+            "resident pages (their host source group owns prefix caching; the spec says prefix_cacheable=False): "
+            "remove the key",
+            f"{where}.prefix_cacheable",
+        )
+    if fam == "encoder" and spec.prefix_cacheable:
+        out.add(
+            GeometryError,
+            "encoder_only_cacheable",
+            f"group {i} ({kind}) sets prefix_cacheable=true, but vLLM 0.33's scheduler has no manager for "
+            "encoder-only attention (building one raises 'No manager registered'); the model runner adds the "
+            "group after the scheduler's config, so nothing of it is cached or offloaded: remove the key",
             f"{where}.prefix_cacheable",
         )
     if fam == "mamba" and spec.dcp_sharded:
@@ -213,6 +236,8 @@ def row_width(spec: AnySpec, span_factor: int, max_len: int, mode: MambaMode | N
                 widths.append(cdiv(max_len, leaf.block_size) + leaf.num_speculative_blocks)
         elif isinstance(leaf, CircularBufferSpec):
             widths.append(1)
+        elif isinstance(leaf, HiSparseHotSpec):
+            widths.append(leaf.blocks_per_request)  # vLLM 0.33 max_num_blocks_per_req: a fixed hot region
         else:
             widths.append(cdiv(max_len, leaf.block_size * span_factor))
     return max(widths)
@@ -243,6 +268,7 @@ def resolve_group_list(cfg: KVGeomConfig, out: Collector) -> list[GroupGeometry]
     shards = cfg.parallel.kv_shards
     max_len = cfg.cache.max_model_len
     groups: list[GroupGeometry] = []
+    check_encoder_only(cfg, out)
     for i, spec in enumerate(cfg.groups):
         sharded, fam, mode = check_group(i, spec, cfg, out)
         factor = shards if sharded else 1
@@ -265,6 +291,46 @@ def resolve_group_list(cfg: KVGeomConfig, out: Collector) -> list[GroupGeometry]
             )
         )
     return groups
+
+
+def check_encoder_only(cfg: KVGeomConfig, out: Collector) -> None:
+    """At most one ``encoder_only`` group, and it is the last group.
+
+    vLLM 0.33 builds the scheduler's KV cache config without encoder-only layers; the model runner then
+    appends one group holding all of them, and asserts there is only one encoder-only spec
+    (``may_add_encoder_only_layers_to_kv_cache_config``). Any other place would renumber the groups the
+    scheduler sees.
+    """
+    where = [i for i, spec in enumerate(cfg.groups) if family(spec) == "encoder"]
+    n = len(cfg.groups)
+    if len(where) > 1:
+        out.add(
+            GeometryError,
+            "encoder_only_twice",
+            f"groups {where} are encoder_only; vLLM 0.33 puts every encoder-only layer in one group (it asserts "
+            "one encoder-only spec): merge them into one group",
+            f"groups[{where[1]}].kind",
+            groups=where,
+        )
+    elif where and where[0] != n - 1:
+        out.add(
+            GeometryError,
+            "encoder_only_not_last",
+            f"group {where[0]} is encoder_only but not the last of the {n} groups; vLLM 0.33's model runner appends "
+            "the encoder-only group after the groups the scheduler manages: move it to the end",
+            f"groups[{where[0]}].kind",
+            group=where[0],
+        )
+
+
+def scheduler_groups(groups: list[GroupGeometry]) -> list[GroupGeometry]:
+    """The groups vLLM 0.33's scheduler manages: all but the encoder-only group (which the model runner adds
+    after the scheduler's config is built), or all of them when nothing else is left.
+
+    L, H and the hybrid-coordinator questions are decided on these groups.
+    """
+    managed = [g for g in groups if g.family != "encoder"]
+    return managed or groups
 
 
 def check_spans(groups: list[GroupGeometry], out: Collector) -> None:

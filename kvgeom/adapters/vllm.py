@@ -68,6 +68,10 @@ SPEC_KINDS: dict[str, str] = {
     "ChunkedLocalAttentionSpec": "chunked_local",
     "CrossAttentionSpec": "cross_attention",
     "CircularBufferSpec": "circular_buffer",
+    "RSWASpec": "rswa",
+    "HiSparseHotSpec": "hisparse_hot",
+    "HiSparseResidentSpec": "hisparse_resident",
+    "EncoderOnlyAttentionSpec": "encoder_only",
     "MambaSpec": "mamba",
     "UniformTypeKVCacheSpecs": "uniform",
 }
@@ -257,7 +261,17 @@ def _leaf(spec: Any, kind: str, include_pages: bool, field: str) -> dict[str, An
             if padded is not None:
                 d["page_size_padded"] = padded
         return d
+    if kind in ("hisparse_hot", "hisparse_resident"):
+        # vLLM 0.33 HiSparse specs: no heads or dtype, the page bytes given directly
+        if kind == "hisparse_hot":
+            d["blocks_per_request"] = _get(spec, "blocks_per_request")
+        page = _int_or_none(_get(spec, "page_size"))
+        if include_pages and page is not None:
+            d["page_size"] = page
+        return d
     match kind:
+        case "rswa":
+            d["rswa_window"] = _get(spec, "rswa_window")
         case "sliding_window" | "sliding_window_mla":
             d["sliding_window"] = _get(spec, "sliding_window")
             extra = _get(spec, "extra_retained_tokens")

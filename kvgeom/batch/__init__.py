@@ -32,7 +32,8 @@ this package re-exports the names below (a face: it holds no rule of its own):
   ``max_restorable_tokens`` -> same names;
 * :mod:`kvgeom.hits`: ``lookup_hit`` -> :func:`lookup_hits`, ``plan_load`` ->
   :func:`plan_loads`, ``plan_store`` -> :func:`plan_stores`,
-  ``skipped_tokens`` -> same name. Each result object gives the scalar value
+  ``skipped_tokens``, ``rswa_gap_blocks`` -> same names (the latter as ``(start, stop)``
+  arrays). Each result object gives the scalar value
   of one element back (``Hits.hit(i)``, ``LoadPlans.plan(i)``,
   ``StorePlans.plan(i)``, ``KeyMaps.key_map(i)``) for comparison.
 
@@ -81,6 +82,7 @@ from kvgeom.batch.hits import (
     lookup_hits,
     plan_loads,
     plan_stores,
+    rswa_gap_blocks,
     skipped_tokens,
 )
 from kvgeom.batch.keys import (
@@ -125,6 +127,7 @@ __all__ = [
     "rank_lengths",
     "restore_read_block",
     "running_state_block",
+    "rswa_gap_blocks",
     "skipped_tokens",
     "slot_mapping",
     "state_block_for_boundary",

@@ -40,6 +40,8 @@ from kvgeom.batch.masks import chunk_kept, kept_from_points, swa_store_horizons
 from kvgeom.batch.probes import HeldMatrix, eagle_pair_held, stored_matrices
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.hits import GroupLoad, GroupStore, Hit, StorePlan
+from kvgeom.hits import rswa_gap_blocks as scalar_rswa_gap_blocks
+from kvgeom.specs import rswa_window_of
 
 __all__ = [
     "GroupLoads",
@@ -51,6 +53,7 @@ __all__ = [
     "lookup_views",
     "plan_loads",
     "plan_stores",
+    "rswa_gap_blocks",
     "skipped_tokens",
     "store_holdback",
 ]
@@ -66,6 +69,30 @@ def skipped_tokens(geom: Geometry, group: int, end_tokens: Any) -> I64:
     g = geom.group(group)
     N = ints("end_token", end_tokens)
     return _skipped(g, N)
+
+
+def rswa_gap_blocks(geom: Geometry, group: int, num_prompt_tokens: Any, num_computed_tokens: Any) -> tuple[I64, I64]:
+    """:func:`kvgeom.hits.rswa_gap_blocks` per request: ``(start, stop)`` arrays, request ``i``'s freed blocks
+    being ``range(start[i], stop[i])`` (``start == stop`` when none is freed). Same refusals as the scalar,
+    for the first offending element.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> [a.tolist() for a in rswa_gap_blocks(g, 0, [50, 50, 50], [100, 120, 160])]
+    [[4, 4, 4], [4, 5, 7]]
+    """
+    g = geom.group(group)
+    W = rswa_window_of(g.spec)
+    P = ints("num_prompt_tokens", num_prompt_tokens)
+    T = ints("num_computed_tokens", num_computed_tokens)
+    same_length("num_computed_tokens", T, P.shape[0])
+    if W is None or bool((T < P).any()):
+        i = int(np.argmax(T < P)) if W is not None else 0
+        scalar_rswa_gap_blocks(geom, group, int(P[i]) if P.size else 0, int(T[i]) if T.size else 0)  # raises
+    S = g.span
+    first = cdiv(P, S)
+    stop = np.maximum(first, np.maximum(P, T - (W or 0)) // S)
+    return first.astype(np.int64), stop.astype(np.int64)
 
 
 def _skipped(g: GroupGeometry, N: I64) -> I64:

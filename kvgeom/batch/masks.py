@@ -111,7 +111,7 @@ def chunk_kept(
     span = g.span
     k = offload_of(geom).blocks_per_chunk
     match g.family:
-        case "full" | "chunked" | "cross" | "circular":
+        case "full" | "chunked" | "cross" | "circular" | "hisparse" | "encoder":
             return None
         case "mamba":
             if R is None or not align or (R and span >= R):

@@ -204,7 +204,7 @@ class _Lookup:
             case "chunked":
                 assert self.sg.chunk is not None  # a chunked family always has an attention chunk
                 return self.chunked(lim, self.sg.chunk)
-            case "cross" | "circular":  # refused by kvgeom.prefix.refuse_unlookable / never prefix-cacheable
+            case "cross" | "circular" | "hisparse" | "encoder":  # refused by refuse_unlookable / never cacheable
                 return np.zeros(lim.shape[0], np.int64)
             case _:
                 assert_never(self.sg.family)

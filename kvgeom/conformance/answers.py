@@ -147,7 +147,7 @@ def tier_contents(geom: Geometry, scenario: Mapping[str, Any]) -> dict[int, list
 def _geometry_answers(geom: Geometry) -> dict[str, Any]:
     sheet: dict[str, Any] = {
         "valid": True,
-        "spans": [g.span for g in geom.groups],
+        "spans": [g.span for g in geom.groups if g.family != "encoder"],  # the groups the scheduler sees
         "scheduler_block_size": geom.scheduler_block_size,
         "hash_block_size": geom.hash_block_size,
         "hit_alignment_tokens": geom.hit_alignment_tokens,

@@ -6,8 +6,8 @@ end tokens of the entries of this request's hash chain that the GPU prefix cache
 request of ``num_tokens`` tokens over exactly those entries:
 
 * ``prefix.hit_tokens``: the hit length (vLLM's ``num_new_computed_tokens``);
-* ``prefix.groups``: per group (string index, every group of the geometry), the end tokens of the
-  entries the hit reuses (vLLM: the non-null blocks it returns for the group), ascending.
+* ``prefix.groups``: per group (string index, every group the scheduler sees: all but encoder-only), the end
+  tokens of the entries the hit reuses (vLLM: the non-null blocks it returns for the group), ascending.
 
 When kvgeom declines the lookup (:func:`kvgeom.prefix.prefix_hit` raises a
 :class:`kvgeom.QueryError`, e.g. a chunked-local group whose span is not the hit alignment), the
@@ -73,7 +73,10 @@ def prefix_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, Any
         return {"prefix.declined": e.problems[0].code}
     return {
         "prefix.hit_tokens": hit.hit_tokens,
-        "prefix.groups": {str(g.index): list(g.end_tokens) for g in hit.groups},
+        # the groups vLLM's scheduler sees: not the encoder-only group its model runner appends
+        "prefix.groups": {
+            str(g.index): list(g.end_tokens) for g in hit.groups if geom.groups[g.index].family != "encoder"
+        },
     }
 
 

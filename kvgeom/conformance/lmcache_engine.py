@@ -303,7 +303,9 @@ def cases() -> st.SearchStrategy[Case]:
     >>> minimal(cases())[1]
     {'chunk_size': 256, 'servers': 1, 'max_num_batched_tokens': 8192}
     """
-    general = configs(kinds=ALL_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
+    # the kinds of issue 19 (rswa, HiSparse, encoder-only) are checked against vLLM only so far
+    kinds = tuple(k for k in ALL_KINDS if k not in ("rswa", "hisparse_hot", "hisparse_resident", "encoder_only"))
+    general = configs(kinds=kinds, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
     cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs(), windowed_configs())
 
     @st.composite

@@ -82,12 +82,16 @@ from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -138,6 +142,7 @@ NUM_GPU_BLOCKS = 4096
 _DTYPE = torch.float16
 _HEADS = 1
 _HEAD_SIZE = 8
+_HISPARSE_PAGE = 1024  # bytes of a HiSparse page when the kvgeom spec gives none
 _HASH_SEEDED = False
 
 
@@ -157,7 +162,7 @@ def _attention_args(spec: Any, dcp_sharded: bool) -> dict[str, Any]:
 def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None, *, is_draft: bool = False,
           extra_retained: int | None = None) -> KVCacheSpec:
     spec = spec.model_copy(update={"block_size": block_size})
-    a = _attention_args(spec, dcp_sharded) if spec.kind != "mamba" else {}
+    a = _attention_args(spec, dcp_sharded) if spec.kind not in ("mamba", "hisparse_hot", "hisparse_resident") else {}
     if a:
         a["is_draft"] = is_draft
     if extra_retained is not None and spec.kind in ("sliding_window", "sliding_window_mla"):
@@ -187,6 +192,15 @@ def _leaf(spec: Any, block_size: int, dcp_sharded: bool, mamba_mode: str | None,
             return CrossAttentionSpec(**a)
         case "circular_buffer":
             return CircularBufferSpec(**a)
+        case "rswa":
+            return RSWASpec(**a, rswa_window=spec.rswa_window)
+        case "encoder_only":
+            return EncoderOnlyAttentionSpec(**a)
+        case "hisparse_hot":
+            return HiSparseHotSpec(block_size=block_size, page_size=spec.page_size or _HISPARSE_PAGE,
+                                   blocks_per_request=spec.blocks_per_request)
+        case "hisparse_resident":
+            return HiSparseResidentSpec(block_size=block_size, page_size=spec.page_size or _HISPARSE_PAGE)
         case "mamba":
             shapes = tuple(tuple(s) for s in spec.shapes) if spec.shapes else ((8,),)
             return MambaSpec(
@@ -230,10 +244,13 @@ def build_kv_cache_config(geom: Geometry, *, scheduler_view: bool = True) -> KVC
 
     With ``scheduler_view`` (default) uniform groups are replaced by their first layer through vLLM's
     ``generate_scheduler_kv_cache_config``, which is what the scheduler, the coordinator and the
-    offloading connector's scheduler side see.
+    offloading connector's scheduler side see, and the (last) encoder-only group is left out: vLLM's model
+    runner appends it to its own copy after the scheduler's config is built.
     """
     groups = []
     for g in geom.groups:
+        if scheduler_view and g.family == "encoder":
+            continue  # vLLM's model runner appends the encoder-only group; the scheduler never sees it
         spec = build_kv_cache_spec(geom, g.index)
         names = list(spec.kv_cache_specs) if isinstance(spec, UniformTypeKVCacheSpecs) else [f"layer.{g.index}.0"]
         groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec))

@@ -77,7 +77,7 @@ def vllm_prefix_answers(
     H = hash_block_size
     use_eagle, hash_lookahead, prefill_lookahead = _lookahead(geom)
     kcc = vo.build_kv_cache_config(geom)
-    for spec_group, g in zip(kcc.kv_cache_groups, geom.groups, strict=True):
+    for spec_group, g in zip(kcc.kv_cache_groups, geom.groups[: len(kcc.kv_cache_groups)], strict=True):
         spec_group.is_eagle_group = g.eagle_group
     p = geom.config.parallel
     coordinator = get_kv_cache_coordinator(

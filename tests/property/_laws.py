@@ -74,6 +74,10 @@ _ATTENTION_KINDS = frozenset(
         "chunked_local",
         "cross_attention",
         "circular_buffer",
+        # vLLM 0.33 AttentionSpec subclasses (dcp_sharded=True by default, run on vLLM); the HiSparse specs are
+        # plain KVCacheSpecs (dcp_sharded=False) and stay out
+        "rswa",
+        "encoder_only",
     }
 )
 
@@ -140,9 +144,12 @@ def check_pcp_never_scales_span(cfg: Any) -> None:
 
 def check_scheduler_block_and_hash_unit(cfg: Any) -> None:
     """L = lcm(spans); every span divides L; H divides L, and every cacheable span whenever something
-    consumes hashes (prefix caching or an offloading connector; otherwise H = L, resolve_kv_cache_block_sizes)."""
+    consumes hashes (prefix caching or an offloading connector; otherwise H = L, resolve_kv_cache_block_sizes).
+    The spans are those of the groups vLLM's scheduler sees: an encoder-only group is not one of them (its
+    model runner appends it after the scheduler's config is built), unless nothing else is left."""
     g = kvgeom.resolve(cfg)
-    spans = [x.span for x in g.groups]
+    seen = [x for x in g.groups if x.kind != "encoder_only"] or list(g.groups)
+    spans = [x.span for x in seen]
     L, H = g.scheduler_block_size, g.hash_block_size
     assert math.lcm(*spans) == L, f"L={L}, lcm of spans {spans} is {math.lcm(*spans)}"
     assert all(L % s == 0 for s in spans)
@@ -176,6 +183,8 @@ def _scheduler_max_blocks(x: kvgeom.GroupGeometry, max_len: int) -> int:
         return cdiv(max_len, x.span) + spec_blocks
     if x.kind == "circular_buffer":
         return 1
+    if x.kind == "hisparse_hot":
+        return x.spec.blocks_per_request  # a fixed hot region (vLLM 0.33 HiSparseHotSpec.max_num_blocks_per_req)
     return cdiv(max_len, x.span)
 
 
