@@ -985,10 +985,11 @@ class OffloadKeys:
 
     >>> import kvgeom
     >>> geom = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)          # H = 16, groups 0 and 1
-    >>> keys = OffloadKeys(geom, [b"h0", b"h1", b"h2", b"h3"])
-    >>> keys.to_vllm(1, 32)
-    b'h1\\x00\\x00\\x00\\x01'
-    >>> keys.to_kvgeom(b'h1\\x00\\x00\\x00\\x01')
+    >>> chain = [b"h%015d" % i for i in range(4)]              # 16-byte hashes, as vLLM's xxhash gives them
+    >>> keys = OffloadKeys(geom, chain)
+    >>> keys.to_vllm(1, 32)[-6:]                               # chain[1] and group 1 as 4 big-endian bytes
+    b'01\\x00\\x00\\x00\\x01'
+    >>> keys.to_kvgeom(chain[1] + bytes([0, 0, 0, 1]))
     (1, 32)
     """
 

@@ -983,7 +983,7 @@ def staging_partings(
         else:
             kept = set(staged[g.index])
         mask = reachable_block_mask(geom, g.index, n, retention=0, alignment=C,
-                                    reachable=[(c + 1) * C for c in range(chunks)])
+                                    reachable=[(c + 1) * C for c in range(chunks)], side="offload")
         needed = set(range(n)) if mask is None else set(mask)
         last = range(n - C // span, n)  # the last chunk: no clipping at token 0
         ours, theirs = len(needed.intersection(last)), len(kept.intersection(last))
