@@ -135,8 +135,8 @@ class PackedHolders:
         return g
 
     def _widen(self, holder: int) -> None:
-        words = holder // WORD_BITS + 1
-        if words > self._words:
+        words = max(holder // WORD_BITS + 1, 2 * self._words)  # doubling: O(log) copies as replicas join
+        if holder // WORD_BITS + 1 > self._words:
             for g in self._groups.values():
                 wide = np.zeros((g.bits.shape[0], words), dtype=_WORD)
                 wide[:, : self._words] = g.bits
