@@ -222,7 +222,9 @@ class KVEventReader:
         self._res: dict[str, Residency] = {m: Residency() for m in self._media}
         self._packed: dict[str, PackedHolders] = {}
         self._synced: dict[str, int] = {}
-        self._dirty: dict[str, list[tuple[int, tuple[Hashable, ...]]]] = {}  # per medium: (group, hashes) changed
+        # per medium, the events since the last packed(): (group, hashes, replica) of a store, whose bit is set
+        # in those rows, or (group, hashes, -1) of a removal, whose rows are rewritten from the residency
+        self._dirty: dict[str, list[tuple[int, tuple[Hashable, ...], int]]] = {}
         self._pending = 0  # hashes named in _dirty
         self._extra: dict[tuple[str, int, Hashable, int], int] = {}
         self._names: dict[Hashable, int] = {}
@@ -275,7 +277,8 @@ class KVEventReader:
         """``medium``'s residency as :class:`~kvgeom.holders.PackedHolders` (packed uint64 holder rows), the
         form :func:`kvgeom.router.score_replicas` scores attention from. Built from the residency on the first
         call (O(entries held)), then kept current: each event the reader applies notes its hashes (O(1) per
-        event), and the next call rewrites those rows from the residency, once per distinct hash (also when
+        event); the next call sets the bits of every noted store in one batch (one numpy pass, however many
+        events) and rewrites the rows a removal named from the residency, once per distinct hash (also when
         the notes reach four times the size of the index, so they never outgrow it); rebuilt if the
         residency was changed behind the reader's back. Not a copy.
 
@@ -300,11 +303,15 @@ class KVEventReader:
         """Bring the packed rows of every hash named by an event since the last refresh to the residency's
         holders: one row write per distinct hash, however many events named it."""
         dirty, self._dirty[medium] = self._dirty[medium], []
-        self._pending -= sum(len(h) for _, h in dirty)
-        by_group: dict[int, list[tuple[Hashable, ...]]] = {}
-        for group, hashes in dirty:
-            by_group.setdefault(group, []).append(hashes)
+        self._pending -= sum(len(h) for _, h, _r in dirty)
         res, p = self._res[medium], self._packed[medium]
+        # stores first, as one batch (their bits are set whatever came before); then every hash a removal named
+        # is rewritten from the residency, which is the truth after all of them (so the order within is moot)
+        p.add_events([e for e in dirty if e[2] >= 0])
+        by_group: dict[int, list[tuple[Hashable, ...]]] = {}
+        for group, hashes, r in dirty:
+            if r < 0:
+                by_group.setdefault(group, []).append(hashes)
         for group, lists in by_group.items():
             distinct = list(dict.fromkeys(chain.from_iterable(lists)))
             p.set_rows(group, distinct, res.chain_masks(group, distinct))
@@ -565,7 +572,9 @@ class KVEventReader:
         if op[0] == "cleared":
             for m in self._cleared:
                 self._res[m].clear(replica)
-                if m in packed:  # rows named in the notes are rewritten from the residency later: order is moot
+                if m in packed:  # the notes first (a store noted before the clear must not outlive it)
+                    if self._dirty[m]:
+                        self._refresh(m)
                     packed[m].clear(replica)
                     self._synced[m] = self._res[m].version
             if self._extra:
@@ -600,8 +609,8 @@ class KVEventReader:
                         extra[key] = n - 1
             res.discard_hashes(group, gone, replica)
             hashes = tuple(gone)
-        if twin is not None:  # the packed rows catch up on the next packed() call
-            self._dirty[medium].append((group, hashes))
+        if twin is not None:  # the packed rows catch up on the next packed() call, all events at once
+            self._dirty[medium].append((group, hashes, replica if op[0] == "stored" else -1))
             self._pending += len(hashes)
             self._synced[medium] = res.version
             if self._pending > 4 * len(res) + (1 << 20):  # notes never outgrow the index they describe

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import repeat
-from operator import and_, or_
+from operator import eq, or_
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -274,10 +274,12 @@ class Residency:
             held = self._held[group] = {}
         get = held.get
         olds = list(map(get, block_hashes, repeat(0)))
-        if not any(map(and_, olds, repeat(bit))) and len(set(block_hashes)) == len(olds):
-            # the common event: new to this holder, no hash twice. One C loop reads, one writes.
+        news = list(map(or_, olds, repeat(bit)))
+        if not any(map(eq, olds, news)) and len(set(block_hashes)) == len(olds):
+            # the common event: new to this holder (every mask changed; comparing allocates nothing, unlike
+            # an AND per hash), no hash twice. One C loop reads, one writes.
             if olds:
-                held.update(zip(block_hashes, map(or_, olds, repeat(bit)), strict=False))  # equal lengths
+                held.update(zip(block_hashes, news, strict=False))  # equal lengths
                 self.version += 1
             return []
         already = []

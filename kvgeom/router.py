@@ -568,9 +568,10 @@ def _packed_ok(plan: Sequence[LookupGroup], A: int) -> bool:
 
 
 def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], blocks: Sequence[Hashable],
-                  R: int) -> Words:
+                  R: int, leading: bool) -> Words:
     """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``), after checking the whole chain
-    against ``R`` as :func:`_chain_masks` does (only when some holder at or past R was ever added)."""
+    against ``R`` as :func:`_chain_masks` does (only when some holder at or past R was ever added). With
+    ``leading`` the rows stop before the first block no holder holds (no leading run passes it)."""
     try:
         if packed.top_holder >= R:
             rows = packed.rows(group, chain)
@@ -582,7 +583,7 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
                         "replica_out_of_range",
                         f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > "
                         f"{top}", "num_replicas", num_replicas=R, replica=top)
-        rows = packed.rows(group, blocks)
+        rows = packed.leading_rows(group, blocks) if leading else packed.rows(group, blocks)
     except TypeError as e:  # an unhashable hash (a list from a careless decoder)
         raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
     need = max(-(-R // WORD_BITS), 1)  # every tier's rows one width: no bits at or past R remain
@@ -764,12 +765,14 @@ def score_replicas(
             for t, name in enumerate(names):
                 if not cumulative and not all(packed[name].has_group(g) for g in lg.group_ids):
                     continue  # a tier with no entry of the group: every hit 0
-                rows = {g: _packed_chain(packed[name], g, chain, blocks, R) for g in lg.group_ids}
+                # one tier alone: its rows may stop at the first block nobody holds; a union of tiers reads all
+                rows = {g: _packed_chain(packed[name], g, chain, blocks, R, not cumulative) for g in lg.group_ids}
                 if cumulative:
                     rows = below = {g: r | below[g] for g, r in rows.items()} if below else rows
                 joint = rows[lg.group_ids[0]]
                 for g in lg.group_ids[1:]:
-                    joint = joint & rows[g]
+                    k = min(len(joint), len(rows[g]))
+                    joint = joint[:k] & rows[g][:k]
                 out[q, t] = _packed_full_hits(joint, lg.span, A, R)
             continue
         union: dict[int, list[int]] = {}

@@ -267,7 +267,32 @@ def test_reader_scores_equal_scalar_prefix_hit(case, packed_first, cumulative):
         assert scores[t].tolist() == [_scalar(geom, n, chain, tier, r) for r in range(R)], m
 
 
-@given(st.lists(st.tuples(st.sampled_from(["add", "add", "discard", "clear", "clear_all"]), st.integers(0, 2),
+@given(event_streams(), st.lists(st.booleans(), max_size=40))
+def test_packed_rows_read_between_events_match_the_residency(case, reads):
+    """The reader's packed rows, read after any event (stores batched, removals rewritten, clears applied at
+    once), hold exactly the residency's holders for every hash of every group and medium."""
+    geom, _n, chain, _R, stream = case
+    reader = KVEventReader(geom)
+    for m in MEDIA:
+        reader.packed(m)
+    for i, (replica, event) in enumerate(stream):
+        try:
+            reader.apply(event, replica)
+        except KVEventError:
+            continue
+        if i < len(reads) and reads[i]:
+            for m in MEDIA:
+                p, res = reader.packed(m), reader.residency(m)
+                for g in range(len(geom.groups)):
+                    assert [p.holders(g, h) for h in chain] == res.chain_masks(g, chain), (m, g, i)
+    for m in MEDIA:
+        p, res = reader.packed(m), reader.residency(m)
+        for g in range(len(geom.groups)):
+            assert [p.holders(g, h) for h in chain] == res.chain_masks(g, chain), (m, g)
+        assert len(p) == len(res)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "batch", "discard", "clear", "clear_all"]), st.integers(0, 2),
                           st.lists(st.integers(0, 12), max_size=6), st.sampled_from([0, 1, 63, 64, 130]))))
 def test_packed_holders_match_the_residency(ops):
     packed, res = PackedHolders(), kvgeom.Residency()
@@ -275,6 +300,10 @@ def test_packed_holders_match_the_residency(ops):
         if op == "add":
             packed.add_many(group, hashes, holder)
             res.add_hashes(group, hashes, holder)
+        elif op == "batch":  # the same hashes as two events in one batch: this holder's and holder 2's
+            packed.add_events([(group, hashes, holder), (group, hashes[::2], 2)])
+            res.add_hashes(group, hashes, holder)
+            res.add_hashes(group, hashes[::2], 2)
         elif op == "discard":
             packed.discard_many(group, hashes, holder)
             res.discard_hashes(group, hashes, holder)
