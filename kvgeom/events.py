@@ -613,7 +613,8 @@ class KVEventReader:
             self._dirty[medium].append((group, hashes, replica if op[0] == "stored" else -1))
             self._pending += len(hashes)
             self._synced[medium] = res.version
-            if self._pending > 4 * len(res) + (1 << 20):  # notes never outgrow the index they describe
+            # notes never outgrow the index they describe (len(res) is a sum over groups: only read past 2**20)
+            if self._pending > 1 << 20 and self._pending > 4 * len(res) + (1 << 20):
                 for m in self._packed:
                     if self._dirty[m]:
                         self._refresh(m)

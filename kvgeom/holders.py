@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
-from itertools import chain, compress, repeat, takewhile
-from operator import is_
+from itertools import chain, repeat, takewhile
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,53 +63,64 @@ def _index(rows: list[int]) -> npt.NDArray[np.int64]:
     return np.frombuffer(array("q", rows), dtype=np.int64)
 
 
+class _RowIds(dict[Hashable, int]):
+    """Hash -> row. Reading a hash that has no row gives it one (a freed row first, else the next new one):
+    ``map(ids.__getitem__, hashes)`` reads known hashes in C and steps into Python only for new ones."""
+
+    __slots__ = ("back", "free")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back: list[Hashable] = [None]  # back[row]: the hash back (row 0: the empty row of unknown hashes)
+        self.free: list[int] = []
+
+    def __missing__(self, h: Hashable) -> int:
+        if self.free:
+            r = self.free.pop()
+            self.back[r] = h
+        else:
+            r = len(self.back)
+            self.back.append(h)
+        self[h] = r
+        return r
+
+
 class _Group:
     """One group's rows: ``ids[h]`` is the row of hash ``h`` (row 0 is never used: the empty row of unknown
-    hashes), ``keys[row]`` the hash back, ``free`` the rows given back."""
+    hashes), ``keys[row]`` the hash back, ``ids.free`` the rows given back."""
 
-    __slots__ = ("bits", "free", "ids", "keys", "maybe_empty")
+    __slots__ = ("bits", "ids", "maybe_empty")
 
     def __init__(self, words: int) -> None:
-        self.ids: dict[Hashable, int] = {}
-        self.keys: list[Hashable] = [None]
-        self.free: list[int] = []
+        self.ids = _RowIds()
         self.maybe_empty: list[int] = []  # rows that lost a holder since the last sweep
         self.bits: Words = np.zeros((64, words), dtype=_WORD)
+
+    @property
+    def keys(self) -> list[Hashable]:
+        return self.ids.back
 
     def sweep(self) -> None:
         """Give back the rows of ``maybe_empty`` that no holder holds (one numpy pass for all of them)."""
         if self.maybe_empty:
             idx = np.unique(np.asarray(self.maybe_empty, dtype=np.intp))
             self.maybe_empty = []
+            ids, keys = self.ids, self.ids.back
             for row in idx[~self.bits[idx].any(axis=1)].tolist():
-                del self.ids[self.keys[row]]
-                self.keys[row] = None
-                self.free.append(row)
+                del ids[keys[row]]
+                keys[row] = None
+                ids.free.append(row)
 
     def row_ids(self, hashes: Sequence[Hashable]) -> list[int]:
-        """Rows of ``hashes``, giving new hashes a row (freed ones first). C loops only: one dict read per
-        hash, and for new hashes one more (no Python step per hash)."""
-        ids = self.ids
-        rows = list(map(ids.get, hashes))
-        if None in rows:
-            new = list(dict.fromkeys(compress(hashes, map(is_, rows, repeat(None)))))  # once each, in order
-            keys, free = self.keys, self.free
-            k = min(len(free), len(new))
-            reused = free[len(free) - k:]
-            del free[len(free) - k:]
-            fresh = range(len(keys), len(keys) + len(new) - k)
-            for r, h in zip(reused, new, strict=False):  # the freed rows (few: sweeps give rows back rarely)
-                keys[r] = h
-            keys.extend(new[k:])
-            ids.update(zip(new, reused, strict=False))
-            ids.update(zip(new[k:], fresh, strict=True))
-            rows = list(map(ids.__getitem__, hashes))
-            top = len(keys)
-            if top > self.bits.shape[0]:
-                grown = np.zeros((max(2 * self.bits.shape[0], top), self.bits.shape[1]), dtype=_WORD)
-                grown[: self.bits.shape[0]] = self.bits
-                self.bits = grown
-        return rows  # type: ignore[return-value]  # every None was replaced
+        """Rows of ``hashes``, giving new hashes a row (freed ones first): one dict read per hash in C, a
+        Python step only for a hash seen for the first time."""
+        rows = list(map(self.ids.__getitem__, hashes))
+        top = len(self.ids.back)
+        if top > self.bits.shape[0]:
+            grown = np.zeros((max(2 * self.bits.shape[0], top), self.bits.shape[1]), dtype=_WORD)
+            grown[: self.bits.shape[0]] = self.bits
+            self.bits = grown
+        return rows
 
 
 class PackedHolders:

@@ -609,6 +609,25 @@ def _column_counts(rows: Words) -> npt.NDArray[np.unsignedinteger[Any]]:
     return total
 
 
+def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
+    """Whether each row differs from the next: the words' inequalities folded with an OR over a uint64 view of
+    the bool rows (numpy's ``any(axis=1)`` over a short row costs several times more)."""
+    ne = alive[1:] != alive[:-1]  # a new C-ordered (rows - 1, words) bool array: one byte per word
+    w = ne.shape[1]
+    if w in (1, 2, 4, 8):
+        out: npt.NDArray[np.bool_] = ne.view(f"<u{w}")[:, 0] != 0
+        return out
+    if w % 8:
+        out = ne.any(axis=1)
+        return out
+    v = ne.view(np.uint64)
+    acc = v[:, 0]
+    for j in range(1, w // 8):
+        acc = acc | v[:, j]
+    out = acc != 0
+    return out
+
+
 def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
     """Per replica, the full-attention hit from the packed rows of the blocks the candidate allows (block j
     is row j): the run of held blocks from block 0, in tokens on the A grid.
@@ -620,7 +639,7 @@ def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
     if cap == 0 or R == 0:
         return np.zeros(R, dtype=np.int64)
     alive = np.bitwise_and.accumulate(rows, axis=0)
-    changes = np.flatnonzero((alive[1:] != alive[:-1]).any(axis=1))
+    changes = np.flatnonzero(_rows_differ(alive))
     ends = np.empty(changes.size + 1, dtype=np.intp)  # the last row of each run of equal alive sets
     ends[:-1] = changes
     ends[-1] = cap - 1
