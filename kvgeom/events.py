@@ -52,9 +52,12 @@ Invariants (tested in ``tests/test_events.py`` and ``tests/property/test_router_
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import chain
+from types import NoneType
 from typing import TYPE_CHECKING, Any
 
 from kvgeom.errors import KVGeomError, Problem
+from kvgeom.holders import PackedHolders
 from kvgeom.residency import Residency
 from kvgeom.specs import (
     ChunkedLocalSpec,
@@ -84,6 +87,7 @@ MEDIA: tuple[str, ...] = ("GPU", "CPU", "STORAGE")
 EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 _UNKNOWN_KIND = "unknown"
+_HASH_TYPES = frozenset({bytes, int, str})
 
 
 class KVEventError(KVGeomError):
@@ -174,8 +178,26 @@ class KVEventReader:
     :meth:`replica`.
     """
 
-    __slots__ = ("_cleared", "_count", "_events", "_extra", "_geom", "_hash_types", "_kinds", "_media", "_names",
-                 "_res", "_spans", "_windows")
+    __slots__ = (
+        "_cleared",
+        "_count",
+        "_dirty",
+        "_events",
+        "_extra",
+        "_fast_groups",
+        "_fast_media",
+        "_geom",
+        "_hash_types",
+        "_kinds",
+        "_media",
+        "_names",
+        "_packed",
+        "_pending",
+        "_res",
+        "_spans",
+        "_synced",
+        "_windows",
+    )
 
     def __init__(
         self,
@@ -204,6 +226,12 @@ class KVEventReader:
         self._cleared: tuple[str, ...] = tuple(dict.fromkeys(cleared))
         self._count = bool(count_duplicates)
         self._res: dict[str, Residency] = {m: Residency() for m in self._media}
+        self._packed: dict[str, PackedHolders] = {}
+        self._synced: dict[str, int] = {}
+        # per medium, the events since the last packed(): (group, hashes, replica) of a store, whose bit is set
+        # in those rows, or (group, hashes, -1) of a removal, whose rows are rewritten from the residency
+        self._dirty: dict[str, list[tuple[int, tuple[Hashable, ...], int]]] = {}
+        self._pending = 0  # hashes named in _dirty
         self._extra: dict[tuple[str, int, Hashable, int], int] = {}
         self._names: dict[Hashable, int] = {}
         self._spans = tuple(g.span for g in geom.groups)
@@ -214,6 +242,15 @@ class KVEventReader:
         )
         self._events = 0
         self._hash_types: set[type] = set()
+        # what _accept reads: the exact medium strings and group indices the full check accepts as they are
+        self._fast_media: dict[str | None, str] = {m: m for m in self._media}
+        self._fast_media.update({m.lower(): m for m in self._media if m.lower().upper() == m})
+        if "GPU" in self._media:
+            self._fast_media[None] = "GPU"
+        self._fast_groups: dict[int | None, int] = {
+            g.index: g.index for g in geom.groups if g.prefix_cacheable}
+        if len(geom.groups) == 1 and geom.groups[0].prefix_cacheable:
+            self._fast_groups[None] = 0
 
     # -- what the reader holds ------------------------------------------------------------------------
     @property
@@ -241,6 +278,49 @@ class KVEventReader:
     def residencies(self) -> dict[str, Residency]:
         """Every medium's live residency, in the order of ``media``."""
         return dict(self._res)
+
+    def packed(self, medium: str = "GPU") -> PackedHolders:
+        """``medium``'s residency as :class:`~kvgeom.holders.PackedHolders` (packed uint64 holder rows), the
+        form :func:`kvgeom.router.score_replicas` scores attention from. Built from the residency on the first
+        call (O(entries held)), then kept current: each event the reader applies notes its hashes (O(1) per
+        event); the next call sets the bits of every noted store in one batch (one numpy pass, however many
+        events) and rewrites the rows a removal named from the residency, once per distinct hash (also when
+        the notes reach four times the size of the index, so they never outgrow it); rebuilt if the
+        residency was changed behind the reader's back. Not a copy.
+
+        >>> import kvgeom
+        >>> reader = KVEventReader(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
+        >>> reader.apply({"type": "BlockStored", "block_hashes": [7, 8], "block_size": 16}, replica=1)
+        >>> reader.packed().rows(0, [8, 9]).tolist()
+        [[2], [0]]
+        """
+        res = self.residency(medium)
+        key = medium.upper()
+        p = self._packed.get(key)
+        if p is None or self._synced[key] != res.version:
+            p = self._packed[key] = PackedHolders.from_residency(res)
+            self._synced[key] = res.version
+            self._dirty[key] = []
+        elif self._dirty[key]:
+            self._refresh(key)
+        return p
+
+    def _refresh(self, medium: str) -> None:
+        """Bring the packed rows of every hash named by an event since the last refresh to the residency's
+        holders: one row write per distinct hash, however many events named it."""
+        dirty, self._dirty[medium] = self._dirty[medium], []
+        self._pending -= sum(len(h) for _, h, _r in dirty)
+        res, p = self._res[medium], self._packed[medium]
+        # stores first, as one batch (their bits are set whatever came before); then every hash a removal named
+        # is rewritten from the residency, which is the truth after all of them (so the order within is moot)
+        p.add_events([e for e in dirty if e[2] >= 0])
+        by_group: dict[int, list[tuple[Hashable, ...]]] = {}
+        for group, hashes, r in dirty:
+            if r < 0:
+                by_group.setdefault(group, []).append(hashes)
+        for group, lists in by_group.items():
+            distinct = list(dict.fromkeys(chain.from_iterable(lists)))
+            p.set_rows(group, distinct, res.chain_masks(group, distinct))
 
     def replica(self, name: Hashable) -> int:
         """A stable holder index for publisher ``name`` (an endpoint, ``(endpoint, dp_rank)``, ...):
@@ -315,6 +395,10 @@ class KVEventReader:
         return list(events)
 
     def _check(self, event: Any, where: str) -> _Op:
+        if type(event) is dict:
+            op = self._accept(event)
+            if op is not None:
+                return op
         kind = _event_type(event)
         if kind is None:
             shown = event.get("type") if isinstance(event, Mapping) else type(event).__name__
@@ -333,6 +417,40 @@ class KVEventReader:
         if problems or medium is None or group is None or hashes is None:
             raise KVEventError(problems)  # every None above appended its problem
         return ("stored" if kind == "BlockStored" else "removed", medium, group, hashes)
+
+    def _accept(self, event: dict[str, Any]) -> _Op | None:
+        """The common decoded event, accepted with a few dict reads: a ``BlockRemoved``, or a ``BlockStored`` of
+        full blocks (``block_size`` = the group's span), with a known medium and group and plain hashes.
+        Returns the op :meth:`_check` would, or None for anything else (the full check then accepts it, or
+        names every problem): nothing is accepted here that the full check refuses."""
+        kind = event.get("type")
+        if kind != "BlockStored" and kind != "BlockRemoved":
+            return None
+        medium = self._fast_media.get(event.get("medium")) if type(event.get("medium")) in (str, NoneType) \
+            else None
+        group = event.get("group_idx")
+        if medium is None or (group is not None and type(group) is not int):
+            return None
+        group = self._fast_groups.get(group)
+        hashes = event.get("block_hashes", _MISSING)
+        if group is None or type(hashes) not in (list, tuple) or not set(map(type, hashes)) <= _HASH_TYPES:
+            return None
+        if kind == "BlockRemoved":
+            return ("removed", medium, group, tuple(hashes))
+        S = self._spans[group]
+        size = event.get("block_size", _MISSING)
+        if type(size) is not int or size != S:
+            return None
+        tokens = event.get("token_ids")
+        if tokens is not None and (type(tokens) not in (list, tuple) or (
+                tokens and (len(tokens) % S or len(tokens) < len(hashes) * S))):
+            return None
+        spec_kind = event.get("kv_cache_spec_kind")
+        window = event.get("kv_cache_spec_sliding_window")
+        if (spec_kind is not None and (type(spec_kind) is not str or spec_kind not in self._kinds[group])) or (
+                window is not None and window != self._windows[group]):
+            return None
+        return ("stored", medium, group, tuple(hashes))
 
     def _medium(self, value: Any, where: str, problems: list[Problem]) -> str | None:
         if value is None:
@@ -375,6 +493,8 @@ class KVEventReader:
                 "bad_block_hashes", f"block_hashes must be a list of hashes, got "
                 f"{'nothing' if value is _MISSING else type(value).__name__}", f"{where}block_hashes"))
             return None
+        if set(map(type, value)) <= _HASH_TYPES:  # the common case, checked in C: nothing to convert
+            return tuple(value)
         out: list[Hashable] = []
         for i, h in enumerate(value):
             if isinstance(h, bytearray | memoryview):
@@ -439,7 +559,7 @@ class KVEventReader:
                 "token_ids_mismatch", f"{n_tokens} token_ids cannot cover {n_hashes} blocks of {size} tokens",
                 f"{where}token_ids", {"num_token_ids": n_tokens, "block_size": size, "num_hashes": n_hashes}))
         spec_kind = _get(event, "kv_cache_spec_kind")
-        if spec_kind is not None and spec_kind not in self._kinds[group]:
+        if spec_kind is not None and (not isinstance(spec_kind, str) or spec_kind not in self._kinds[group]):
             problems.append(Problem(
                 "spec_kind_mismatch", f"kv_cache_spec_kind {spec_kind!r} does not match group {group} ({g.kind}), "
                 f"which vLLM reports as {sorted(self._kinds[group] - {_UNKNOWN_KIND})}; the geometry's group order "
@@ -454,35 +574,56 @@ class KVEventReader:
 
     def _run(self, op: _Op, replica: int) -> None:
         self._events += 1
+        packed = self._packed
         if op[0] == "cleared":
             for m in self._cleared:
                 self._res[m].clear(replica)
+                if m in packed:  # the notes first (a store noted before the clear must not outlive it)
+                    if self._dirty[m]:
+                        self._refresh(m)
+                    packed[m].clear(replica)
+                    self._synced[m] = self._res[m].version
             if self._extra:
                 for key in [k for k in self._extra if k[3] == replica and k[0] in self._cleared]:
                     del self._extra[key]
             return
         _, medium, group, hashes = op
-        if hashes:
-            self._hash_types.add(type(hashes[0]))
+        if not hashes:
+            return
+        self._hash_types.add(type(hashes[0]))
         res = self._res[medium]
         extra = self._extra
-        if op[0] == "stored":
-            for h in hashes:
-                if self._count and res.contains(group, h, replica):
+        twin = packed.get(medium)
+        if op[0] == "stored":  # one call for the event's blocks; a hash held already is a duplicate
+            already = res.add_hashes(group, hashes, replica)
+            if already and self._count:
+                for h in already:
                     key = (medium, group, h, replica)
                     extra[key] = extra.get(key, 0) + 1
-                else:
-                    res.add(group, h, replica)
         else:
-            for h in hashes:
-                key = (medium, group, h, replica)
-                n = extra.get(key)
-                if n is None:
-                    res.discard(group, h, replica)
-                elif n == 1:
-                    del extra[key]
-                else:
-                    extra[key] = n - 1
+            gone = hashes
+            if extra:  # duplicates announced earlier: count down first
+                gone = []
+                for h in hashes:
+                    key = (medium, group, h, replica)
+                    n = extra.get(key)
+                    if n is None:
+                        gone.append(h)
+                    elif n == 1:
+                        del extra[key]
+                    else:
+                        extra[key] = n - 1
+            res.discard_hashes(group, gone, replica)
+            hashes = tuple(gone)
+        if twin is not None:  # the packed rows catch up on the next packed() call, all events at once
+            self._dirty[medium].append((group, hashes, replica if op[0] == "stored" else -1))
+            self._pending += len(hashes)
+            self._synced[medium] = res.version
+            # notes never outgrow the index they describe (len(res) is a sum over groups: only read past 2**20)
+            if self._pending > 1 << 20 and self._pending > 4 * len(res) + (1 << 20):
+                for m in self._packed:
+                    if self._dirty[m]:
+                        self._refresh(m)
 
 
 class _Missing:

@@ -44,6 +44,8 @@ False
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import repeat
+from operator import eq, or_
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -332,6 +334,79 @@ class Residency:
                         array[ids[block_hash]] = False
         finally:
             self.version += changed  # every update so far counts, even when a later key is refused
+
+    # -- one event's hashes in one call (the KV-event reader's bulk path) ------------------------------
+    def add_hashes(self, group: int, block_hashes: Sequence[Hashable], holder: int = 0) -> list[Hashable]:
+        """:meth:`add` for every hash of ``block_hashes`` (one event's blocks of ``group``), in one call.
+        Returns the hashes ``holder`` already held, in order (a hash named twice counts as held the
+        second time): what a reader that counts duplicate announcements needs.
+
+        >>> r = Residency(); r.add(0, b"a")
+        >>> r.add_hashes(0, [b"a", b"b", b"b"]), r.contains(0, b"b")
+        ([b'a', b'b'], True)
+        """
+        bit = 1 << _holder(holder)
+        if self._arrays:  # batch readers keep id arrays current: one update at a time
+            already = []
+            for h in block_hashes:
+                if self.contains(group, h, holder):
+                    already.append(h)
+                else:
+                    self.add(group, h, holder)
+            return already
+        held = self._held.get(group)
+        if held is None:
+            held = self._held[group] = {}
+        get = held.get
+        olds = list(map(get, block_hashes, repeat(0)))
+        news = list(map(or_, olds, repeat(bit)))
+        if not any(map(eq, olds, news)) and len(set(block_hashes)) == len(olds):
+            # the common event: new to this holder (every mask changed; comparing allocates nothing, unlike
+            # an AND per hash), no hash twice. One C loop reads, one writes.
+            if olds:
+                held.update(zip(block_hashes, news, strict=False))  # equal lengths
+                self.version += 1
+            return []
+        already = []
+        changed = False
+        for h in block_hashes:
+            old = get(h, 0)
+            if old & bit:
+                already.append(h)
+            else:
+                held[h] = old | bit
+                changed = True
+        if changed:
+            self.version += 1
+        return already
+
+    def discard_hashes(self, group: int, block_hashes: Iterable[Hashable], holder: int = 0) -> None:
+        """:meth:`discard` for every hash of ``block_hashes`` (one event's blocks of ``group``), in one call.
+
+        >>> r = Residency(); r.add_hashes(0, [b"a", b"b"]); r.discard_hashes(0, [b"a", b"c"]); len(r)
+        []
+        1
+        """
+        bit = 1 << _holder(holder)
+        held = self._held.get(group)
+        if held is None:
+            return
+        if self._arrays:
+            for h in block_hashes:
+                self.discard(group, h, holder)
+            return
+        get = held.get
+        changed = False
+        for h in block_hashes:
+            old = get(h, 0)
+            if old & bit:
+                if old == bit:
+                    del held[h]
+                else:
+                    held[h] = old ^ bit
+                changed = True
+        if changed:
+            self.version += 1
 
     def clear(self, holder: int | None = None) -> None:
         """Forget every entry of ``holder`` (of every holder when None). O(entries held)."""

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence, Sized
 from dataclasses import dataclass
+from itertools import accumulate, compress, count, takewhile
+from operator import and_, ne
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -68,6 +70,7 @@ from kvgeom._format import show
 from kvgeom._math import cdiv
 from kvgeom.batch._arrays import MAX_RESULT, check_total
 from kvgeom.errors import QueryError
+from kvgeom.holders import WORD_BITS, PackedHolders
 from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
 from kvgeom.residency import Residency
 
@@ -87,6 +90,7 @@ __all__ = [
 
 BoolMatrix = npt.NDArray[np.bool_]
 IntVector = npt.NDArray[np.int64]
+Words = npt.NDArray[np.uint64]
 
 
 # -- the held matrix ---------------------------------------------------------------------------------
@@ -402,11 +406,35 @@ def _put(out: Partition, value: int, bits: int) -> None:
 
 
 def _pmin(p: Partition, q: Partition) -> Partition:
+    """Per replica, the smaller of its values in ``p`` and ``q`` (two partitions of the same replicas).
+
+    One sweep over both in ascending value: a replica is settled the first time it is seen, which is at
+    its smaller value. ``O((len(p) + len(q)) log)`` integer operations, never ``len(p) * len(q)``: the
+    pairwise form was quadratic in the number of distinct hits (issue 23)."""
     out: Partition = {}
-    for v1, b1 in p.items():
-        for v2, b2 in q.items():
-            _put(out, min(v1, v2), b1 & b2)
+    seen = 0
+    for v, b in sorted([*p.items(), *q.items()], key=_first):
+        new = b & ~seen
+        if new:
+            _put(out, v, new)
+            seen |= new
     return out
+
+
+def _leading_runs(blocks: list[int], everyone: int) -> Partition:
+    """The run of held blocks from block 0 per replica, as ``{run length: replicas}``.
+
+    The replicas alive after each block are a running AND (``itertools.accumulate``, in C), cut at the
+    first empty set; the alive sets are nested, so they change exactly where their sizes do, and only those
+    places cost a Python step. ``O(len(blocks))`` integer operations plus one step per distinct run."""
+    alive = list(takewhile(bool, accumulate(blocks, and_, initial=everyone)))
+    if not alive:
+        return {}
+    sizes = list(map(int.bit_count, alive))
+    last = len(alive) - 1
+    run: Partition = {j: alive[j] ^ alive[j + 1] for j in compress(count(), map(ne, sizes, sizes[1:]))}
+    run[last] = alive[last]  # alive to the end (or until the next block, which no replica holds)
+    return run
 
 
 class _BitLookup:
@@ -421,18 +449,7 @@ class _BitLookup:
         self.fine = A < S and S % A == 0
         self._states: tuple[list[int], int, int] | None = None
         if lg.family == "full":
-            # the run of held full blocks from block 0, as {run length: replicas}
-            run: Partition = {}
-            alive = everyone
-            for j, mask in enumerate(masks[self.s - 1 : self.nblk * self.s : self.s]):
-                nxt = alive & mask
-                if nxt != alive:
-                    run[j] = alive ^ nxt
-                    alive = nxt
-                    if not alive:
-                        break
-            _put(run, self.nblk, alive)
-            self.run = run
+            self.run = _leading_runs(masks[self.s - 1 : self.nblk * self.s : self.s], everyone)
 
     def __call__(self, cand: Partition) -> Partition:
         if self.lg.family == "full":
@@ -440,34 +457,50 @@ class _BitLookup:
         return self._mamba(cand)
 
     def _full(self, cand: Partition) -> Partition:
-        S, s, A, H, masks, n_h, fine = self.S, self.s, self.A, self.H, self.masks, self.n_h, self.fine
+        # Per replica k = min(run, m // S). Where k = run < m // S the hit depends on the run alone (with
+        # fine hits A = H, so the block after the run ends at or below the candidate); elsewhere on m alone.
+        # So the replicas fall into at most len(cand) + len(run) classes, found in one ascending sweep.
+        S = self.S
         out: Partition = {}
-        get = out.get
-        for m, mbits in cand.items():
-            cap, top = m // S, m // A
+        if len(cand) == 1:
+            ((m, mbits),) = cand.items()
+            cap, top = m // S, m // self.A
             for run, rbits in self.run.items():
                 b = mbits & rbits
-                if not b:
-                    continue
-                k = run if run < cap else cap
-                if fine:  # the highest held hash boundary inside block k, below the candidate
-                    lo = k * s
-                    idx = min(lo + s - 1, top, n_h) - 1
-                    while idx >= lo:
-                        found = masks[idx] & b
-                        if found:
-                            hit = (idx + 1) * H
-                            hit -= hit % A
-                            out[hit] = get(hit, 0) | found
-                            b ^= found
-                            if not b:
-                                break
-                        idx -= 1
                 if b:
-                    hit = k * S
-                    hit -= hit % A
-                    out[hit] = get(hit, 0) | b
+                    self._full_hit(run if run < cap else cap, top, b, out)
+            return out
+        limit = self.n_h + 1  # no candidate bound
+        items = [(m // S, 0, m, b) for m, b in cand.items()] + [(run, 1, run, b) for run, b in self.run.items()]
+        items.sort()
+        seen = 0
+        for k, side, key, b in items:  # at equal k the candidate side first: then k = m // S
+            new = b & ~seen
+            if new:
+                seen |= new
+                self._full_hit(k, key // self.A if side == 0 else limit, new, out)
         return out
+
+    def _full_hit(self, k: int, top: int, b: int, out: Partition) -> None:
+        """Hits of the replicas ``b`` whose full-block run is cut at block ``k``, below candidate hash
+        boundary ``top`` (candidate // A), into ``out``."""
+        S, s, A, H, masks = self.S, self.s, self.A, self.H, self.masks
+        if self.fine:  # the highest held hash boundary inside block k, below the candidate
+            lo = k * s
+            idx = min(lo + s - 1, top, self.n_h) - 1
+            while idx >= lo:
+                found = masks[idx] & b
+                if found:
+                    hit = (idx + 1) * H
+                    hit -= hit % A
+                    _put(out, hit, found)
+                    b ^= found
+                    if not b:
+                        return
+                idx -= 1
+        hit = k * S
+        hit -= hit % A
+        _put(out, hit, b)
 
     def _mamba(self, cand: Partition) -> Partition:
         # rows[i]: holders of the state that a hit of rank i would restore (0 where no state may land)
@@ -513,8 +546,10 @@ def _bit_hits(plan: Sequence[LookupGroup], masks: Mapping[int, list[int]], num_t
         for g in lg.group_ids[1:]:
             joint = [a & b for a, b in zip(joint, masks[g], strict=True)]
         lookups.append(_BitLookup(lg, joint, H, A, everyone))
-    simple = len(plan) == 2 and plan[0].full_attention
     hit: Partition = {max(num_tokens - 1, 0): everyone}
+    if len(lookups) == 1:  # one lookup group: one lookup (vLLM's UnitaryKVCacheCoordinator); a second pass
+        return lookups[0](hit)  # could not lower it, every finder returns a hit it would return again
+    simple = len(plan) == 2 and plan[0].full_attention
     fa_hit: dict[int, Partition] = {}
     while True:
         curr = hit
@@ -550,6 +585,101 @@ def _unpartition(p: Partition, num_replicas: int) -> IntVector:
     index = (np.int64(1) << np.arange(nbits, dtype=np.int64)) @ bits  # 0: no group, else j + 1
     values = np.concatenate([np.zeros(1, dtype=np.int64), np.asarray([v for v, _ in items], dtype=np.int64)])
     out: IntVector = values[index]
+    return out
+
+
+# -- the packed path -----------------------------------------------------------------------------------
+# A KVEventReader keeps each medium's holders also as packed uint64 rows (kvgeom.holders.PackedHolders). For
+# the geometry a router without group rules can score (one full-attention lookup group, hits on block ends)
+# the leading run of every replica comes from a handful of numpy passes over the chain's rows: no Python step
+# per hash beyond the dict read, none per replica. Same answers as the other paths (test_router_laws.py).
+def _packed_ok(plan: Sequence[LookupGroup], A: int) -> bool:
+    """One full-attention lookup group whose hits land on block ends (no partial hash hits inside a block)."""
+    return len(plan) == 1 and plan[0].family == "full" and not (plan[0].span > A and plan[0].span % A == 0)
+
+
+def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], blocks: Sequence[Hashable],
+                  R: int, leading: bool) -> Words:
+    """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``), after checking the whole chain
+    against ``R`` as :func:`_chain_masks` does (only when some holder at or past R was ever added). With
+    ``leading`` the rows stop before the first block no holder holds (no leading run passes it)."""
+    try:
+        if packed.top_holder >= R:
+            rows = packed.rows(group, chain)
+            if rows.size:
+                w0, b0 = divmod(R, WORD_BITS)
+                if (rows[:, w0] >> np.uint64(b0)).any() or rows[:, w0 + 1 :].any():
+                    top = int.from_bytes(np.bitwise_or.reduce(rows, axis=0).tobytes(), "little").bit_length() - 1
+                    raise QueryError.single(
+                        "replica_out_of_range",
+                        f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > "
+                        f"{top}", "num_replicas", num_replicas=R, replica=top)
+        rows = packed.leading_rows(group, blocks) if leading else packed.rows(group, blocks)
+    except TypeError as e:  # an unhashable hash (a list from a careless decoder)
+        raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
+    need = max(-(-R // WORD_BITS), 1)  # every tier's rows one width: no bits at or past R remain
+    if rows.shape[1] > need:
+        return rows[:, :need]
+    if rows.shape[1] < need:
+        wide: Words = np.zeros((rows.shape[0], need), dtype=rows.dtype)
+        wide[:, : rows.shape[1]] = rows
+        return wide
+    return rows
+
+
+def _column_counts(rows: Words) -> npt.NDArray[np.unsignedinteger[Any]]:
+    """Per holder bit, how many of ``rows`` hold it. The unpacked bits are summed eight columns at a time,
+    one byte counter each inside a uint64 (no carry can cross a byte while at most 255 rows are added)."""
+    bits = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")  # (rows, 64 * words) of 0/1
+    if rows.shape[0] <= 255:
+        counts: npt.NDArray[np.unsignedinteger[Any]] = bits.view(np.uint64).sum(axis=0).view(np.uint8)
+        return counts
+    total = np.zeros(bits.shape[1], dtype=np.uint16)
+    for i in range(0, rows.shape[0], 255):
+        total += bits[i : i + 255].view(np.uint64).sum(axis=0).view(np.uint8)
+    return total
+
+
+def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
+    """Whether each row differs from the next: the words' inequalities folded with an OR over a uint64 view of
+    the bool rows (numpy's ``any(axis=1)`` over a short row costs several times more)."""
+    ne = alive[1:] != alive[:-1]  # a new C-ordered (rows - 1, words) bool array: one byte per word
+    w = ne.shape[1]
+    if w in (1, 2, 4, 8):
+        out: npt.NDArray[np.bool_] = ne.view(f"<u{w}")[:, 0] != 0
+        return out
+    if w % 8:
+        out = ne.any(axis=1)
+        return out
+    v = ne.view(np.uint64)
+    acc = v[:, 0]
+    for j in range(1, w // 8):
+        acc = acc | v[:, j]
+    out = acc != 0
+    return out
+
+
+def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
+    """Per replica, the full-attention hit from the packed rows of the blocks the candidate allows (block j
+    is row j): the run of held blocks from block 0, in tokens on the A grid.
+
+    The replicas alive after each block are a running AND down the rows; the alive sets are nested, so a
+    replica's run is the number of distinct alive sets it belongs to, read off only the rows where the set
+    changes. O(blocks) numpy work on whole rows, O(changes x replicas) bits unpacked."""
+    cap = rows.shape[0]
+    if cap == 0 or R == 0:
+        return np.zeros(R, dtype=np.int64)
+    alive = np.bitwise_and.accumulate(rows, axis=0)
+    changes = np.flatnonzero(_rows_differ(alive))
+    ends = np.empty(changes.size + 1, dtype=np.intp)  # the last row of each run of equal alive sets
+    ends[:-1] = changes
+    ends[-1] = cap - 1
+    survived = _column_counts(alive[ends])[:R]
+    hits: IntVector = np.zeros(ends.size + 1, dtype=np.int64)
+    hits[1:] = (ends + 1) * S
+    if S % A:
+        hits -= hits % A
+    out: IntVector = hits[survived]
     return out
 
 
@@ -626,7 +756,9 @@ def score_replicas(
     ):
         raise QueryError.single("bad_chains", "chains must be a list of hash chains (lists of block hashes)", "chains")
     seen_types: frozenset[type] = frozenset()
+    reader: KVEventReader | None = None
     if isinstance(residency, KVEventReader):
+        reader = residency
         by_tier = residency.residencies()
         seen_types = residency.hash_types
     elif isinstance(residency, Residency):
@@ -666,6 +798,9 @@ def score_replicas(
             f"{sorted({lg.family for lg in plan} - _BIT_FAMILIES)} groups: leave matrix_path unset", "matrix_path")
     check_total("hit_tokens", n_q * len(names) * R)  # the result, refused before allocating
     out = np.zeros((n_q, len(names), R), dtype=np.int64)
+    scored = bool(plan) and geom.config.cache.prefix_caching and R > 0
+    packed = {name: reader.packed(name) for name in names} \
+        if reader is not None and matrix_path is None and scored and not drop and _packed_ok(plan, A) else None
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
         n = nonneg(f"num_tokens[{q}]", n)
         if len(chain) != n // H:
@@ -681,6 +816,24 @@ def score_replicas(
                 f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
                 "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
                 f"chains[{q}]", chain_type=type(chain[0]).__name__)
+        if packed is not None:
+            lg = plan[0]
+            s = lg.span // H
+            blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // lg.span) * s : s]  # what may hit
+            below: dict[int, Words] = {}
+            for t, name in enumerate(names):
+                if not cumulative and not all(packed[name].has_group(g) for g in lg.group_ids):
+                    continue  # a tier with no entry of the group: every hit 0
+                # one tier alone: its rows may stop at the first block nobody holds; a union of tiers reads all
+                rows = {g: _packed_chain(packed[name], g, chain, blocks, R, not cumulative) for g in lg.group_ids}
+                if cumulative:
+                    rows = below = {g: r | below[g] for g, r in rows.items()} if below else rows
+                joint = rows[lg.group_ids[0]]
+                for g in lg.group_ids[1:]:
+                    k = min(len(joint), len(rows[g]))
+                    joint = joint[:k] & rows[g][:k]
+                out[q, t] = _packed_full_hits(joint, lg.span, A, R)
+            continue
         union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
             res = by_tier[name]

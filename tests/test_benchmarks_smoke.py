@@ -31,3 +31,19 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     assert len(slot) == 8 and all(r["speedup_vs_scalar"] > 0 and r["x_floor"] > 0 for r in slot)
     scaling = next(r for r in results if r["case"].startswith("scaling"))
     assert scaling["exponent_from_2_16"] > 0
+
+
+def test_quick_router_against_dynamo_runs_without_dynamo(tmp_path):
+    # issue 23: the side-by-side script runs kvgeom's side (scores, growth bound, hybrids) where Dynamo is absent
+    out = tmp_path / "router.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "router_vs_dynamo.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert "not importable" in proc.stdout or results["dynamo"]
+    assert results["attention_only"][0]["workers"] == 50 and results["attention_only"][0]["kv_p50_us"] > 0
+    assert len(results["growth"]) == 4 and all(g["ratio"] <= 8 for g in results["growth"])
+    assert [h["case"] for h in results["hybrid"]] == ["attention + Mamba", "attention + sliding window 256",
+                                                     "attention (DCP 2, span 32) + Mamba"]

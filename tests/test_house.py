@@ -43,6 +43,8 @@ FLOORS: dict[str, int] = {
     **_floor(5, "_resolve", "_resolve.problems", "_resolve.groups", "_resolve.units", "_resolve.speculative",
              "_resolve.offload", "_resolve.warnings"),
     **_floor(5, "prefill", "ranks", "boundaries", "masks", "keys", "residency", "prefix"),
+    # packed holder rows, the read-optimised twin of a residency (a router's index)
+    **_floor(5, "holders"),
     # a request's block hashes as vLLM computes them: reads only the geometry's H (and look-ahead)
     **_floor(5, "hashing"),
     **_floor(6, "probes", "handoff"),

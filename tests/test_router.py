@@ -211,3 +211,56 @@ def test_a_chain_in_another_encoding_than_the_events_is_refused():
         score_replicas(geom, reader, [[b"ab"]], 20, num_replicas=1)
     assert e.value.code == "chain_encoding_mismatch" and e.value.field == "chains[0]"
     assert score_replicas(geom, reader, [["YWI="]], 20, num_replicas=1).tier("GPU").tolist() == [[16]]
+
+
+# -- the packed path (a KVEventReader, one attention lookup group) ------------------------------------------
+def _reader_with_runs(runs: list[int], cfg=None):
+    """A reader where replica r holds the first runs[r] blocks of a chain of max(runs) + 4 blocks."""
+    geom = kvgeom.resolve(cfg or {"groups": [FA16]})
+    S = geom.groups[0].span
+    H = geom.hash_block_size
+    n_h = (max(runs) + 4) * (S // H)
+    chain = list(range(1, n_h + 1))
+    reader = kvgeom.events.KVEventReader(geom)
+    reader.packed()  # kept current event by event from here on
+    for r, k in enumerate(runs):
+        if k:
+            reader.apply({"type": "BlockStored", "block_hashes": chain[S // H - 1 : k * (S // H) : S // H],
+                          "block_size": S}, r)
+    return geom, reader, chain
+
+
+def test_packed_path_counts_past_255_distinct_runs():
+    # 300 distinct runs: the byte counters of the column count are summed in slices of 255 rows
+    runs = [*range(300), 299, 5, 0]
+    geom, reader, chain = _reader_with_runs(runs)
+    n = len(chain) * 16 + 1
+    packed = score_replicas(geom, reader, [chain], n, num_replicas=len(runs), tiers=["GPU"]).hit_tokens[0, 0]
+    bits = score_replicas(geom, reader.residency(), [chain], n, num_replicas=len(runs)).hit_tokens[0, 0]
+    assert packed.tolist() == bits.tolist() == [16 * k for k in runs]
+
+
+def test_packed_path_under_dcp_reads_blocks_of_the_span():
+    # attention under DCP 2 without partial hits: span 32, the chain hashed every 32 tokens (H = 32)
+    geom, reader, chain = _reader_with_runs([3, 0, 1], {"groups": [FA16], "parallel": {"tp": 2, "dcp": 2}})
+    assert geom.groups[0].span == 32
+    n = len(chain) * geom.hash_block_size + 1
+    assert score_replicas(geom, reader, [chain], n, num_replicas=3, tiers=["GPU"]).hit_tokens[0, 0].tolist() == \
+        [96, 0, 32]
+
+
+def test_packed_path_refuses_a_replica_past_num_replicas():
+    geom, reader, chain = _reader_with_runs([1, 0, 2])
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, reader, [chain], len(chain) * 16 + 1, num_replicas=2)
+    assert e.value.code == "replica_out_of_range" and "replica 2" in str(e.value)
+
+
+def test_packed_rows_follow_removals_and_clears():
+    geom, reader, chain = _reader_with_runs([4, 4])
+    reader.apply({"type": "BlockRemoved", "block_hashes": [chain[1]]}, 0)  # replica 0 loses block 1: run 1
+    reader.apply({"type": "AllBlocksCleared"}, 1)  # replica 1 loses everything
+    n = len(chain) * 16 + 1
+    assert score_replicas(geom, reader, [chain], n, num_replicas=2, tiers=["GPU"]).hit_tokens[0, 0].tolist() == \
+        [16, 0]
+    assert len(reader.packed()) == len(reader.residency())  # rows no replica holds were given back

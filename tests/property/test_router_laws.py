@@ -10,12 +10,23 @@
 * ``test_cumulative_tier_scores_never_fall``: with ``cumulative=True`` each tier scores at least the
   tier before it;
 * ``test_block_size_off_the_geometry_is_refused``: a store event whose block size is neither the
-  group's span, nor H with one hash, nor an off-GPU placeholder 0 always raises, and changes nothing.
+  group's span, nor H with one hash, nor an off-GPU placeholder 0 always raises, and changes nothing;
+* ``test_reader_scores_equal_scalar_prefix_hit``: scores read from a ``KVEventReader`` whose packed rows
+  were kept current event by event (the packed path for one attention group, the bit path for hybrids)
+  equal the scalar ``prefix_hit`` on the reader's residency, per replica and tier, cumulative or not;
+* ``test_packed_holders_match_the_residency``: ``PackedHolders`` under any sequence of bulk adds,
+  discards and clears holds exactly the holder bits a ``Residency`` holds under the same updates;
+* ``test_fast_event_check_agrees_with_the_full_check``: an event read through the reader's fast check
+  (a plain dict) and through the full one (the same event behind a read-only mapping) leaves the same
+  residency, or raises the same error code;
+* ``test_bit_path_work_is_linear_in_distinct_hits``: the partition operations of one score grow linearly
+  with the number of distinct hits (counted, not timed: 4x the hits, at most 5x the operations).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -24,7 +35,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import kvgeom
+from kvgeom import router
 from kvgeom.events import MEDIA, KVEventError, KVEventReader
+from kvgeom.holders import PackedHolders
 from kvgeom.prefix import prefix_hit
 from kvgeom.router import score_replicas
 from kvgeom.strategies import configs
@@ -111,9 +124,10 @@ def test_router_score_equals_scalar_prefix_hit(case):
 
 
 @st.composite
-def event_streams(draw: st.DrawFn) -> tuple[kvgeom.Geometry, int, list[str], int, list[tuple[int, dict[str, Any]]]]:
-    cfg = draw(configs(kinds=["full_attention", "mamba", "sliding_window", "mla"], max_block_size=8, max_groups=3,
-                       max_dcp=4, prefix_caching=True))
+def event_streams(draw: st.DrawFn, max_groups: int = 3,
+                  ) -> tuple[kvgeom.Geometry, int, list[str], int, list[tuple[int, dict[str, Any]]]]:
+    cfg = draw(configs(kinds=["full_attention", "mamba", "sliding_window", "mla"], max_block_size=8,
+                       max_groups=max_groups, max_dcp=4, prefix_caching=True))
     geom = kvgeom.resolve(cfg)
     H = geom.hash_block_size
     n_h = draw(st.integers(1, MAX_HASHES))
@@ -217,3 +231,156 @@ def test_block_size_off_the_geometry_is_refused(size, n_hashes, medium):
             reader.apply(event)
         assert e.value.code == "block_size_mismatch" and e.value.field == "block_size"
         assert all(len(reader.residency(m)) == 0 for m in MEDIA)
+
+
+@given(st.one_of(event_streams(max_groups=1), event_streams()), st.booleans(), st.booleans())
+@example(  # one attention group; replica 1 holds the first two blocks, replica 0 only the second
+    (kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}), 48, ["h0", "h1", "h2"], 2,
+     [(1, {"type": "BlockStored", "block_hashes": ["h0", "h1"], "block_size": 16}),
+      (0, {"type": "BlockStored", "block_hashes": ["h1"], "block_size": 16})]), True, False)
+def test_reader_scores_equal_scalar_prefix_hit(case, packed_first, cumulative):
+    geom, n, chain, R, stream = case
+    reader = KVEventReader(geom)
+    if packed_first:  # the packed rows exist before the first event: kept current event by event
+        for m in MEDIA:
+            reader.packed(m)
+    for replica, event in stream:
+        try:
+            reader.apply(event, replica)
+        except KVEventError:
+            continue
+    res = reader.residencies()
+    scores = score_replicas(geom, reader, [chain], n, num_replicas=R, cumulative=cumulative).hit_tokens[0]
+    union: dict[str, kvgeom.Residency] = {}
+    for t, m in enumerate(MEDIA):
+        tier = res[m]
+        if cumulative:  # the scalar reference on the union of this tier and the ones before it
+            merged = kvgeom.Residency()
+            for source in (*union.values(), tier):
+                for g in source.groups():
+                    for h in source.entries(g):
+                        for r in range(R):
+                            if source.contains(g, h, r):
+                                merged.add(g, h, r)
+            union[m] = tier
+            tier = merged
+        assert scores[t].tolist() == [_scalar(geom, n, chain, tier, r) for r in range(R)], m
+
+
+@given(event_streams(), st.lists(st.booleans(), max_size=40))
+def test_packed_rows_read_between_events_match_the_residency(case, reads):
+    """The reader's packed rows, read after any event (stores batched, removals rewritten, clears applied at
+    once), hold exactly the residency's holders for every hash of every group and medium."""
+    geom, _n, chain, _R, stream = case
+    reader = KVEventReader(geom)
+    for m in MEDIA:
+        reader.packed(m)
+    for i, (replica, event) in enumerate(stream):
+        try:
+            reader.apply(event, replica)
+        except KVEventError:
+            continue
+        if i < len(reads) and reads[i]:
+            for m in MEDIA:
+                p, res = reader.packed(m), reader.residency(m)
+                for g in range(len(geom.groups)):
+                    assert [p.holders(g, h) for h in chain] == res.chain_masks(g, chain), (m, g, i)
+    for m in MEDIA:
+        p, res = reader.packed(m), reader.residency(m)
+        for g in range(len(geom.groups)):
+            assert [p.holders(g, h) for h in chain] == res.chain_masks(g, chain), (m, g)
+        assert len(p) == len(res)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "batch", "discard", "clear", "clear_all"]), st.integers(0, 2),
+                          st.lists(st.integers(0, 12), max_size=6), st.sampled_from([0, 1, 63, 64, 130]))))
+def test_packed_holders_match_the_residency(ops):
+    packed, res = PackedHolders(), kvgeom.Residency()
+    for op, group, hashes, holder in ops:
+        if op == "add":
+            packed.add_many(group, hashes, holder)
+            res.add_hashes(group, hashes, holder)
+        elif op == "batch":  # the same hashes as two events in one batch: this holder's and holder 2's
+            packed.add_events([(group, hashes, holder), (group, hashes[::2], 2)])
+            res.add_hashes(group, hashes, holder)
+            res.add_hashes(group, hashes[::2], 2)
+        elif op == "discard":
+            packed.discard_many(group, hashes, holder)
+            res.discard_hashes(group, hashes, holder)
+        elif op == "clear":
+            packed.clear(holder)
+            res.clear(holder)
+        else:
+            packed.clear()
+            res.clear()
+        for g in range(3):
+            chain = list(range(13))
+            want = res.chain_masks(g, chain)
+            got = [int.from_bytes(row.tobytes(), "little") for row in packed.rows(g, chain)]
+            assert got == want == [packed.holders(g, h) for h in chain]
+    assert len(packed) == len(res)
+
+
+@given(event_streams(), st.data())
+def test_fast_event_check_agrees_with_the_full_check(case, data):
+    geom, _n, _chain, _R, stream = case
+    fast, full = KVEventReader(geom), KVEventReader(geom)
+    for replica, event in stream:
+        event = dict(event)
+        if data.draw(st.integers(0, 3)) == 0:  # a field made odd: the fast check must hand it to the full one
+            key = data.draw(st.sampled_from(["group_idx", "block_size", "medium", "kv_cache_spec_kind", "token_ids",
+                                             "block_hashes", "kv_cache_spec_sliding_window"]))
+            event[key] = data.draw(st.sampled_from([None, True, -1, 0, 7, "gpu", "mamba", [1], [b"x"], [[1]], 2.0]))
+        outcomes = []
+        for reader, shown in ((fast, event), (full, MappingProxyType(event))):
+            try:
+                reader.apply(shown, replica)
+                outcomes.append("ok")
+            except KVEventError as e:
+                outcomes.append(e.code)
+        assert outcomes[0] == outcomes[1]
+    for m in MEDIA:
+        a, b = fast.residency(m), full.residency(m)
+        assert {(g, h, a.holders(g, h)) for g in a.groups() for h in a.entries(g)} == \
+            {(g, h, b.holders(g, h)) for g in b.groups() for h in b.entries(g)}
+
+
+def _partition_ops(cfg: dict[str, Any], replicas: int, distinct: int) -> int:
+    """Partition operations (``_put``) of one bit-path score on ``replicas`` replicas with ``distinct`` hits."""
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    chain = list(range(1, 2 * replicas + 9))
+    res = kvgeom.Residency()
+    for r in range(replicas):
+        for g in geom.groups:
+            s = g.span // H
+            res.add_hashes(g.index, chain[s - 1 : 2 * (r % distinct) + 2 : s], r)
+    calls = 0
+    put = router._put
+
+    def counting(*args: Any) -> None:
+        nonlocal calls
+        calls += 1
+        put(*args)
+
+    router._put = counting
+    try:
+        score_replicas(geom, res, [chain], len(chain) * H + 1, num_replicas=replicas, matrix_path=False)
+    finally:
+        router._put = put
+    return calls
+
+
+@pytest.mark.parametrize("cfg", [
+    {"groups": [{"kind": "full_attention", "block_size": 16}]},
+    {"groups": [{"kind": "mamba", "block_size": 16}]},
+    {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}]},
+    {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 64}]},
+    {"groups": [{"kind": "full_attention", "block_size": 16},
+                {"kind": "full_attention", "block_size": 32, "num_kv_heads": 4},
+                {"kind": "mamba", "block_size": 16}]},
+], ids=["attention", "mamba", "attention+mamba", "attention+mamba64 (partial hits)", "three lookup groups"])
+def test_bit_path_work_is_linear_in_distinct_hits(cfg):
+    # issue 23: _pmin paired every value with every value, quadratic in the distinct hits of a one-group model
+    few, many = _partition_ops(cfg, 256, 32), _partition_ops(cfg, 256, 128)
+    assert many <= 5 * few + 16, (few, many)

@@ -1,0 +1,54 @@
+"""Packed holder rows (kvgeom.holders): example rows. The law against Residency is in
+tests/property/test_router_laws.py (test_packed_holders_match_the_residency)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvgeom
+from kvgeom.holders import PackedHolders
+
+
+def test_rows_are_words_of_64_holders():
+    p = PackedHolders()
+    p.add_many(0, ["a", "b"], holder=3)
+    p.add_many(0, ["a"], holder=64)  # the second word appears for every group
+    p.add_many(1, ["a"], holder=0)
+    assert p.words == 2 and p.top_holder == 64
+    assert p.rows(0, ["a", "b", "zz"]).tolist() == [[8, 1], [8, 0], [0, 0]]  # an unknown hash reads empty
+    assert p.rows(1, ["a"]).tolist() == [[1, 0]]
+    assert p.rows(7, ["a"]).tolist() == [[0, 0]]  # a group never seen
+
+
+def test_a_hash_no_holder_holds_gives_its_row_back():
+    p = PackedHolders()
+    p.add_many(0, [f"h{i}" for i in range(300)], holder=1)
+    p.discard_many(0, [f"h{i}" for i in range(300)], holder=1)
+    assert len(p) == 0  # the sweep freed the rows
+    p.add_many(0, ["new"], holder=2)  # reuses a freed row, which starts empty
+    assert p.holders(0, "new") == 4 and len(p) == 1
+
+
+def test_set_rows_writes_whole_masks_and_clear_drops_one_holder():
+    p = PackedHolders()
+    p.set_rows(0, ["a", "b"], [0b101, 1 << 130])  # holder 130: three words
+    assert p.words == 3 and p.holders(0, "b") == 1 << 130
+    p.clear(0)
+    assert p.holders(0, "a") == 0b100 and len(p) == 2
+    p.clear()
+    assert len(p) == 0
+
+
+def test_from_residency_is_the_same_holders():
+    res = kvgeom.Residency()
+    res.add_hashes(0, ["a", "b"], 70)
+    res.add_hashes(2, ["b"], 1)
+    p = PackedHolders.from_residency(res)
+    assert [p.holders(g, h) for g in (0, 2) for h in "ab"] == [res.holders(g, h) for g in (0, 2) for h in "ab"]
+
+
+@pytest.mark.parametrize("holder", [-1, True, 1.0, "0"])
+def test_a_bad_holder_is_refused(holder):
+    with pytest.raises(kvgeom.QueryError) as e:
+        PackedHolders().add_many(0, ["a"], holder=holder)
+    assert e.value.code == "bad_holder" and e.value.field == "holder"
