@@ -315,7 +315,7 @@ def lookup_hit(
             found = _no_hit(c) if done == c else _hit(done, c, False)
     if probe.unsettled:
         # the tier answered HIT_PENDING or RETRY for a key the lookup asked: ask again, by vLLM's rules for them
-        unsettled = _lookup_unsettled(geom, order, probe, n, prompt, local, mlt, mnn)
+        unsettled = _lookup_unsettled(geom, order, probe, n, prompt, c, M, limit, mlt is not None)
         if unsettled is None:
             raise QueryError.single(
                 "lookup_not_ready",
@@ -508,10 +508,13 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
                 return c
             if verified and m < before and not og.eagle_group:
                 verified.clear()
-            # the pass's first group lowering to exactly its own run end needs no second look (vLLM 0.33
-            # asks no key again then); any other lowering sends every group round once more
-            changed = changed or (m < before and (og is not windowed[0] or m != found))
-            if skip_settled and m == found and not og.eagle_group:
+            # A group is at rest at m when its clamp leaves m as it is: under max_load_tokens the clamp rounds
+            # down to the group's chunk, so a candidate off that grid is clamped again on the next pass.
+            at_rest = not load_capped or m % og.tokens_per_chunk == 0
+            # the pass's first group lowering to exactly its own run end, at rest there, needs no second look
+            # (vLLM 0.33 asks no key again then); any other lowering sends every group round once more
+            changed = changed or (m < before and (og is not windowed[0] or m != found or not at_rest))
+            if skip_settled and m == found and at_rest and not og.eagle_group:
                 if settled is None:
                     settled = {}
                 settled[og.index] = m
@@ -521,22 +524,14 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
 
 
 def _lookup_unsettled(
-    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, local: int, mlt: int | None, mnn: int | None,
+    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, c: int, M: int, limit: int, load_capped: bool,
 ) -> Hit | None:
-    """:func:`lookup_hit` over a tier that answered HIT_PENDING or RETRY: the same steps as :func:`_lookup`,
-    asking :meth:`kvgeom.probes.Probe.state` key by key in vLLM 0.33's order; None where vLLM defers."""
-    c = local - local % order.L
-    M = n
-    if mnn is not None:
-        M = min(M, c + mnn)
-    if mlt is not None:
-        M = min(M, c + mlt)
-    limit = M
-    if order.windowed:
-        M = _align_to_mamba_chunk(max(M - 1, 0), order.Cm)
+    """:func:`lookup_hit` over a tier that answered HIT_PENDING or RETRY, from the same local prefix ``c``,
+    candidate ``M`` and cap ``limit``: the same steps, asking :meth:`kvgeom.probes.Probe.state` key by key in
+    vLLM 0.33's order; None where vLLM defers."""
     done: int | None = c
     if M - c >= order.first_chunk:
-        done = _complete_unsettled(geom, order, probe, n, c, M, mlt is not None)
+        done = _complete_unsettled(geom, order, probe, n, c, M, load_capped)
     if done is None:
         return None
     span = order.partial_tail_span

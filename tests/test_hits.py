@@ -6,6 +6,7 @@ The rows marked "(vLLM run)" restate results of running vLLM 0.33 itself on the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from _drafter_rows import DRAFT16, FA16, M16, roundtrip, spec
 
@@ -265,3 +266,23 @@ def test_a_chunked_local_scan_asks_its_fixed_window_even_off_its_chunk_grid():
 
     held = {i: np.array([[(j + 1) * 8 in ends for j in range(133 // 8)]]) for i, ends in stored.items()}
     assert lookup_hits(g, [133], stored=held).end_token.tolist() == [88]
+
+
+def test_a_load_capped_clamp_off_the_window_chunk_grid_is_clamped_again():
+    """Found by the batch-vs-scalar law after this session's merges: under ``max_load_tokens`` the clamp rounds
+    the candidate down to each group's chunk, then re-aligns it to the Mamba chunk (2 here), which can leave it
+    off the sliding window's chunk grid (3): 15 -> 14. The window group is then not at rest at 14 and must be
+    clamped again (-> 12) in the next pass. Two speed-ups (skipping a group settled at the candidate, and no
+    second pass after the first group's own run end) each skipped that pass and answered 14; the batch path and
+    kvgeom before them answer 12."""
+    from kvgeom.batch import lookup_hits
+
+    geom = kvgeom.resolve({
+        "groups": [{"kind": "sliding_window", "block_size": 3, "sliding_window": 1},
+                   {"kind": "full_attention", "block_size": 1}, {"kind": "mamba", "block_size": 2}],
+        "cache": {"max_model_len": 1}, "offload": {}})
+    stored = {0: [3, 6, 9, 12, 15], 1: list(range(1, 17)), 2: list(range(2, 17, 2))}
+    assert lookup_hit(geom, 17, stored=stored, max_load_tokens=17).end_token == 12
+    assert lookup_hit(geom, 17, stored=stored).end_token == 14  # no cap: no chunk-grid clamp
+    matrix = {g: np.isin(np.arange(1, 18), ends)[None, :] for g, ends in stored.items()}  # H = 1: column i is i + 1
+    assert lookup_hits(geom, [17], stored=matrix, max_load_tokens=17).end_token.tolist() == [12]

@@ -145,7 +145,9 @@ def test_hit_law_catches_55168_hit_asserted_on_the_attention_grid(monkeypatch):
     assert fails(check_hit_restores_exact_state)(row)
     cex = minimal(hit_cases(**TEETH_CASES), fails(check_hit_restores_exact_state))
     cfg, _sc = cex
-    assert len({g["block_size"] for g in cfg["groups"]}) > 1  # the hit ends off some group's block grid
+    # the hit ends off some group's span grid: spans differ (by block size, or by DCP on attention alone;
+    # which of the two the shrinker reaches depends on the examples it saw first)
+    assert len({g.span for g in kvgeom.resolve(cfg).groups}) > 1
     monkeypatch.undo()
     check_hit_restores_exact_state(row)
     check_hit_restores_exact_state(cex)
