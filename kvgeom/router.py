@@ -67,7 +67,7 @@ import numpy.typing as npt
 
 from kvgeom._check import bounded_ints, nonneg
 from kvgeom._format import show
-from kvgeom._math import cdiv
+from kvgeom._math import INT64_MAX, cdiv
 from kvgeom.batch._arrays import MAX_RESULT, check_total
 from kvgeom.errors import QueryError
 from kvgeom.holders import WORD_BITS, PackedHolders
@@ -685,6 +685,49 @@ def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
 
 # -- scoring ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class _Setup:
+    """What :func:`score_replicas` works out from the geometry alone, once per geometry (``_setup``)."""
+
+    plan: tuple[LookupGroup, ...]
+    groups: tuple[int, ...]  # every lookup group's group ids, in plan order
+    H: int
+    A: int
+    drop: bool  # a group takes the speculative drop: the batch prefix_hits twin scores it
+    bit_ok: bool  # every lookup group's family runs on the bit-parallel kernels
+    scored: bool  # some group is looked up and prefix caching is on (else every score is 0)
+    packed: bool  # the packed path applies (one full-attention lookup group, hits on block ends, no drop)
+
+
+_SETUPS: dict[int, tuple[Geometry, _Setup]] = {}
+
+
+def _setup(geom: Geometry) -> _Setup:
+    """The geometry's :class:`_Setup`, cached by identity (a geometry is immutable), as ``kvgeom.hits`` caches
+    its lookup order. A geometry ``refuse_unlookable`` refuses raises on every call and is never cached."""
+    cached = _SETUPS.get(id(geom))
+    if cached is not None and cached[0] is geom:
+        return cached[1]
+    plan = lookup_groups(geom)
+    refuse_unlookable(geom, plan)
+    A = geom.hit_alignment_tokens
+    drop = _drops(geom)
+    scored = bool(plan) and geom.config.cache.prefix_caching
+    setup = _Setup(
+        plan, tuple(g for lg in plan for g in lg.group_ids), geom.hash_block_size, A, drop,
+        all(lg.family in _BIT_FAMILIES for lg in plan), scored, scored and not drop and _packed_ok(plan, A),
+    )
+    if len(_SETUPS) >= 256:
+        _SETUPS.clear()
+    _SETUPS[id(geom)] = (geom, setup)
+    return setup
+
+
+def _is_chain(c: object) -> bool:
+    """A hash chain: a sequence that is not a string (lists and tuples pass without the ABC check)."""
+    return type(c) is list or type(c) is tuple or (isinstance(c, Sequence) and not isinstance(c, str | bytes))
+
+
+@dataclass(frozen=True, slots=True)
 class RouterScores:
     """Hit tokens per request, tier and replica: ``hit_tokens[q, t, r]`` (int64)."""
 
@@ -751,9 +794,7 @@ def score_replicas(
         isinstance(tiers, str) or not isinstance(tiers, Sequence) or not all(isinstance(t, str) for t in tiers)
     ):
         raise QueryError.single("bad_tiers", f"tiers is a list of tier names, got {show(tiers)}", "tiers")
-    if isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(
-        isinstance(c, Sequence) and not isinstance(c, str | bytes) for c in chains
-    ):
+    if isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(map(_is_chain, chains)):
         raise QueryError.single("bad_chains", "chains must be a list of hash chains (lists of block hashes)", "chains")
     seen_types: frozenset[type] = frozenset()
     reader: KVEventReader | None = None
@@ -782,27 +823,27 @@ def score_replicas(
             raise QueryError.single(
                 "length_mismatch", f"{len(counts)} num_tokens for {n_q} chains; give one per chain or a single int",
                 "num_tokens")
-    H = geom.hash_block_size
-    plan = lookup_groups(geom)
-    refuse_unlookable(geom, plan)
-    groups = [g for lg in plan for g in lg.group_ids]
-    A = geom.hit_alignment_tokens
-    everyone = (1 << R) - 1
-    drop = _drops(geom)
-    bit_ok = all(lg.family in _BIT_FAMILIES for lg in plan)
-    bit_path = bit_ok if matrix_path is None else not matrix_path
-    if bit_path and not bit_ok:
+    setup = _setup(geom)
+    plan, groups, H, A, drop = setup.plan, setup.groups, setup.H, setup.A, setup.drop
+    bit_path = setup.bit_ok if matrix_path is None else not matrix_path
+    if bit_path and not setup.bit_ok:
         raise QueryError.single(
             "bit_path_unsupported",
             f"the bit-parallel kernels handle full-attention and Mamba groups only; this geometry has "
             f"{sorted({lg.family for lg in plan} - _BIT_FAMILIES)} groups: leave matrix_path unset", "matrix_path")
     check_total("hit_tokens", n_q * len(names) * R)  # the result, refused before allocating
     out = np.zeros((n_q, len(names), R), dtype=np.int64)
-    scored = bool(plan) and geom.config.cache.prefix_caching and R > 0
+    scored = setup.scored and R > 0
+    everyone = (1 << R) - 1 if bit_path and scored and not drop else 0
     packed = {name: reader.packed(name) for name in names} \
-        if reader is not None and matrix_path is None and scored and not drop and _packed_ok(plan, A) else None
+        if reader is not None and matrix_path is None and scored and setup.packed else None
+    if packed is not None:
+        lg = plan[0]
+        S, ids = lg.span, lg.group_ids
+        s = S // H
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
-        n = nonneg(f"num_tokens[{q}]", n)
+        if type(n) is not int or not 0 <= n <= INT64_MAX:  # ints in range pass without a call
+            n = nonneg(f"num_tokens[{q}]", n)
         if len(chain) != n // H:
             raise QueryError.single(
                 "chain_length_mismatch",
@@ -817,22 +858,26 @@ def score_replicas(
                 "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
                 f"chains[{q}]", chain_type=type(chain[0]).__name__)
         if packed is not None:
-            lg = plan[0]
-            s = lg.span // H
-            blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // lg.span) * s : s]  # what may hit
+            blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]  # what may hit
             below: dict[int, Words] = {}
             for t, name in enumerate(names):
-                if not cumulative and not all(packed[name].has_group(g) for g in lg.group_ids):
-                    continue  # a tier with no entry of the group: every hit 0
+                p = packed[name]
+                if not cumulative:
+                    if len(ids) == 1:  # the common case: one group, one tier alone (rows stop at the first miss)
+                        if p.has_group(ids[0]):
+                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, A, R)
+                        continue
+                    if not all(p.has_group(g) for g in ids):
+                        continue  # a tier with no entry of the group: every hit 0
                 # one tier alone: its rows may stop at the first block nobody holds; a union of tiers reads all
-                rows = {g: _packed_chain(packed[name], g, chain, blocks, R, not cumulative) for g in lg.group_ids}
+                rows = {g: _packed_chain(p, g, chain, blocks, R, not cumulative) for g in ids}
                 if cumulative:
                     rows = below = {g: r | below[g] for g, r in rows.items()} if below else rows
-                joint = rows[lg.group_ids[0]]
-                for g in lg.group_ids[1:]:
+                joint = rows[ids[0]]
+                for g in ids[1:]:
                     k = min(len(joint), len(rows[g]))
                     joint = joint[:k] & rows[g][:k]
-                out[q, t] = _packed_full_hits(joint, lg.span, A, R)
+                out[q, t] = _packed_full_hits(joint, S, A, R)
             continue
         union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
@@ -843,7 +888,7 @@ def score_replicas(
                     if g in union:
                         masks[g] = [a | b for a, b in zip(masks[g], union[g], strict=True)]
                 union = masks
-            if not plan or not geom.config.cache.prefix_caching or R == 0:
+            if not scored:
                 continue
             if drop:
                 out[q, t] = _drop_hits(geom, n, {g: _unpack(m, R) for g, m in masks.items()})

@@ -264,3 +264,27 @@ def test_packed_rows_follow_removals_and_clears():
     assert score_replicas(geom, reader, [chain], n, num_replicas=2, tiers=["GPU"]).hit_tokens[0, 0].tolist() == \
         [16, 0]
     assert len(reader.packed()) == len(reader.residency())  # rows no replica holds were given back
+
+
+def test_per_geometry_setup_is_cached_by_identity_and_refusals_are_not():
+    # score_replicas works out the lookup groups once per geometry object (kvgeom.router._SETUPS, keyed by id with
+    # an `is` check): a stale entry left under a reused id must not answer for another geometry, and a geometry
+    # vLLM cannot look up is refused on every call, never cached as scoreable.
+    from kvgeom import router
+
+    fa = kvgeom.resolve({"groups": [FA16]})
+    hybrid = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)
+    res = kvgeom.Residency()
+    for h in ["a", "b", "c", "d"]:
+        res.add(0, h, holder=0)
+    res.add(1, "b", holder=0)
+    first = score_replicas(hybrid, res, [["a", "b", "c", "d"]], 65, num_replicas=1).hit_tokens.tolist()
+    router._SETUPS[id(hybrid)] = (fa, router._setup(fa))  # as if fa had died and hybrid reused its id
+    assert score_replicas(hybrid, res, [["a", "b", "c", "d"]], 65, num_replicas=1).hit_tokens.tolist() == first
+    assert first == [[[32]]]  # Mamba state at 32 (hash "b"); attention alone would give 64
+    assert score_replicas(fa, res, [["a", "b", "c", "d"]], 65, num_replicas=1).hit_tokens.tolist() == [[[64]]]
+    cross = kvgeom.resolve({"groups": [{"kind": "cross_attention", "block_size": 16}]})
+    for _ in range(2):
+        with pytest.raises(kvgeom.QueryError):
+            score_replicas(cross, kvgeom.Residency(), [[]], 0, num_replicas=1)
+    assert id(cross) not in router._SETUPS or router._SETUPS[id(cross)][0] is not cross
