@@ -285,8 +285,14 @@ def run_prefill_split(geom: Geometry, n: int, *, resident: Mapping[str, Any] | N
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
     ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {}})
+    >>> run_prefill_split(g, 300, resident={"0": [64, 128, 192, 224], "1": [224]}, budgets=[8, 100])
+    {'start': 224, 'chunk_ends': [232, 256, 288, 300]}
+
+    The same entries in the offload tier give no hit (vLLM's connector loads nothing, and kvgeom's
+    ``lookup_hit`` over them answers 0 as well), so the prefill starts at 0:
+
     >>> run_prefill_split(g, 300, stored={"0": [64, 128, 192, 224], "1": [224]}, budgets=[8, 100])
-    {'start': 224, 'chunk_ends': [232, 256, 300]}
+    {'start': 0, 'chunk_ends': [8, 64, 128, 192, 256, 288, 300]}
     """
     from kvgeom.prefix import resident_sets
 
