@@ -34,11 +34,14 @@ def test_every_registered_finding_is_reproduced_by_lmcache_itself(fid):
 
 
 def test_the_model_agrees_with_lmcache_on_generated_cases():
-    report = harness.run(examples=60, seed=3)
+    # seed 2: of seeds 0-7 at 60 examples (draws as of the issue-19 kinds filter), the one whose cases reach
+    # both span findings and the window findings; every seed gave no unregistered difference
+    report = harness.run(examples=60, seed=2)
     assert report.findings == [], report.render()
     assert report.cases_checked > 30
     assert "refuses" in report.registered
     assert {"replicated-attention-span", "pcp-sharded-span"} & set(report.registered)  # a span finding, by itself
+    assert {"window-grid", "window-staging-short", "window-staging-extra"} & set(report.registered)
 
 
 def test_conform_command_runs_lmcache():
