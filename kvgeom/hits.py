@@ -508,9 +508,9 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
                 return c
             if verified and m < before and not og.eagle_group:
                 verified.clear()
-            # A group is at rest at m when its clamp leaves m as it is: under max_load_tokens the clamp rounds
-            # down to the group's chunk, so a candidate off that grid is clamped again on the next pass.
-            at_rest = not load_capped or m % og.tokens_per_chunk == 0
+            # A group is at rest at m when its clamp (the one home of that rule) leaves m as it is: under
+            # max_load_tokens the clamp rounds down to the group's chunk, so a candidate off that grid moves.
+            at_rest = _clamp(og, m, keyed, load_capped, Cm) == m
             # the pass's first group lowering to exactly its own run end, at rest there, needs no second look
             # (vLLM 0.33 asks no key again then); any other lowering sends every group round once more
             changed = changed or (m < before and (og is not windowed[0] or m != found or not at_rest))
