@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Fast pass of mutation testing: decide mutmut's mutants in ONE pytest process (docs/mutation.md).
+
+mutmut 3.8.1 compiles every mutant of a function into the copy under ``mutants/`` behind a trampoline
+that reads ``MUTANT_UNDER_TEST`` on every call. mutmut's own runner forks a process per mutant and
+runs every test that reached the function; on 2 shared cores that is hours. This pass imports the
+mutated copy once and calls ``pytest.main`` per mutant with the environment variable switched, over a
+table of tests you name (the module's example tables and laws), with ``-x`` and a time limit.
+
+Verdicts (written to ``mutants/fast-results.json``, merged with earlier runs):
+
+* ``killed``: a named test failed with the mutant on (a real kill);
+* ``timeout``: the tests ran past the limit (mutmut also counts this as detected);
+* ``passed``: every named test passed; NOT a survivor yet, only undecided by these tests: examine it,
+  give it a row, run mutmut's full selection on it, or show it is equivalent;
+* ``error``: pytest could not run (collection error, internal error): look at it.
+
+Before any mutant the same tests run once with no mutant; if they fail, nothing is decided.
+
+    python scripts/mutation-fast.py --generate                    # (re)build mutants/ from pyproject's only_mutate
+    python scripts/mutation-fast.py 'kvgeom.hits.*' -t tests/test_hits.py -t tests/property/test_hit_laws.py
+    python scripts/mutation-fast.py 'kvgeom.hits.x_plan_hit*' -t tests/test_hits.py --again   # re-decide
+    python scripts/mutation-fast.py --summary 'kvgeom.hits.*'     # counts and the undecided names
+
+Run it from the project root with the project's venv, ``HYPOTHESIS_PROFILE=ci`` (derandomized: the same
+mutant gets the same verdict every run) and ``nice``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = ROOT / "mutants"
+RESULTS = MUTANTS / "fast-results.json"
+
+
+class _TimeUp(KeyboardInterrupt):
+    """Raised by the alarm: pytest stops the session on a KeyboardInterrupt and returns 'interrupted'."""
+
+
+def generate() -> None:
+    """Build ``mutants/`` the way ``mutmut run`` does before it runs anything."""
+    os.chdir(ROOT)
+    from mutmut import __main__ as mm
+    from mutmut.mutation.trampoline import set_mutant_under_test
+
+    set_mutant_under_test("mutant_generation")
+    MUTANTS.mkdir(exist_ok=True)
+    mm.copy_src_dir()
+    mm.copy_also_copy_files()
+    mm.setup_source_paths()
+    stats = mm.create_mutants(1)
+    print(f"generated: {stats.mutated} files mutated, {stats.ignored} copied, {stats.unmodified} unchanged")
+
+
+def all_mutants() -> list[str]:
+    """Every mutant name mutmut generated (from the ``.meta`` files next to the mutated copies)."""
+    names: list[str] = []
+    for meta in sorted(MUTANTS.rglob("*.py.meta")):
+        names.extend(json.loads(meta.read_text())["exit_code_by_key"])
+    return names
+
+
+def load_results() -> dict[str, dict[str, object]]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def save_results(results: dict[str, dict[str, object]]) -> None:
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
+    tmp.replace(RESULTS)
+
+
+def select(patterns: list[str]) -> list[str]:
+    names = all_mutants()
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def summary(patterns: list[str]) -> int:
+    results = load_results()
+    names = select(patterns)
+    if not names:
+        print(f"no mutant matches {patterns}", file=sys.stderr)
+        return 2
+    by_module: dict[str, Counter[str]] = {}
+    left: dict[str, list[str]] = {}
+    for n in names:
+        module = n.split(".x_")[0]
+        verdict = str(results.get(n, {}).get("verdict", "not run"))
+        by_module.setdefault(module, Counter())[verdict] += 1
+        if verdict not in ("killed", "timeout"):
+            left.setdefault(verdict, []).append(n)
+    for module, c in by_module.items():
+        detected = c["killed"] + c["timeout"]
+        run = sum(v for k, v in c.items() if k != "not run")
+        print(f"{module}: {sum(c.values())} mutants, run {run}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+              + f"; detected {detected}")
+    for verdict, ns in sorted(left.items()):
+        print(f"\n{verdict} ({len(ns)}):")
+        for n in ns:
+            print("  " + n)
+    return 0
+
+
+def _reset_caches() -> None:
+    """Drop what a mutant may have memoised (functools caches, the router's per-geometry setups), so one
+    mutant's wrong value is never read by the next mutant's tests (a false kill) or the clean run."""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("kvgeom") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+        setups = vars(module).get("_SETUPS")
+        if isinstance(setups, dict):
+            setups.clear()
+
+
+def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra: list[str]) -> int:
+    import pytest
+
+    names = select(patterns)
+    if not names:
+        print(f"no mutant matches {patterns}: run --generate first, or check the module is in only_mutate",
+              file=sys.stderr)
+        return 2
+    results = load_results()
+    todo = [n for n in names if again or results.get(n, {}).get("verdict") not in ("killed", "timeout", "passed")]
+    os.chdir(MUTANTS)
+    sys.path.insert(0, str(MUTANTS))
+    args = ["-q", "-x", "--no-header", "-p", "no:cacheprovider", "-p", "no:randomly", "--tb=no", "-o",
+            "addopts=", *extra, *tests]
+    timed_out = False
+
+    def alarm(signum: int, frame: object) -> None:
+        nonlocal timed_out
+        timed_out = True
+        raise _TimeUp()
+
+    signal.signal(signal.SIGALRM, alarm)
+
+    def one(name: str) -> tuple[str, int, float]:
+        nonlocal timed_out
+        _reset_caches()
+        os.environ["MUTANT_UNDER_TEST"] = name
+        timed_out = False
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            with open(os.devnull, "w") as devnull:
+                old_out, old_err = sys.stdout, sys.stderr
+                sys.stdout = sys.stderr = devnull
+                try:
+                    code = int(pytest.main(args))
+                finally:
+                    sys.stdout, sys.stderr = old_out, old_err
+        except _TimeUp:
+            code = 2
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        elapsed = time.monotonic() - t0
+        if timed_out:
+            return "timeout", code, elapsed
+        if code == 1:
+            return "killed", code, elapsed
+        if code == 0:
+            return "passed", code, elapsed
+        return "error", code, elapsed
+
+    verdict, code, elapsed = one("")
+    if verdict != "passed":
+        print(f"the clean run of {tests} did not pass ({verdict}, pytest exit {code}): no mutant can be decided",
+              file=sys.stderr)
+        return 1
+    print(f"clean run passed in {elapsed:.1f} s; {len(todo)} of {len(names)} mutants to run, limit {limit:g} s")
+    start = time.monotonic()
+    counts: Counter[str] = Counter()
+    for i, name in enumerate(todo, 1):
+        verdict, code, elapsed = one(name)
+        counts[verdict] += 1
+        results[name] = {"verdict": verdict, "exit": code, "seconds": round(elapsed, 2), "tests": tests,
+                         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if i % 20 == 0 or i == len(todo):
+            save_results(results)
+            print(f"{i}/{len(todo)} in {time.monotonic() - start:.0f} s: " + ", ".join(
+                f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
+    save_results(results)
+    verdict, code, elapsed = one("")
+    if verdict != "passed":
+        print(f"WARNING: the clean run failed AFTER the mutants ({verdict}, pytest exit {code}): some state outlived"
+              " a mutant, so this run's kills may be false; re-run these mutants in smaller batches", file=sys.stderr)
+        return 1
+    print(f"clean run after the mutants passed again ({elapsed:.1f} s)")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("patterns", nargs="*", help="mutant name globs, e.g. 'kvgeom.hits.*'")
+    p.add_argument("-t", "--test", action="append", default=[], help="a test file or node id to run (repeat)")
+    p.add_argument("--limit", type=float, default=20.0, help="seconds per mutant before it counts as a timeout")
+    p.add_argument("--again", action="store_true", help="re-run mutants that already have a verdict")
+    p.add_argument("--generate", action="store_true", help="build mutants/ from pyproject's [tool.mutmut]")
+    p.add_argument("--summary", action="store_true", help="print counts and the undecided names, run nothing")
+    p.add_argument("--pytest-arg", action="append", default=[], help="one more pytest argument (repeat)")
+    a = p.parse_args()
+    if a.generate:
+        generate()
+        if not a.patterns:
+            return 0
+    if a.summary:
+        return summary(a.patterns or ["*"])
+    if not a.patterns or not a.test:
+        p.error("give mutant name globs and at least one -t TEST")
+    return run(a.patterns, a.test, a.limit, a.again, a.pytest_arg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
