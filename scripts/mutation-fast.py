@@ -32,6 +32,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -94,7 +95,7 @@ def summary(patterns: list[str]) -> int:
     by_module: dict[str, Counter[str]] = {}
     left: dict[str, list[str]] = {}
     for n in names:
-        module = n.split(".x_")[0]
+        module = re.split(r"\.x(?:_|\u01c1)", n)[0]  # functions are x_name, methods x\u01c1Class\u01c1name
         verdict = str(results.get(n, {}).get("verdict", "not run"))
         by_module.setdefault(module, Counter())[verdict] += 1
         if verdict not in ("killed", "timeout"):
