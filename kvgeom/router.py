@@ -789,31 +789,37 @@ def score_replicas(
     """
     from kvgeom.events import KVEventReader
 
-    R = _replica_count(num_replicas)
-    if tiers is not None and (
+    R = num_replicas if type(num_replicas) is int and 0 <= num_replicas <= MAX_REPLICAS else \
+        _replica_count(num_replicas)
+    if tiers is not None and not (type(tiers) in (list, tuple) and all(type(t) is str for t in tiers)) and (
         isinstance(tiers, str) or not isinstance(tiers, Sequence) or not all(isinstance(t, str) for t in tiers)
     ):
         raise QueryError.single("bad_tiers", f"tiers is a list of tier names, got {show(tiers)}", "tiers")
-    if isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(map(_is_chain, chains)):
+    if not (type(chains) in (list, tuple) and all(map(_is_chain, chains))) and (
+            isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(map(_is_chain, chains))):
         raise QueryError.single("bad_chains", "chains must be a list of hash chains (lists of block hashes)", "chains")
     seen_types: frozenset[type] = frozenset()
     reader: KVEventReader | None = None
+    tier_names: tuple[str, ...]
+    by_tier: Mapping[str, Residency] | None = None  # a reader's residencies are read only by the paths that need them
     if isinstance(residency, KVEventReader):
         reader = residency
-        by_tier = residency.residencies()
+        tier_names = residency.media
         seen_types = residency.hash_types
     elif isinstance(residency, Residency):
         by_tier = {"GPU": residency}
+        tier_names = ("GPU",)
     elif isinstance(residency, Mapping):
         by_tier = {str(k).upper(): v for k, v in residency.items()}
+        tier_names = tuple(by_tier)
     else:
         raise QueryError.single(
             "bad_residency", f"residency must be a Residency, a mapping of tier -> Residency or a KVEventReader, got "
             f"{type(residency).__name__}", "residency")
-    names = tuple(t.upper() for t in tiers) if tiers is not None else tuple(by_tier)
-    unknown = [t for t in names if t not in by_tier]
+    names = tuple(t.upper() for t in tiers) if tiers is not None else tier_names
+    unknown = [t for t in names if t not in tier_names]
     if unknown:
-        raise QueryError.single("unknown_tier", f"tiers {unknown} are not among {list(by_tier)}", "tiers")
+        raise QueryError.single("unknown_tier", f"tiers {unknown} are not among {list(tier_names)}", "tiers")
     n_q = len(chains)
     if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
         counts = [num_tokens] * n_q
@@ -879,6 +885,9 @@ def score_replicas(
                     joint = joint[:k] & rows[g][:k]
                 out[q, t] = _packed_full_hits(joint, S, A, R)
             continue
+        if by_tier is None:
+            assert reader is not None
+            by_tier = reader.residencies()
         union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
             res = by_tier[name]
