@@ -317,13 +317,22 @@ class PackedHolders:
                 g.maybe_empty.extend(held.tolist())
                 g.sweep()
 
-    def rows(self, group: int, block_hashes: Sequence[Hashable]) -> Words:
+    def rows(self, group: int, block_hashes: Sequence[Hashable], *, sentinel: bool = False) -> Words:
         """The packed holder rows of a chain, in order: shape ``(len(block_hashes), words)``, zero for a
-        hash no holder holds. A new array (a gather), safe to modify."""
+        hash no holder holds. A new array (a gather), safe to modify. With ``sentinel`` one zero row more
+        follows (a run of held rows always ends inside the array: what a leading-run kernel reads).
+
+        >>> p = PackedHolders(); p.add_many(0, [b"a"], holder=2)
+        >>> p.rows(0, [b"a", b"b"], sentinel=True).tolist()
+        [[4], [0], [0]]
+        """
         g = self._groups.get(group)
         if g is None:
-            return np.zeros((len(block_hashes), self._words), dtype=_WORD)
-        out: Words = g.bits.take(_index(list(map(g.ids.get, block_hashes, repeat(0)))), axis=0)
+            return np.zeros((len(block_hashes) + sentinel, self._words), dtype=_WORD)
+        ids = list(map(g.ids.get, block_hashes, repeat(0)))
+        if sentinel:
+            ids.append(0)  # row 0: the empty row of unknown hashes
+        out: Words = g.bits.take(_index(ids), axis=0)
         return out
 
     def leading_rows(self, group: int, block_hashes: Sequence[Hashable]) -> Words:

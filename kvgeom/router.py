@@ -599,10 +599,10 @@ def _packed_ok(plan: Sequence[LookupGroup], A: int) -> bool:
 
 
 def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], blocks: Sequence[Hashable],
-                  R: int, leading: bool) -> Words:
-    """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``), after checking the whole chain
-    against ``R`` as :func:`_chain_masks` does (only when some holder at or past R was ever added). With
-    ``leading`` the rows stop before the first block no holder holds (no leading run passes it)."""
+                  R: int) -> Words:
+    """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``) and one zero row after them (the
+    sentinel :func:`_packed_full_hits` reads), after checking the whole chain against ``R`` as
+    :func:`_chain_masks` does (only when some holder at or past R was ever added)."""
     try:
         if packed.top_holder >= R:
             rows = packed.rows(group, chain)
@@ -614,7 +614,7 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
                         "replica_out_of_range",
                         f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > "
                         f"{top}", "num_replicas", num_replicas=R, replica=top)
-        rows = packed.leading_rows(group, blocks) if leading else packed.rows(group, blocks)
+        rows = packed.rows(group, blocks, sentinel=True)
     except TypeError as e:  # an unhashable hash (a list from a careless decoder)
         raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
     need = max(-(-R // WORD_BITS), 1)  # every tier's rows one width: no bits at or past R remain
@@ -661,22 +661,22 @@ def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
 
 def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
     """Per replica, the full-attention hit from the packed rows of the blocks the candidate allows (block j
-    is row j): the run of held blocks from block 0, in tokens on the A grid.
+    is row j) followed by one zero row (:func:`_packed_chain`'s sentinel): the run of held blocks from block
+    0, in tokens on the A grid.
 
     The replicas alive after each block are a running AND down the rows; the alive sets are nested, so a
-    replica's run is the number of distinct alive sets it belongs to, read off only the rows where the set
-    changes. O(blocks) numpy work on whole rows, O(changes x replicas) bits unpacked."""
-    cap = rows.shape[0]
-    if cap == 0 or R == 0:
+    replica's run is the number of distinct non-empty alive sets it belongs to, read off only the rows where
+    the set changes (the sentinel makes the last non-empty set change too). O(blocks) numpy work on whole
+    rows, O(changes x replicas) bits unpacked."""
+    if rows.shape[0] <= 1 or R == 0:
         return np.zeros(R, dtype=np.int64)
     alive = np.bitwise_and.accumulate(rows, axis=0)
-    changes = np.flatnonzero(_rows_differ(alive))
-    ends = np.empty(changes.size + 1, dtype=np.intp)  # the last row of each run of equal alive sets
-    ends[:-1] = changes
-    ends[-1] = cap - 1
+    ends = np.flatnonzero(_rows_differ(alive))  # the last row of each run of equal non-empty alive sets
+    if not ends.size:
+        return np.zeros(R, dtype=np.int64)
     survived = _column_counts(alive[ends])[:R]
     hits: IntVector = np.zeros(ends.size + 1, dtype=np.int64)
-    hits[1:] = (ends + 1) * S
+    np.multiply(ends + 1, S, out=hits[1:])
     if S % A:
         hits -= hits % A
     out: IntVector = hits[survived]
@@ -869,20 +869,18 @@ def score_replicas(
             for t, name in enumerate(names):
                 p = packed[name]
                 if not cumulative:
-                    if len(ids) == 1:  # the common case: one group, one tier alone (rows stop at the first miss)
+                    if len(ids) == 1:  # the common case: one group, one tier alone
                         if p.has_group(ids[0]):
-                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, A, R)
+                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R), S, A, R)
                         continue
                     if not all(p.has_group(g) for g in ids):
                         continue  # a tier with no entry of the group: every hit 0
-                # one tier alone: its rows may stop at the first block nobody holds; a union of tiers reads all
-                rows = {g: _packed_chain(p, g, chain, blocks, R, not cumulative) for g in ids}
+                rows = {g: _packed_chain(p, g, chain, blocks, R) for g in ids}  # one length: blocks + sentinel
                 if cumulative:
                     rows = below = {g: r | below[g] for g, r in rows.items()} if below else rows
                 joint = rows[ids[0]]
                 for g in ids[1:]:
-                    k = min(len(joint), len(rows[g]))
-                    joint = joint[:k] & rows[g][:k]
+                    joint = joint & rows[g]
                 out[q, t] = _packed_full_hits(joint, S, A, R)
             continue
         if by_tier is None:
