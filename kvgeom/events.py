@@ -388,8 +388,13 @@ class KVEventReader:
     def apply(self, event: Any, replica: int = 0) -> None:
         """Check one event (a vLLM event object or its decoded dict) against the geometry, then apply
         it to ``replica``'s residency. Raises :class:`KVEventError` (nothing applied) on a bad event."""
-        r = self._replica(replica)
-        self._run(self._check(event, ""), r)
+        r = replica if type(replica) is int and replica >= 0 else self._replica(replica)
+        op = self._check(event, "")
+        if self._live:
+            self._run(op, r)
+        else:  # the one-index path, called directly (a reader's hottest loop)
+            self._events += 1
+            self._run_packed(op, r)
 
     def apply_batch(self, batch: Any, replica: int = 0) -> int:
         """Apply an event batch from ``replica``: a vLLM ``KVEventBatch``, its decoded form

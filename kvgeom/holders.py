@@ -191,14 +191,14 @@ class PackedHolders:
         >>> p.add_hashes(0, [b"a", b"b", b"b"], holder=70), p.holders(0, b"b") == 1 << 70
         ([b'a', b'b'], True)
         """
-        bit = _holder(holder)
+        bit = holder if type(holder) is int and holder >= 0 else _holder(holder)
         if not block_hashes:
             return []
         if bit > self._top:
             self._top = bit
             if bit >= WORD_BITS * self._words:
                 self._widen(bit)
-        g = self._group(group)
+        g = self._groups.get(group) or self._group(group)
         rows = g.row_ids(block_hashes)
         col = g.bits[:, bit // WORD_BITS]
         one = np.uint64(1 << bit % WORD_BITS)

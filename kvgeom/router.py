@@ -627,19 +627,6 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
     return rows
 
 
-def _column_counts(rows: Words) -> npt.NDArray[np.unsignedinteger[Any]]:
-    """Per holder bit, how many of ``rows`` hold it. The unpacked bits are summed eight columns at a time,
-    one byte counter each inside a uint64 (no carry can cross a byte while at most 255 rows are added)."""
-    bits = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")  # (rows, 64 * words) of 0/1
-    if rows.shape[0] <= 255:
-        counts: npt.NDArray[np.unsignedinteger[Any]] = bits.view(np.uint64).sum(axis=0).view(np.uint8)
-        return counts
-    total = np.zeros(bits.shape[1], dtype=np.uint16)
-    for i in range(0, rows.shape[0], 255):
-        total += bits[i : i + 255].view(np.uint64).sum(axis=0).view(np.uint8)
-    return total
-
-
 def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
     """Whether each row differs from the next: the words' inequalities folded with an OR over a uint64 view of
     the bool rows (numpy's ``any(axis=1)`` over a short row costs several times more)."""
@@ -667,19 +654,25 @@ def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
     The replicas alive after each block are a running AND down the rows; the alive sets are nested, so a
     replica's run is the number of distinct non-empty alive sets it belongs to, read off only the rows where
     the set changes (the sentinel makes the last non-empty set change too). O(blocks) numpy work on whole
-    rows, O(changes x replicas) bits unpacked."""
+    rows, O(changes x replicas) bits unpacked, in a fixed number of numpy calls whatever the sizes (each call
+    costs more than its arithmetic here, the more so when the caches are cold between queries)."""
     if rows.shape[0] <= 1 or R == 0:
         return np.zeros(R, dtype=np.int64)
     alive = np.bitwise_and.accumulate(rows, axis=0)
-    ends = np.flatnonzero(_rows_differ(alive))  # the last row of each run of equal non-empty alive sets
-    if not ends.size:
+    ends = _rows_differ(alive).nonzero()[0]  # the last row of each run of equal non-empty alive sets
+    k = ends.size
+    if not k:
         return np.zeros(R, dtype=np.int64)
-    survived = _column_counts(alive[ends])[:R]
-    hits: IntVector = np.zeros(ends.size + 1, dtype=np.int64)
+    bits = np.unpackbits(alive[ends].view(np.uint8), axis=1, bitorder="little")  # (k, 64 * w) of 0/1
+    if k <= 255:  # eight byte counters per uint64 lane, no carry between them
+        survived: npt.NDArray[np.unsignedinteger[Any]] = np.add.reduce(bits.view(np.uint64), axis=0).view(np.uint8)
+    else:
+        survived = np.add.reduce(bits, axis=0, dtype=np.uint16)
+    hits: IntVector = np.zeros(k + 1, dtype=np.int64)
     np.multiply(ends + 1, S, out=hits[1:])
     if S % A:
         hits -= hits % A
-    out: IntVector = hits[survived]
+    out: IntVector = hits[survived[:R]]
     return out
 
 
