@@ -7,7 +7,8 @@ vLLM publishes what its caches hold as a stream of KV events (vLLM 0.33
 batched as ``[ts, events, data_parallel_rank]``. KV-aware routers index these events to score
 replicas. :class:`KVEventReader` reads them, as the vLLM objects themselves or as the dicts a
 msgpack / JSON decoder gives (``{"type": "BlockStored", ...}``), into one
-:class:`kvgeom.Residency` per medium with one holder bit per replica, and checks every event
+:class:`kvgeom.Residency` per medium with one holder bit per replica (kept as packed holder rows,
+:class:`kvgeom.holders.PackedHolders`, until a residency is first asked for), and checks every event
 against the geometry first, so a wrong block size or group index is an error, never a silent
 misread (routers that fell back to the wrong block size: Dynamo #9376).
 
@@ -189,6 +190,7 @@ class KVEventReader:
         "_geom",
         "_hash_types",
         "_kinds",
+        "_live",
         "_media",
         "_names",
         "_packed",
@@ -225,8 +227,13 @@ class KVEventReader:
             raise KVEventError(problems)
         self._cleared: tuple[str, ...] = tuple(dict.fromkeys(cleared))
         self._count = bool(count_duplicates)
-        self._res: dict[str, Residency] = {m: Residency() for m in self._media}
-        self._packed: dict[str, PackedHolders] = {}
+        # One index while nobody asks for a Residency: the packed rows are the truth (one dict read per hash and
+        # a few numpy calls per event). The first residency() / residencies() call builds the residencies from
+        # them (O(entries held), once) and from then on both are kept current ("live"), the rows from the
+        # residency through the notes below, as packed() describes.
+        self._live = False
+        self._res: dict[str, Residency] = {}
+        self._packed: dict[str, PackedHolders] = {m: PackedHolders() for m in self._media}
         self._synced: dict[str, int] = {}
         # per medium, the events since the last packed(): (group, hashes, replica) of a store, whose bit is set
         # in those rows, or (group, hashes, -1) of a removal, whose rows are rewritten from the residency
@@ -267,26 +274,51 @@ class KVEventReader:
         return self._events
 
     def residency(self, medium: str = "GPU") -> Residency:
-        """The live :class:`~kvgeom.Residency` of ``medium`` (holder bit r = replica r). Not a copy."""
+        """The live :class:`~kvgeom.Residency` of ``medium`` (holder bit r = replica r). Not a copy.
+
+        Until the first call (of this or :meth:`residencies`) the reader keeps one index, the packed rows of
+        :meth:`packed`; that call builds every medium's residency from them (O(entries held), once), and
+        from then on every event updates both."""
         key = medium.upper() if isinstance(medium, str) else medium
-        if key not in self._res:
+        if key not in self._packed:
             raise KVEventError.single(
                 "unknown_medium", f"medium {medium!r} is not one of the reader's media {list(self._media)}",
                 "medium", medium=medium)
+        if not self._live:
+            self._go_live()
         return self._res[key]
 
     def residencies(self) -> dict[str, Residency]:
-        """Every medium's live residency, in the order of ``media``."""
+        """Every medium's live residency, in the order of ``media`` (built on the first call, as
+        :meth:`residency` says)."""
+        if not self._live:
+            self._go_live()
         return dict(self._res)
+
+    def _go_live(self) -> None:
+        """Build every medium's residency from its packed rows; from now on both are kept current."""
+        for m in self._media:
+            res = Residency()
+            p = self._packed[m]
+            for group in p.groups():
+                hashes, masks = p.held_masks(group)
+                if hashes:
+                    res.add_masks(group, hashes, masks)
+            self._res[m] = res
+            self._synced[m] = res.version
+            self._dirty[m] = []
+        self._live = True
 
     def packed(self, medium: str = "GPU") -> PackedHolders:
         """``medium``'s residency as :class:`~kvgeom.holders.PackedHolders` (packed uint64 holder rows), the
-        form :func:`kvgeom.router.score_replicas` scores attention from. Built from the residency on the first
-        call (O(entries held)), then kept current: each event the reader applies notes its hashes (O(1) per
-        event); the next call sets the bits of every noted store in one batch (one numpy pass, however many
-        events) and rewrites the rows a removal named from the residency, once per distinct hash (also when
-        the notes reach four times the size of the index, so they never outgrow it); rebuilt if the
-        residency was changed behind the reader's back. Not a copy.
+        form :func:`kvgeom.router.score_replicas` scores attention from. Until a residency is asked for
+        (:meth:`residency`), these rows are the reader's only index: every event updates them directly (one
+        dict read per hash and a fixed number of numpy calls per event). Afterwards they are kept current from
+        the residency: each event the reader applies notes its hashes (O(1) per event); the next call sets the
+        bits of every noted store in one batch (one numpy pass, however many events) and rewrites the rows a
+        removal named from the residency, once per distinct hash (also when the notes reach four times the
+        size of the index, so they never outgrow it); rebuilt if the residency was changed behind the
+        reader's back. Not a copy.
 
         >>> import kvgeom
         >>> reader = KVEventReader(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
@@ -294,10 +326,16 @@ class KVEventReader:
         >>> reader.packed().rows(0, [8, 9]).tolist()
         [[2], [0]]
         """
-        res = self.residency(medium)
-        key = medium.upper()
+        key = medium.upper() if isinstance(medium, str) else medium
         p = self._packed.get(key)
-        if p is None or self._synced[key] != res.version:
+        if p is None:
+            raise KVEventError.single(
+                "unknown_medium", f"medium {medium!r} is not one of the reader's media {list(self._media)}",
+                "medium", medium=medium)
+        if not self._live:
+            return p
+        res = self._res[key]
+        if self._synced[key] != res.version:
             p = self._packed[key] = PackedHolders.from_residency(res)
             self._synced[key] = res.version
             self._dirty[key] = []
@@ -350,8 +388,13 @@ class KVEventReader:
     def apply(self, event: Any, replica: int = 0) -> None:
         """Check one event (a vLLM event object or its decoded dict) against the geometry, then apply
         it to ``replica``'s residency. Raises :class:`KVEventError` (nothing applied) on a bad event."""
-        r = self._replica(replica)
-        self._run(self._check(event, ""), r)
+        r = replica if type(replica) is int and replica >= 0 else self._replica(replica)
+        op = self._check(event, "")
+        if self._live:
+            self._run(op, r)
+        else:  # the one-index path, called directly (a reader's hottest loop)
+            self._events += 1
+            self._run_packed(op, r)
 
     def apply_batch(self, batch: Any, replica: int = 0) -> int:
         """Apply an event batch from ``replica``: a vLLM ``KVEventBatch``, its decoded form
@@ -455,7 +498,7 @@ class KVEventReader:
     def _medium(self, value: Any, where: str, problems: list[Problem]) -> str | None:
         if value is None:
             value = "GPU"
-        if not isinstance(value, str) or value.upper() not in self._res:
+        if not isinstance(value, str) or value.upper() not in self._packed:
             problems.append(Problem(
                 "unknown_medium", f"medium {value!r} is not one of {list(self._media)}; pass media=(...) to the "
                 "reader to accept it (None means the GPU prefix cache)", f"{where}medium", {"medium": value}))
@@ -575,6 +618,9 @@ class KVEventReader:
     def _run(self, op: _Op, replica: int) -> None:
         self._events += 1
         packed = self._packed
+        if not self._live:
+            self._run_packed(op, replica)
+            return
         if op[0] == "cleared":
             for m in self._cleared:
                 self._res[m].clear(replica)
@@ -593,7 +639,7 @@ class KVEventReader:
         self._hash_types.add(type(hashes[0]))
         res = self._res[medium]
         extra = self._extra
-        twin = packed.get(medium)
+        twin = packed[medium]
         if op[0] == "stored":  # one call for the event's blocks; a hash held already is a duplicate
             already = res.add_hashes(group, hashes, replica)
             if already and self._count:
@@ -624,6 +670,43 @@ class KVEventReader:
                 for m in self._packed:
                     if self._dirty[m]:
                         self._refresh(m)
+
+
+    def _run_packed(self, op: _Op, replica: int) -> None:
+        """:meth:`_run` while the packed rows are the only index (no residency asked for yet)."""
+        if op[0] == "cleared":
+            for m in self._cleared:
+                self._packed[m].clear(replica)
+            if self._extra:
+                for key in [k for k in self._extra if k[3] == replica and k[0] in self._cleared]:
+                    del self._extra[key]
+            return
+        _, medium, group, hashes = op
+        if not hashes:
+            return
+        self._hash_types.add(type(hashes[0]))
+        p = self._packed[medium]
+        extra = self._extra
+        if op[0] == "stored":  # one call for the event's blocks; a hash held already is a duplicate
+            already = p.add_hashes(group, hashes, replica)
+            if already and self._count:
+                for h in already:
+                    key = (medium, group, h, replica)
+                    extra[key] = extra.get(key, 0) + 1
+            return
+        gone = hashes
+        if extra:  # duplicates announced earlier: count down first
+            gone = []
+            for h in hashes:
+                key = (medium, group, h, replica)
+                n = extra.get(key)
+                if n is None:
+                    gone.append(h)
+                elif n == 1:
+                    del extra[key]
+                else:
+                    extra[key] = n - 1
+        p.discard_many(group, gone, replica)
 
 
 class _Missing:

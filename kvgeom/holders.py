@@ -6,8 +6,10 @@ costs a big-integer operation per hash. :class:`PackedHolders` keeps the same bi
 one row per hash (holder r is bit ``r % 64`` of word ``r // 64``, little-endian), so a chain's rows come
 out with one dict read per hash and one numpy gather, and a leading-run rule runs as a few numpy passes
 over all replicas at once (:func:`kvgeom.router.score_replicas` reads it through
-:meth:`kvgeom.events.KVEventReader.packed`). It is the read-optimised twin of a ``Residency``, never a
-replacement: it holds no counts and no id table for batch lookups.
+:meth:`kvgeom.events.KVEventReader.packed`). It is the read-optimised twin of a ``Residency``: it holds no
+counts and no id table for batch lookups. A reader keeps it as its only index until someone asks for a
+``Residency`` (:meth:`add_hashes` reports duplicates as ``Residency.add_hashes`` does; :meth:`held_masks`
+hands the entries over to ``Residency.add_masks``).
 
 Invariants (``tests/property/test_router_laws.py::test_packed_holders_match_the_residency``):
 
@@ -179,6 +181,47 @@ class PackedHolders:
         else:  # through _index: a list index would be converted element by element, several times slower
             col[_index(rows)] |= np.uint64(1 << bit % WORD_BITS)
 
+    def add_hashes(self, group: int, block_hashes: Sequence[Hashable], holder: int = 0) -> list[Hashable]:
+        """:meth:`add_many`, returning the hashes ``holder`` already held, in order (a hash named twice counts as
+        held the second time): the contract of :meth:`Residency.add_hashes <kvgeom.Residency.add_hashes>`, so a
+        reader that counts duplicate announcements can keep these rows as its only index. One dict read per
+        hash and a fixed number of numpy calls per event.
+
+        >>> p = PackedHolders(); p.add_many(0, [b"a"], holder=70)
+        >>> p.add_hashes(0, [b"a", b"b", b"b"], holder=70), p.holders(0, b"b") == 1 << 70
+        ([b'a', b'b'], True)
+        """
+        bit = holder if type(holder) is int and holder >= 0 else _holder(holder)
+        if not block_hashes:
+            return []
+        if bit > self._top:
+            self._top = bit
+            if bit >= WORD_BITS * self._words:
+                self._widen(bit)
+        g = self._groups.get(group) or self._group(group)
+        rows = g.row_ids(block_hashes)
+        col = g.bits[:, bit // WORD_BITS]
+        one = np.uint64(1 << bit % WORD_BITS)
+        if len(rows) == 1:
+            old = col[rows[0]]
+            if old & one:
+                return [block_hashes[0]]
+            col[rows[0]] = old | one
+            return []
+        idx = _index(rows)
+        old = col[idx]
+        held = old & one
+        col[idx] = old | one
+        if not held.any() and len(set(rows)) == len(rows):  # the common event: every hash new to the holder
+            return []
+        seen: set[int] = set()
+        already = []
+        for h, r, was in zip(block_hashes, rows, held.tolist(), strict=True):
+            if was or r in seen:
+                already.append(h)
+            seen.add(r)
+        return already
+
     def add_events(self, events: Sequence[tuple[int, Sequence[Hashable], int]]) -> None:
         """:meth:`add_many` for many ``(group, block_hashes, holder)`` events in one batch: one dict read per
         hash and a fixed number of numpy calls per group, however many events (how a reader applies the
@@ -274,13 +317,22 @@ class PackedHolders:
                 g.maybe_empty.extend(held.tolist())
                 g.sweep()
 
-    def rows(self, group: int, block_hashes: Sequence[Hashable]) -> Words:
+    def rows(self, group: int, block_hashes: Sequence[Hashable], *, sentinel: bool = False) -> Words:
         """The packed holder rows of a chain, in order: shape ``(len(block_hashes), words)``, zero for a
-        hash no holder holds. A new array (a gather), safe to modify."""
+        hash no holder holds. A new array (a gather), safe to modify. With ``sentinel`` one zero row more
+        follows (a run of held rows always ends inside the array: what a leading-run kernel reads).
+
+        >>> p = PackedHolders(); p.add_many(0, [b"a"], holder=2)
+        >>> p.rows(0, [b"a", b"b"], sentinel=True).tolist()
+        [[4], [0], [0]]
+        """
         g = self._groups.get(group)
         if g is None:
-            return np.zeros((len(block_hashes), self._words), dtype=_WORD)
-        out: Words = g.bits.take(_index(list(map(g.ids.get, block_hashes, repeat(0)))), axis=0)
+            return np.zeros((len(block_hashes) + sentinel, self._words), dtype=_WORD)
+        ids = list(map(g.ids.get, block_hashes, repeat(0)))
+        if sentinel:
+            ids.append(0)  # row 0: the empty row of unknown hashes
+        out: Words = g.bits.take(_index(ids), axis=0)
         return out
 
     def leading_rows(self, group: int, block_hashes: Sequence[Hashable]) -> Words:
@@ -311,6 +363,30 @@ class PackedHolders:
         for g in self._groups.values():
             g.sweep()
         return sum(len(g.ids) for g in self._groups.values())
+
+    def groups(self) -> tuple[int, ...]:
+        """The groups that ever had an entry (their rows exist, maybe all empty), in ascending order."""
+        return tuple(sorted(self._groups))
+
+    def held_masks(self, group: int) -> tuple[list[Hashable], list[int]]:
+        """Every hash of ``group`` some holder holds, and its holders as a Python int (bit r: holder r), in row
+        order: what :meth:`Residency.add_masks <kvgeom.Residency.add_masks>` takes to rebuild the same index.
+        O(rows) numpy work, one int conversion per held hash.
+
+        >>> p = PackedHolders(); p.add_many(0, [b"a", b"b"], holder=1); p.add_many(0, [b"b"], holder=64)
+        >>> p.discard_many(0, [b"a"], holder=1); p.held_masks(0) == ([b"b"], [2 | 1 << 64])
+        True
+        """
+        g = self._groups.get(group)
+        if g is None:
+            return [], []
+        n = len(g.keys)
+        idx = np.flatnonzero(g.bits[1:n].any(axis=1)) + 1
+        nb = self._words * 8
+        raw = g.bits[idx].tobytes()
+        keys = g.keys
+        return [keys[i] for i in idx.tolist()], [int.from_bytes(raw[i : i + nb], "little")
+                                                 for i in range(0, len(raw), nb)]
 
     def has_group(self, group: int) -> bool:
         """Whether ``group`` ever had an entry (its rows exist, maybe all empty)."""

@@ -380,6 +380,43 @@ class Residency:
             self.version += 1
         return already
 
+    def add_masks(self, group: int, block_hashes: Sequence[Hashable], masks: Sequence[int]) -> None:
+        """Record that the holders of each bit mask of ``masks`` hold ``group``'s entry keyed by the matching hash
+        of ``block_hashes`` (holder masks as :meth:`holders` gives them; the entries others held stay held), in
+        one call: the same index as :meth:`add` for every (hash, holder bit), and one version step. How an index
+        kept elsewhere (:class:`kvgeom.holders.PackedHolders`) hands its entries over.
+
+        >>> r = Residency(); r.add(0, b"a", holder=3)
+        >>> r.add_masks(0, [b"a", b"b"], [0b101, 0b10]); r.holders(0, b"a"), r.holders(0, b"b")
+        (13, 2)
+        """
+        if len(block_hashes) != len(masks):
+            raise QueryError.single(
+                "length_mismatch", f"{len(block_hashes)} hashes for {len(masks)} masks; give one mask per hash",
+                "masks")
+        for m in masks:
+            if type(m) is not int or m < 0:
+                raise QueryError.single(
+                    "bad_holder", f"a holder mask is a non-negative int (bit r: holder r), got {m!r}", "masks")
+        if self._arrays:  # batch readers keep id arrays current: one update at a time
+            for h, m in zip(block_hashes, masks, strict=True):
+                for r in range(m.bit_length()):
+                    if m >> r & 1:
+                        self.add(group, h, r)
+            return
+        held = self._held.get(group)
+        if held is None:
+            held = self._held[group] = {}
+        get = held.get
+        changed = False
+        for h, m in zip(block_hashes, masks, strict=True):
+            old = get(h, 0)
+            if m & ~old:
+                held[h] = old | m
+                changed = True
+        if changed:
+            self.version += 1
+
     def discard_hashes(self, group: int, block_hashes: Iterable[Hashable], holder: int = 0) -> None:
         """:meth:`discard` for every hash of ``block_hashes`` (one event's blocks of ``group``), in one call.
 

@@ -599,10 +599,10 @@ def _packed_ok(plan: Sequence[LookupGroup], A: int) -> bool:
 
 
 def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], blocks: Sequence[Hashable],
-                  R: int, leading: bool) -> Words:
-    """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``), after checking the whole chain
-    against ``R`` as :func:`_chain_masks` does (only when some holder at or past R was ever added). With
-    ``leading`` the rows stop before the first block no holder holds (no leading run passes it)."""
+                  R: int) -> Words:
+    """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``) and one zero row after them (the
+    sentinel :func:`_packed_full_hits` reads), after checking the whole chain against ``R`` as
+    :func:`_chain_masks` does (only when some holder at or past R was ever added)."""
     try:
         if packed.top_holder >= R:
             rows = packed.rows(group, chain)
@@ -614,7 +614,7 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
                         "replica_out_of_range",
                         f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > "
                         f"{top}", "num_replicas", num_replicas=R, replica=top)
-        rows = packed.leading_rows(group, blocks) if leading else packed.rows(group, blocks)
+        rows = packed.rows(group, blocks, sentinel=True)
     except TypeError as e:  # an unhashable hash (a list from a careless decoder)
         raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
     need = max(-(-R // WORD_BITS), 1)  # every tier's rows one width: no bits at or past R remain
@@ -625,19 +625,6 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
         wide[:, : rows.shape[1]] = rows
         return wide
     return rows
-
-
-def _column_counts(rows: Words) -> npt.NDArray[np.unsignedinteger[Any]]:
-    """Per holder bit, how many of ``rows`` hold it. The unpacked bits are summed eight columns at a time,
-    one byte counter each inside a uint64 (no carry can cross a byte while at most 255 rows are added)."""
-    bits = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")  # (rows, 64 * words) of 0/1
-    if rows.shape[0] <= 255:
-        counts: npt.NDArray[np.unsignedinteger[Any]] = bits.view(np.uint64).sum(axis=0).view(np.uint8)
-        return counts
-    total = np.zeros(bits.shape[1], dtype=np.uint16)
-    for i in range(0, rows.shape[0], 255):
-        total += bits[i : i + 255].view(np.uint64).sum(axis=0).view(np.uint8)
-    return total
 
 
 def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
@@ -661,25 +648,31 @@ def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
 
 def _packed_full_hits(rows: Words, S: int, A: int, R: int) -> IntVector:
     """Per replica, the full-attention hit from the packed rows of the blocks the candidate allows (block j
-    is row j): the run of held blocks from block 0, in tokens on the A grid.
+    is row j) followed by one zero row (:func:`_packed_chain`'s sentinel): the run of held blocks from block
+    0, in tokens on the A grid.
 
     The replicas alive after each block are a running AND down the rows; the alive sets are nested, so a
-    replica's run is the number of distinct alive sets it belongs to, read off only the rows where the set
-    changes. O(blocks) numpy work on whole rows, O(changes x replicas) bits unpacked."""
-    cap = rows.shape[0]
-    if cap == 0 or R == 0:
+    replica's run is the number of distinct non-empty alive sets it belongs to, read off only the rows where
+    the set changes (the sentinel makes the last non-empty set change too). O(blocks) numpy work on whole
+    rows, O(changes x replicas) bits unpacked, in a fixed number of numpy calls whatever the sizes (each call
+    costs more than its arithmetic here, the more so when the caches are cold between queries)."""
+    if rows.shape[0] <= 1 or R == 0:
         return np.zeros(R, dtype=np.int64)
     alive = np.bitwise_and.accumulate(rows, axis=0)
-    changes = np.flatnonzero(_rows_differ(alive))
-    ends = np.empty(changes.size + 1, dtype=np.intp)  # the last row of each run of equal alive sets
-    ends[:-1] = changes
-    ends[-1] = cap - 1
-    survived = _column_counts(alive[ends])[:R]
-    hits: IntVector = np.zeros(ends.size + 1, dtype=np.int64)
-    hits[1:] = (ends + 1) * S
+    ends = _rows_differ(alive).nonzero()[0]  # the last row of each run of equal non-empty alive sets
+    k = ends.size
+    if not k:
+        return np.zeros(R, dtype=np.int64)
+    bits = np.unpackbits(alive[ends].view(np.uint8), axis=1, bitorder="little")  # (k, 64 * w) of 0/1
+    if k <= 255:  # eight byte counters per uint64 lane, no carry between them
+        survived: npt.NDArray[np.unsignedinteger[Any]] = np.add.reduce(bits.view(np.uint64), axis=0).view(np.uint8)
+    else:
+        survived = np.add.reduce(bits, axis=0, dtype=np.uint16)
+    hits: IntVector = np.zeros(k + 1, dtype=np.int64)
+    np.multiply(ends + 1, S, out=hits[1:])
     if S % A:
         hits -= hits % A
-    out: IntVector = hits[survived]
+    out: IntVector = hits[survived[:R]]
     return out
 
 
@@ -789,31 +782,37 @@ def score_replicas(
     """
     from kvgeom.events import KVEventReader
 
-    R = _replica_count(num_replicas)
-    if tiers is not None and (
+    R = num_replicas if type(num_replicas) is int and 0 <= num_replicas <= MAX_REPLICAS else \
+        _replica_count(num_replicas)
+    if tiers is not None and not (type(tiers) in (list, tuple) and all(type(t) is str for t in tiers)) and (
         isinstance(tiers, str) or not isinstance(tiers, Sequence) or not all(isinstance(t, str) for t in tiers)
     ):
         raise QueryError.single("bad_tiers", f"tiers is a list of tier names, got {show(tiers)}", "tiers")
-    if isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(map(_is_chain, chains)):
+    if not (type(chains) in (list, tuple) and all(map(_is_chain, chains))) and (
+            isinstance(chains, str | bytes) or not isinstance(chains, Sequence) or not all(map(_is_chain, chains))):
         raise QueryError.single("bad_chains", "chains must be a list of hash chains (lists of block hashes)", "chains")
     seen_types: frozenset[type] = frozenset()
     reader: KVEventReader | None = None
+    tier_names: tuple[str, ...]
+    by_tier: Mapping[str, Residency] | None = None  # a reader's residencies are read only by the paths that need them
     if isinstance(residency, KVEventReader):
         reader = residency
-        by_tier = residency.residencies()
+        tier_names = residency.media
         seen_types = residency.hash_types
     elif isinstance(residency, Residency):
         by_tier = {"GPU": residency}
+        tier_names = ("GPU",)
     elif isinstance(residency, Mapping):
         by_tier = {str(k).upper(): v for k, v in residency.items()}
+        tier_names = tuple(by_tier)
     else:
         raise QueryError.single(
             "bad_residency", f"residency must be a Residency, a mapping of tier -> Residency or a KVEventReader, got "
             f"{type(residency).__name__}", "residency")
-    names = tuple(t.upper() for t in tiers) if tiers is not None else tuple(by_tier)
-    unknown = [t for t in names if t not in by_tier]
+    names = tuple(t.upper() for t in tiers) if tiers is not None else tier_names
+    unknown = [t for t in names if t not in tier_names]
     if unknown:
-        raise QueryError.single("unknown_tier", f"tiers {unknown} are not among {list(by_tier)}", "tiers")
+        raise QueryError.single("unknown_tier", f"tiers {unknown} are not among {list(tier_names)}", "tiers")
     n_q = len(chains)
     if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
         counts = [num_tokens] * n_q
@@ -863,22 +862,23 @@ def score_replicas(
             for t, name in enumerate(names):
                 p = packed[name]
                 if not cumulative:
-                    if len(ids) == 1:  # the common case: one group, one tier alone (rows stop at the first miss)
+                    if len(ids) == 1:  # the common case: one group, one tier alone
                         if p.has_group(ids[0]):
-                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, A, R)
+                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R), S, A, R)
                         continue
                     if not all(p.has_group(g) for g in ids):
                         continue  # a tier with no entry of the group: every hit 0
-                # one tier alone: its rows may stop at the first block nobody holds; a union of tiers reads all
-                rows = {g: _packed_chain(p, g, chain, blocks, R, not cumulative) for g in ids}
+                rows = {g: _packed_chain(p, g, chain, blocks, R) for g in ids}  # one length: blocks + sentinel
                 if cumulative:
                     rows = below = {g: r | below[g] for g, r in rows.items()} if below else rows
                 joint = rows[ids[0]]
                 for g in ids[1:]:
-                    k = min(len(joint), len(rows[g]))
-                    joint = joint[:k] & rows[g][:k]
+                    joint = joint & rows[g]
                 out[q, t] = _packed_full_hits(joint, S, A, R)
             continue
+        if by_tier is None:
+            assert reader is not None
+            by_tier = reader.residencies()
         union: dict[int, list[int]] = {}
         for t, name in enumerate(names):
             res = by_tier[name]

@@ -52,3 +52,16 @@ def test_a_bad_holder_is_refused(holder):
     with pytest.raises(kvgeom.QueryError) as e:
         PackedHolders().add_many(0, ["a"], holder=holder)
     assert e.value.code == "bad_holder" and e.value.field == "holder"
+
+
+def test_add_hashes_reports_what_the_holder_held_and_hands_over_its_masks():
+    from kvgeom import Residency
+    from kvgeom.holders import PackedHolders
+
+    p, r = PackedHolders(), Residency()
+    for hashes, holder in (([1, 2, 3], 5), ([2, 2, 4], 5), ([2], 200), ([7], 200), ([7], 200)):
+        assert p.add_hashes(0, hashes, holder) == r.add_hashes(0, hashes, holder)
+    assert p.add_hashes(0, [], 1) == []
+    hashes, masks = p.held_masks(0)
+    assert sorted(zip(hashes, masks, strict=True)) == sorted((h, r.holders(0, h)) for h in r.entries(0))
+    assert p.held_masks(9) == ([], []) and p.groups() == (0,)

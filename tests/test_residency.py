@@ -80,3 +80,34 @@ def test_ids_are_kept_only_for_batch_readers():
     assert r.held_array(0)[r.intern([b"b"])].tolist() == [True]
     r.discard(0, b"b")
     assert r.held_array(0)[r.intern([b"b"])].tolist() == [False]
+
+
+def test_add_masks_equals_add_per_holder_bit_and_refuses_bad_masks():
+    import pytest
+
+    from kvgeom.errors import QueryError
+
+    for batch_reader in (False, True):
+        r, want = Residency(), Residency()
+        if batch_reader:  # id arrays kept current: the masks go in bit by bit
+            r.held_array(0, 1)
+        r.add(0, b"a", holder=1)
+        want.add(0, b"a", holder=1)
+        r.add_masks(0, [b"a", b"b"], [0b101, 1 << 70])
+        for h, m in ((b"a", 0b101), (b"b", 1 << 70)):
+            for bit in range(m.bit_length()):
+                if m >> bit & 1:
+                    want.add(0, h, bit)
+        assert [r.holders(0, h) for h in (b"a", b"b")] == [want.holders(0, h) for h in (b"a", b"b")] == [
+            0b111, 1 << 70]
+        if batch_reader:
+            assert r.held_array(0, 1)[r.intern([b"a", b"b"])].tolist() == [True, False]
+    v = r.version
+    r.add_masks(0, [b"a"], [0b1])  # held already: nothing changes, no version step
+    assert r.version == v
+    with pytest.raises(QueryError) as e:
+        r.add_masks(0, [b"a", b"b"], [1])
+    assert e.value.code == "length_mismatch" and e.value.field == "masks"
+    with pytest.raises(QueryError) as e:
+        r.add_masks(0, [b"a"], [-1])
+    assert e.value.code == "bad_holder" and "-1" in str(e.value)

@@ -292,14 +292,17 @@ def test_packed_rows_read_between_events_match_the_residency(case, reads):
         assert len(p) == len(res)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["add", "add", "batch", "discard", "clear", "clear_all"]), st.integers(0, 2),
-                          st.lists(st.integers(0, 12), max_size=6), st.sampled_from([0, 1, 63, 64, 130]))))
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "hashes", "batch", "discard", "clear", "clear_all"]),
+                          st.integers(0, 2), st.lists(st.integers(0, 12), max_size=6),
+                          st.sampled_from([0, 1, 63, 64, 130]))))
 def test_packed_holders_match_the_residency(ops):
     packed, res = PackedHolders(), kvgeom.Residency()
     for op, group, hashes, holder in ops:
         if op == "add":
             packed.add_many(group, hashes, holder)
             res.add_hashes(group, hashes, holder)
+        elif op == "hashes":  # the reader's one-index path: the same duplicates reported, in order
+            assert packed.add_hashes(group, hashes, holder) == res.add_hashes(group, hashes, holder)
         elif op == "batch":  # the same hashes as two events in one batch: this holder's and holder 2's
             packed.add_events([(group, hashes, holder), (group, hashes[::2], 2)])
             res.add_hashes(group, hashes, holder)
@@ -319,6 +322,42 @@ def test_packed_holders_match_the_residency(ops):
             got = [int.from_bytes(row.tobytes(), "little") for row in packed.rows(g, chain)]
             assert got == want == [packed.holders(g, h) for h in chain]
     assert len(packed) == len(res)
+    rebuilt = kvgeom.Residency()  # the rows handed over (how a reader builds its residency on first ask)
+    for g in packed.groups():
+        rebuilt.add_masks(g, *packed.held_masks(g))
+    assert {(g, h, rebuilt.holders(g, h)) for g in range(3) for h in rebuilt.entries(g)} == \
+        {(g, h, res.holders(g, h)) for g in range(3) for h in res.entries(g)}
+
+
+@given(event_streams(), st.booleans(), st.booleans(), st.lists(st.booleans(), max_size=40))
+def test_one_index_reader_equals_a_live_residency_reader(case, count_duplicates, cumulative, asks):
+    """A reader whose packed rows are its only index (nobody asked for a residency) scores, holds and hands
+    over exactly what a reader that keeps a live residency from the start does, event by event; asking for
+    the residency part-way (``asks``) switches it to keeping both, with the same answers."""
+    geom, n, chain, R, stream = case
+    one = KVEventReader(geom, count_duplicates=count_duplicates)
+    live = KVEventReader(geom, count_duplicates=count_duplicates)
+    live.residencies()
+    for i, (replica, event) in enumerate(stream):
+        outcomes = []
+        for reader in (one, live):
+            try:
+                reader.apply(event, replica)
+                outcomes.append(None)
+            except KVEventError as e:
+                outcomes.append(e.code)
+        assert outcomes[0] == outcomes[1]
+        for m in MEDIA:
+            for g in range(len(geom.groups)):
+                assert [one.packed(m).holders(g, h) for h in chain] == [live.packed(m).holders(g, h) for h in chain]
+        if i < len(asks) and asks[i]:
+            one.residencies()
+    got = score_replicas(geom, one, [chain], n, num_replicas=R, cumulative=cumulative).hit_tokens.tolist()
+    assert got == score_replicas(geom, live, [chain], n, num_replicas=R, cumulative=cumulative).hit_tokens.tolist()
+    for m in MEDIA:
+        a, b = one.residency(m), live.residency(m)
+        assert {(g, h, a.holders(g, h)) for g in range(len(geom.groups)) for h in a.entries(g)} == \
+            {(g, h, b.holders(g, h)) for g in range(len(geom.groups)) for h in b.entries(g)}
 
 
 @given(event_streams(), st.data())
