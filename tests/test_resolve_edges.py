@@ -704,6 +704,42 @@ UNITS = [
         [("full_attention", 16, False, None, None, None, None), ("mamba", 32, False, None, "align", None, None)],
         (32, 16, 32, False),
     ),
+    # multi-module MTP (P = 3): a sliding window without extra_retained_tokens gets P - 1 = 2 (window need
+    # 32 - 1 + 2 = 33) ...
+    (
+        {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}], "speculative": MTP3},
+        [("full_attention", 16, False, None, None, None, None), ("sliding_window", 16, False, None, None, 33, 31)],
+        (16, 16, 16, False),
+    ),
+    # ... an explicit 0 wins
+    (
+        {
+            "groups": [
+                FA16,
+                {"kind": "sliding_window", "block_size": 16, "sliding_window": 32, "extra_retained_tokens": 0},
+            ],
+            "speculative": MTP3,
+        },
+        [("full_attention", 16, False, None, None, None, None), ("sliding_window", 16, False, None, None, 31, 31)],
+        (16, 16, 16, False),
+    ),
+    # the Mamba layers of a uniform group get K = 2 speculative blocks too (7 + 2 = 9 > 7 + 1 of the explicit layer)
+    (
+        {
+            "groups": [
+                FA16,
+                {
+                    "kind": "uniform",
+                    "block_size": 16,
+                    "layers": [{"kind": "mamba"}, {"kind": "mamba", "num_speculative_blocks": 1}],
+                },
+            ],
+            "speculative": EAGLE2,
+            "cache": {"max_model_len": 100},
+        },
+        [("full_attention", 16, False, 7, None, None, None), ("uniform", 16, False, 9, "align", None, None)],
+        (16, 16, 16, False),
+    ),
     # a span of exactly int64 max is accepted (the bound is inclusive)
     (
         {"groups": [{"kind": "full_attention", "block_size": 2**63 - 1}]},
@@ -1023,6 +1059,17 @@ WARNINGS = [
     # ... not when it equals L, nor when it is not set
     ({"groups": [FA16, MALL32], "cache": {"prefix_match_unit": 32}}, [("mamba_mode_all_legacy", "group 1 (mamba)")]),
     ({"groups": [FA16, MALL32]}, [("mamba_mode_all_legacy", "group 1 (mamba)")]),
+    # a chunked-local group whose block is A (16): no warning
+    ({"groups": [FA16, CL16]}, []),
+    # the connector's warning first, then the geometry's: hit floor before the offload ones
+    (
+        {"groups": [FA16, fa(128)], "offload": {}},
+        [
+            ("alignment_tokens_none", "different chunks [16, 128]"),
+            ("hit_floor", "multiples of A=128 tokens, 8x the smallest span 16"),
+            ("offload_hit_floor", "complete full-attention chunks of 128 tokens, 8x the smallest span"),
+        ],
+    ),
     # the order: the hash unit's warning, the connector's, then the geometry's
     (
         {"groups": [fa(32), {**MALL32}], "cache": {"prefix_match_unit": 8, "max_model_len": 16}, "offload": {}},
@@ -1041,3 +1088,18 @@ def test_warnings_at_the_edges(config, want):
     assert [w.code for w in warnings] == [code for code, _ in want]
     for w, (_, words) in zip(warnings, want, strict=True):
         assert words in w.message, (words, w.message)
+
+
+@pytest.mark.parametrize(
+    ("span", "H", "fine", "margin"),
+    [
+        (32, 16, True, 16),  # fine-grained lookups and span > H: one hash unit
+        (32, 16, False, 32),  # no fine-grained lookups: the whole span
+        (16, 16, True, 16),  # span = H: the span (which is H)
+        (16, 8, False, 16),
+    ],
+)
+def test_eagle_proof_margin(span, H, fine, margin):
+    from kvgeom.speculative import eagle_proof_margin
+
+    assert eagle_proof_margin(span, H, fine) == margin
