@@ -56,6 +56,20 @@ REFUSALS = [
             ("uniform_mixed_kinds", "groups[0].layers", {"families": ["full", "mamba"]}),
         ],
     ),
+    # MLA and a sliding window (both sharded by default): the family problem alone, in its own class
+    (
+        {
+            "groups": [
+                {
+                    "kind": "uniform",
+                    "block_size": 16,
+                    "layers": [{"kind": "mla"}, {"kind": "sliding_window", "sliding_window": 64}],
+                }
+            ]
+        },
+        GeometryError,
+        [("uniform_mixed_kinds", "groups[0].layers", {"families": ["full", "sliding"]})],
+    ),
     # Mamba layers of one uniform group in two modes
     (
         {
@@ -1103,3 +1117,73 @@ def test_eagle_proof_margin(span, H, fine, margin):
     from kvgeom.speculative import eagle_proof_margin
 
     assert eagle_proof_margin(span, H, fine) == margin
+
+
+E3 = {"method": "eagle", "num_speculative_tokens": 3}
+
+# (config past the groups, (method, K, block_drop, lookahead_hashes, gpu_drop, P), GPU drop groups) for one
+# 16-token full-attention group: the module invariants of kvgeom/_resolve/speculative.py, one row per switch
+SPECULATIVE = [
+    ({"speculative": E3}, ("eagle", 3, True, True, False, 1), []),
+    ({"speculative": {"method": "eagle3", "num_speculative_tokens": 2}}, ("eagle3", 2, True, True, False, 1), []),
+    # P = K only for multi-module MTP: min(mtp_modules, K) > 1
+    ({"speculative": MTP3}, ("mtp", 3, True, True, False, 3), []),
+    ({"speculative": {**MTP3, "mtp_modules": 1}}, ("mtp", 3, True, True, False, 1), []),
+    ({"speculative": {**MTP3, "num_speculative_tokens": 1}}, ("mtp", 1, True, True, False, 1), []),
+    # dflash drafts from hidden states (P = 1) but drops nothing; ngram neither
+    ({"speculative": {"method": "dflash", "num_speculative_tokens": 3}}, ("dflash", 3, False, False, False, 1), []),
+    ({"speculative": {"method": "ngram", "num_speculative_tokens": 3}}, ("ngram", 3, False, False, False, 0), []),
+    # the drop switched off; a connector or lookahead_hashes=false turn lookahead hashes off and the GPU drop on
+    ({"speculative": {**E3, "eagle_block_drop": False}}, ("eagle", 3, False, False, False, 1), []),
+    ({"speculative": E3, "offload": {}}, ("eagle", 3, True, False, True, 1), [0]),
+    ({"speculative": {**E3, "lookahead_hashes": False}}, ("eagle", 3, True, False, True, 1), [0]),
+    # without prefix caching nothing is looked up, so nothing drops
+    ({"speculative": E3, "cache": {"prefix_caching": False}}, ("eagle", 3, True, False, False, 1), []),
+]
+
+
+@pytest.mark.parametrize(("extra", "want", "drop"), SPECULATIVE)
+def test_speculative_switches(extra, want, drop):
+    geom = kvgeom.resolve({"groups": [FA16], **extra})
+    s = geom.speculative
+    assert s is not None
+    assert (
+        s.method,
+        s.num_speculative_tokens,
+        s.block_drop,
+        s.lookahead_hashes,
+        s.gpu_drop,
+        s.prefill_lookahead_tokens,
+    ) == want
+    assert sorted(geom.gpu_drop_groups) == drop
+
+
+def _uniform(drafter: bool = False, **layer: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "uniform", "block_size": 16, "layers": [{"kind": "mla", **layer}]}
+    return {**out, "drafter": True} if drafter else out
+
+
+# (config, GPU drop groups, [(eagle_group, proof_margin)], offloaded [(eagle_group, proof_margin)])
+DRAFTERS = [
+    # a uniform group equal to the flagged drafter group but for the flag joins its lookup group (vLLM's
+    # is_draft is compare=False); one whose layers differ does not
+    (
+        {
+            "groups": [_uniform(), _uniform(True, num_kv_heads=4), _uniform(num_kv_heads=4)],
+            "speculative": EAGLE2,
+            "offload": {},
+        },
+        [1, 2],
+        [(False, None), (True, 16), (False, 16)],
+        [(False, None), (True, None), (False, None)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "drop", "groups", "offloaded"), DRAFTERS)
+def test_drafter_groups(config, drop, groups, offloaded):
+    geom = kvgeom.resolve(config)
+    assert sorted(geom.gpu_drop_groups) == drop
+    assert [(g.eagle_group, g.proof_margin) for g in geom.groups] == groups
+    assert geom.offload is not None
+    assert [(o.eagle_group, o.proof_margin) for o in geom.offload.groups] == offloaded
