@@ -1159,8 +1159,14 @@ def test_speculative_switches(extra, want, drop):
 
 
 def _uniform(drafter: bool = False, **layer: Any) -> dict[str, Any]:
+    """A uniform group of one MLA layer (``layer`` its keys); ``drafter`` flags the group."""
     out: dict[str, Any] = {"kind": "uniform", "block_size": 16, "layers": [{"kind": "mla", **layer}]}
     return {**out, "drafter": True} if drafter else out
+
+
+def _uniform_drafter_layer(**layer: Any) -> dict[str, Any]:
+    """A uniform group of one MLA layer that carries the drafter flag itself."""
+    return {"kind": "uniform", "block_size": 16, "layers": [{"kind": "mla", "drafter": True, **layer}]}
 
 
 # (config, GPU drop groups, [(eagle_group, proof_margin)], offloaded [(eagle_group, proof_margin)])
@@ -1170,6 +1176,17 @@ DRAFTERS = [
     (
         {
             "groups": [_uniform(), _uniform(True, num_kv_heads=4), _uniform(num_kv_heads=4)],
+            "speculative": EAGLE2,
+            "offload": {},
+        },
+        [1, 2],
+        [(False, None), (True, 16), (False, 16)],
+        [(False, None), (True, None), (False, None)],
+    ),
+    # the same with the drafter flag on the uniform group's layer instead of the group
+    (
+        {
+            "groups": [_uniform(), _uniform_drafter_layer(num_kv_heads=4), _uniform(num_kv_heads=4)],
             "speculative": EAGLE2,
             "offload": {},
         },
