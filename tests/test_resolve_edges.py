@@ -790,6 +790,8 @@ OFFLOAD = [
         None,
         False,
     ),
+    # offload.block_size 64 over one span 16: k = 64 // 16 = 4 blocks per chunk
+    ({"groups": [FA16], "offload": {"block_size": 64}}, 4, [(0, 16, 64, 4, None)], 64, None, False),
     # full-attention chunks that differ: no alignment (the warning is pinned in WARNINGS)
     (
         {"groups": [FA16, {"kind": "full_attention", "block_size": 32}], "offload": {}},
@@ -884,6 +886,7 @@ def test_offload_chunk_geometry(config, k, rows, alignment, mamba_align, partial
     )
     assert off.tokens_per_hash == kvgeom.resolve(config).hash_block_size
     # token and hash counts are ints (a float 2.0 would print as "2.0" in reports)
+    assert type(off.blocks_per_chunk) is int
     assert all(type(x) is int for o in off.groups for x in (o.tokens_per_block, o.tokens_per_chunk, o.hashes_per_chunk))
 
 
@@ -1193,6 +1196,52 @@ DRAFTERS = [
         [1, 2],
         [(False, None), (True, 16), (False, 16)],
         [(False, None), (True, None), (False, None)],
+    ),
+    # no flagged group: every group drops; without partial hash hits the margin is the whole span (32, not H = 16)
+    (
+        {"groups": [fa(32), FA16], "speculative": EAGLE2, "offload": {}},
+        [0, 1],
+        [(False, 32), (False, 16)],
+        [(False, None), (False, None)],
+    ),
+    # one offloaded group, the drafter: the connector's eagle group has no margin without partial tails
+    (
+        {"groups": [{**FA16, "drafter": True}], "speculative": EAGLE2, "offload": {}},
+        [0],
+        [(True, 16)],
+        [(True, None)],
+    ),
+    # no partial tails (Mamba span 16 = H): no offload margin for any group, flagged or not
+    (
+        {"groups": [FA16, M16, {**FA16, "num_kv_heads": 4, "drafter": True}], "speculative": EAGLE2, "offload": {}},
+        [2],
+        [(False, None), (False, None), (True, 16)],
+        [(False, None), (False, None), (True, None)],
+    ),
+    # partial tails (H = 8 < Mamba span 16) with partial hash hits: the eagle group keys its tail at one hash
+    # unit (8) ...
+    (
+        {
+            "groups": [{**FA16, "drafter": True}, M16],
+            "speculative": EAGLE2,
+            "offload": {},
+            "cache": {"prefix_match_unit": 8},
+        },
+        [0],
+        [(True, 8), (False, None)],
+        [(True, 8), (False, None)],
+    ),
+    # ... and without them (prefix caching off, an explicit align Mamba group) at the whole span 16
+    (
+        {
+            "groups": [{**FA16, "drafter": True}, {**M16, "mamba_cache_mode": "align"}],
+            "speculative": EAGLE2,
+            "offload": {},
+            "cache": {"prefix_caching": False, "prefix_match_unit": 8},
+        },
+        [],
+        [(True, None), (False, None)],
+        [(True, 16), (False, None)],
     ),
 ]
 
