@@ -1253,3 +1253,61 @@ def test_drafter_groups(config, drop, groups, offloaded):
     assert [(g.eagle_group, g.proof_margin) for g in geom.groups] == groups
     assert geom.offload is not None
     assert [(o.eagle_group, o.proof_margin) for o in geom.offload.groups] == offloaded
+
+
+DRAFT16 = {**FA16, "num_kv_heads": 4, "drafter": True}
+
+# (config, [(warning code, words its message must hold)]) for the drafter hazards: the pop-vs-Mamba-shift
+# warning names each reason C != A (dcp scaling a dealt drafter, blocks_per_chunk > 1, a Mamba chunk not
+# dividing A) and only those
+SPECULATIVE_WARNINGS = [
+    # dcp=2 deals the drafter (span 32 = C, A = 16): the only reason is dcp
+    (
+        {"groups": [FA16, M16, DRAFT16], "parallel": DCP2, "speculative": EAGLE2, "offload": {}},
+        [("speculative_pop_vs_mamba_shift", "C=32 of eagle group 2 (dcp=2 scales the drafter's span to 32):")],
+    ),
+    # a replicated drafter at dcp=2 with k = 2: blocks_per_chunk and the Mamba chunk 32 not dividing A = 16
+    (
+        {
+            "groups": [FA16, M16, {**DRAFT16, "dcp_sharded": False}],
+            "parallel": DCP2,
+            "speculative": EAGLE2,
+            "offload": {"blocks_per_chunk": 2},
+        },
+        [
+            ("alignment_tokens_none", "different chunks [64, 32]"),
+            (
+                "speculative_pop_vs_mamba_shift",
+                "C=32 of eagle group 2 (blocks_per_chunk=2; the Mamba chunk 32 does not divide A):",
+            ),
+        ],
+    ),
+    # KV shards from pcp_shards_kv at dcp=1: dcp is not a reason, k = 2 is
+    (
+        {
+            "groups": [FA16, M16, DRAFT16],
+            "parallel": {"tp": 2, "pcp": 2, "pcp_shards_kv": True},
+            "speculative": EAGLE2,
+            "offload": {"blocks_per_chunk": 2},
+        },
+        [("speculative_pop_vs_mamba_shift", "C=64 of eagle group 2 (blocks_per_chunk=2):")],
+    ),
+    # no GPU drop (prefix caching off): no pop warning even though C = 32 != A = 16
+    (
+        {
+            "groups": [{**FA16, "drafter": True}, {**M16, "mamba_cache_mode": "align"}],
+            "speculative": EAGLE2,
+            "offload": {"blocks_per_chunk": 2},
+            "cache": {"prefix_caching": False},
+        },
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "want"), SPECULATIVE_WARNINGS)
+def test_speculative_warnings_name_their_reasons(config, want):
+    warnings = kvgeom.resolve(config).warnings
+    assert [w.code for w in warnings] == [code for code, _ in want]
+    for w, (_, words) in zip(warnings, want, strict=True):
+        assert words in w.message, (words, w.message)
