@@ -1302,6 +1302,82 @@ SPECULATIVE_WARNINGS = [
         },
         [],
     ),
+    # a sliding-window drafter, window 1, extra 0: sw - 1 + extra = 0 reaches nothing
+    (
+        {
+            "groups": [
+                FA16,
+                M16,
+                {
+                    "kind": "sliding_window",
+                    "block_size": 16,
+                    "sliding_window": 1,
+                    "drafter": True,
+                    "extra_retained_tokens": 0,
+                },
+            ],
+            "offload": {},
+            "speculative": EAGLE2,
+        },
+        [],
+    ),
+    # a sliding-window drafter, window 2, extra 0: sw - 1 + extra = 1 > 0
+    (
+        {
+            "groups": [
+                FA16,
+                M16,
+                {
+                    "kind": "sliding_window",
+                    "block_size": 16,
+                    "sliding_window": 2,
+                    "drafter": True,
+                    "extra_retained_tokens": 0,
+                },
+            ],
+            "offload": {},
+            "speculative": EAGLE2,
+        },
+        [("speculative_sliding_drafter_offload", "is a sliding-window eagle group (window 2, extra 0)")],
+    ),
+    # a sliding-window drafter, window 2, extra 2: sw - 1 + extra = 3
+    (
+        {
+            "groups": [
+                FA16,
+                M16,
+                {
+                    "kind": "sliding_window",
+                    "block_size": 16,
+                    "sliding_window": 2,
+                    "drafter": True,
+                    "extra_retained_tokens": 2,
+                },
+            ],
+            "offload": {},
+            "speculative": EAGLE2,
+        },
+        [("speculative_sliding_drafter_offload", "is a sliding-window eagle group (window 2, extra 2)")],
+    ),
+    # a sliding-window drafter, window 1, extra 1: sw - 1 + extra = 1: the extra retained token reaches back
+    (
+        {
+            "groups": [
+                FA16,
+                M16,
+                {
+                    "kind": "sliding_window",
+                    "block_size": 16,
+                    "sliding_window": 1,
+                    "drafter": True,
+                    "extra_retained_tokens": 1,
+                },
+            ],
+            "offload": {},
+            "speculative": EAGLE2,
+        },
+        [("speculative_sliding_drafter_offload", "is a sliding-window eagle group (window 1, extra 1)")],
+    ),
 ]
 
 
