@@ -754,6 +754,18 @@ UNITS = [
         [("full_attention", 16, False, 7, None, None, None), ("uniform", 16, False, 9, "align", None, None)],
         (16, 16, 16, False),
     ),
+    # a uniform group's sliding-window layer gets the drafter default P - 1 = 2 as well
+    (
+        {
+            "groups": [
+                FA16,
+                {"kind": "uniform", "block_size": 16, "layers": [{"kind": "sliding_window", "sliding_window": 32}]},
+            ],
+            "speculative": MTP3,
+        },
+        [("full_attention", 16, False, None, None, None, None), ("uniform", 16, False, None, None, 33, 31)],
+        (16, 16, 16, False),
+    ),
     # a span of exactly int64 max is accepted (the bound is inclusive)
     (
         {"groups": [{"kind": "full_attention", "block_size": 2**63 - 1}]},
@@ -1377,6 +1389,19 @@ SPECULATIVE_WARNINGS = [
             "speculative": EAGLE2,
         },
         [("speculative_sliding_drafter_offload", "is a sliding-window eagle group (window 1, extra 1)")],
+    ),
+    # multi-module MTP without the drop and an align Mamba group: P = 2 stalls ...
+    (
+        {
+            "groups": [FA16, M16],
+            "speculative": {**MTP3, "num_speculative_tokens": 2, "mtp_modules": 2, "eagle_block_drop": False},
+        },
+        [("speculative_mtp_prefill_stall", "multi-module MTP reserves P=2 prefill tokens")],
+    ),
+    # ... single-module MTP (P = 1) does not
+    (
+        {"groups": [FA16, M16], "speculative": {**MTP3, "mtp_modules": 1, "eagle_block_drop": False}},
+        [],
     ),
 ]
 
