@@ -37,6 +37,31 @@ class _Manager:
         return _Answer()
 
 
+class _Miss:
+    name = "MISS"
+
+
+class _ContextManager:
+    """An offload manager holding every key for the request context ``"mine"`` only."""
+
+    def lookup(self, key, req_context):
+        return _Answer() if req_context == "mine" else _Miss()
+
+
+class _Pending:
+    name = "HIT_PENDING"
+
+
+class _PendingManager:
+    """An offload manager whose every key is held but not readable yet."""
+
+    def lookup(self, key, req_context):
+        return _Pending()
+
+
+_CHAIN4 = [b"h%d" % i for i in range(4)]
+
+
 def _geom(*groups):
     return kvgeom.resolve({"groups": list(groups), "cache": NO_RETENTION, "offload": {}})
 
@@ -116,6 +141,9 @@ REFUSALS = [
      {"num_hashes": 0, "needed": 1}),
     (lambda: lookup_hit(SEED, 65, stored=Residency(), block_hashes=[b"a"]), "block_hashes_too_short",
      "block_hashes", {"num_hashes": 1, "needed": 4}),
+    # a tier that answers HIT_PENDING where the hit depends on it: vLLM defers; the problem names the tier
+    (lambda: lookup_hit(SEED, 64, stored=_PendingManager(), block_hashes=_CHAIN4), "lookup_not_ready", "stored",
+     {"num_tokens": 64}),
     # plan_hit's scenario
     (lambda: plan_hit(SEED, {"num_tokens": 64, "bogus": 1}), "unknown_key", "'bogus'", {}),
     (lambda: plan_hit(SEED, {"stored": {}}), "missing_field", "num_tokens", {}),
@@ -187,6 +215,9 @@ def test_a_run_found_after_a_jump_over_misses_is_a_whole_run(name, geom, n, stor
 _ALL_64 = {"0": [32, 64], "1": [16, 32, 48, 64]}
 _TAIL = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}],
                         "cache": {"prefix_match_unit": 8}, "offload": {}})  # partial tails, H = 8
+_TAIL4 = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}],
+                         "cache": {"prefix_match_unit": 4}, "offload": {}})
+_SW_ONLY = _geom({"kind": "sliding_window", "block_size": 16, "sliding_window": 16})
 _B1 = _geom({"kind": "full_attention", "block_size": 1}, {"kind": "sliding_window", "block_size": 1,
                                                            "sliding_window": 2})
 _B1_ALL = {"0": list(range(1, 11)), "1": list(range(1, 11))}
@@ -199,6 +230,19 @@ _B1_ALL = {"0": list(range(1, 11)), "1": list(range(1, 11))}
         (SEED, 10, _Manager(), {"offload_keys": [[], []]}, (0, 0, 0, False)),
         (SEED, 10, Residency(), {"block_hashes": (b"a",)}, (0, 0, 0, False)),
         (SEED, 10, Residency(), {"block_hashes": [b"a"], "holder": 1}, (0, 0, 0, False)),
+        # the tier's own arguments reach it: the chain, the request context, the connector's offload keys
+        (SEED, 65, _Manager(), {"block_hashes": _CHAIN4}, (64, 64, 0, False)),
+        (SEED, 65, _ContextManager(), {"block_hashes": _CHAIN4, "req_context": "mine"}, (64, 64, 0, False)),
+        (SEED, 65, _ContextManager(), {"block_hashes": _CHAIN4, "req_context": "other"}, (0, 0, 0, False)),
+        (SEED, 65, _Manager(), {"offload_keys": [["a", "b"], ["c", "d", "e", "f"]]}, (64, 64, 0, False)),
+        # a partial tail is tried only above the complete hit: with the complete chunks ending at 32 held, the
+        # hit is those chunks, not a "tail" at 32 (vLLM: 32)
+        (_TAIL, 40, {"0": [16, 32], "1": [16, 32]}, {}, (32, 32, 0, False)),
+        # prefix_match_unit 4: the highest tail of a 7-token request is 4, never the key ending at 12 that
+        # this tier also holds (vLLM, which has no hash past the request: 4)
+        (_TAIL4, 7, {"0": [4, 12], "1": [4, 12]}, {}, (4, 4, 0, True)),
+        # a geometry of windowed groups only (no full-attention group to look up first; vLLM: 32)
+        (_SW_ONLY, 40, {"0": [16, 32]}, {}, (32, 32, 0, False)),
         # an empty request with the default local prefix: nothing to hit, not a local prefix past the request
         (SEED, 0, {}, {}, (0, 0, 0, False)),
         # a local prefix equal to the request is allowed: nothing left to load
@@ -271,3 +315,17 @@ def test_skipped_tokens_per_family(group, end, skipped):
 )
 def test_rswa_gap_blocks_edges(prompt, computed, gap):
     assert rswa_gap_blocks(RSWA, 1, prompt, computed) == gap
+
+
+def test_windowed_groups_are_looked_up_by_decreasing_window():
+    """vLLM 0.33's ``_lookup_groups`` order: full attention first, then windowed groups by decreasing window
+    (a sliding window of 3 chunks before the Mamba group's 1, whatever the config order). The keys asked, in
+    order, from vLLM's ``get_num_new_matched_tokens`` on the same tier (``run_lookup_trace``)."""
+    geom = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16},
+                                      {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                           "cache": NO_RETENTION, "offload": {}})
+    stored = {"0": list(range(16, 97, 16)), "1": [48, 96], "2": list(range(16, 97, 16))}
+    trace = hits.lookup_trace(geom, 100, stored=stored)
+    assert trace.hit.hit_tokens == 96
+    assert [(p.group, p.end_token) for p in trace.probes] == [
+        (0, 16), (0, 32), (0, 48), (0, 64), (0, 80), (0, 96), (2, 96), (2, 80), (2, 64), (1, 96)]
