@@ -217,6 +217,7 @@ _TAIL = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}],
                         "cache": {"prefix_match_unit": 8}, "offload": {}})  # partial tails, H = 8
 _TAIL4 = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}],
                          "cache": {"prefix_match_unit": 4}, "offload": {}})
+_FA_ONLY = _geom(_FA16)
 _SW_ONLY = _geom({"kind": "sliding_window", "block_size": 16, "sliding_window": 16})
 _B1 = _geom({"kind": "full_attention", "block_size": 1}, {"kind": "sliding_window", "block_size": 1,
                                                            "sliding_window": 2})
@@ -243,6 +244,9 @@ _B1_ALL = {"0": list(range(1, 11)), "1": list(range(1, 11))}
         (_TAIL4, 7, {"0": [4, 12], "1": [4, 12]}, {}, (4, 4, 0, True)),
         # a geometry of windowed groups only (no full-attention group to look up first; vLLM: 32)
         (_SW_ONLY, 40, {"0": [16, 32]}, {}, (32, 32, 0, False)),
+        # max_load_tokens 40 on full attention alone: the candidate is clamped to the chunk grid (32), never
+        # a load ending inside a chunk (40)
+        (_FA_ONLY, 64, {"0": [16, 32, 48, 64]}, {"max_load_tokens": 40}, (32, 32, 0, False)),
         # an empty request with the default local prefix: nothing to hit, not a local prefix past the request
         (SEED, 0, {}, {}, (0, 0, 0, False)),
         # a local prefix equal to the request is allowed: nothing left to load
