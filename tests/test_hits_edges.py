@@ -247,6 +247,9 @@ _B1_ALL = {"0": list(range(1, 11)), "1": list(range(1, 11))}
         # max_load_tokens 40 on full attention alone: the candidate is clamped to the chunk grid (32), never
         # a load ending inside a chunk (40)
         (_FA_ONLY, 64, {"0": [16, 32, 48, 64]}, {"max_load_tokens": 40}, (32, 32, 0, False)),
+        # a 50-token request has 3 hashes: the attention group (2 hashes a chunk) keys 1 chunk, so a key ending
+        # at 64 the tier holds is past the request's keys and the candidate stops at 32
+        (SEED, 50, {"0": [32, 64], "1": [16, 32, 48]}, {}, (32, 32, 0, False)),
         # an empty request with the default local prefix: nothing to hit, not a local prefix past the request
         (SEED, 0, {}, {}, (0, 0, 0, False)),
         # a local prefix equal to the request is allowed: nothing left to load
