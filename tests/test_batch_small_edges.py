@@ -109,6 +109,14 @@ def test_wide_rank_lengths_bound_is_inclusive():
     assert lengths[:6] == (1, 1, 1, 1, 1, 0) and sum(lengths) == 5
 
 
+def test_state_block_is_an_exact_int_at_int64_scale():
+    # the last Mamba boundary below 2^63 (B_m = 16): block 2^59 - 2, an int (a float quotient would round
+    # 2^59 - 1 up to 2^59 and give 2^59 - 1)
+    block = state_block_for_boundary(SEED, 1, (1 << 63) - 16)
+    assert type(block) is int and block == (1 << 59) - 2
+    assert type(state_block_for_boundary(SEED, 1, 48)) is int
+
+
 @pytest.mark.parametrize(
     ("position", "column", "rank", "offset"),
     [
