@@ -76,6 +76,7 @@ def test_scalar_problem_names_the_argument_and_numbers(call, code, field, values
     (problem,) = info.value.problems
     assert (problem.code, problem.field) == (code, field)
     assert {k: problem.values.get(k) for k in values} == values
+    assert isinstance(problem.message, str) and problem.message
 
 
 def test_wide_key_map_counts_rank_lengths_and_one_value_per_mamba_key():
@@ -353,6 +354,7 @@ def test_batch_problem_names_the_argument_and_numbers(call, code, field, values)
     (problem,) = info.value.problems
     assert (problem.code, problem.field) == (code, field)
     assert {k: problem.values.get(k) for k in values} == values
+    assert isinstance(problem.message, str) and problem.message
 
 
 # ---------------------------------------------------------------------------------------------
