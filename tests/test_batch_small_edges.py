@@ -473,3 +473,20 @@ def test_key_maps_equal_the_scalar_key_maps(geom_name):
     assert len(km) == len(prefixes)
     for i, n in enumerate(prefixes):
         assert km.key_map(i) == keys.key_map(geom, n)
+
+
+@pytest.mark.parametrize("rank", [None, 0, 1])
+@pytest.mark.parametrize("geom_name", ["interleaved", "dcp3"])
+def test_checked_slot_path_equals_dcp_slot(geom_name, rank):
+    # a negative id in a column no position uses sends slot_mapping down its checked path (each gathered
+    # entry checked); with interleaved dealing its slots are still dcp_slot's, and with rank=None every
+    # position gets its owner's slot (no pad slot)
+    geom = {"interleaved": INTERLEAVED, "dcp3": DCP3}[geom_name]
+    row = [7, 9, -1]
+    positions = list(range(2 * geom.groups[0].span))
+    want = []
+    for p in positions:
+        owner, slot = ranks.dcp_slot(geom, 0, p, row)
+        want.append(slot if rank is None or owner == rank else -1)
+    got = batch.slot_mapping(geom, 0, positions, np.array([row]), [0] * len(positions), rank=rank)
+    assert got.tolist() == want
