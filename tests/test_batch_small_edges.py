@@ -490,3 +490,12 @@ def test_checked_slot_path_equals_dcp_slot(geom_name, rank):
         want.append(slot if rank is None or owner == rank else -1)
     got = batch.slot_mapping(geom, 0, positions, np.array([row]), [0] * len(positions), rank=rank)
     assert got.tolist() == want
+
+
+def test_max_restorable_tokens_with_a_one_token_mamba_chunk():
+    # B_m = 1, k = 1: every count is a chunk boundary; the restorable prefix is n - 1 (0 for 0 and 1)
+    geom = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 1, "mamba_cache_mode": "align"}], "offload": {}})
+    counts = [0, 1, 2, 3, 17]
+    want = [kvgeom.boundaries.max_restorable_tokens(geom, 0, n) for n in counts]
+    assert want == [0, 0, 1, 2, 16]
+    assert batch.max_restorable_tokens(geom, 0, counts).tolist() == want
