@@ -1,0 +1,339 @@
+"""Edge rows of ``kvgeom.prefix`` and its batch twin ``kvgeom.batch.prefix`` (issue 19, mutation testing).
+
+Each row pins one rule: the code, field and numbers of a refusal, the edge of a bound, one branch of a
+per-kind lookup. Hit rows carry vLLM 0.33's answer: the same geometry and residency were run through
+vLLM's own ``find_longest_cache_hit`` with ``kvgeom.conformance.vllm_prefix.vllm_prefix_answers`` (the
+``/work/vllm-venv`` install, 2026-12-02); the comment says what vLLM returned. The batch rows take the
+scalar ``prefix_hit`` on the same input as their oracle (the batch twin's contract). The whole file runs in
+about a second so that mutation testing can run it once per mutant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _prefix_rows import geometry
+
+import kvgeom
+from kvgeom.batch.prefix import prefix_hits
+from kvgeom.prefix import (
+    PrefixHit,
+    lookup_groups,
+    prefix_hit,
+    prefix_hit_from_scenario,
+    refuse_unlookable,
+    resident_sets,
+)
+
+DEFAULT = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # full attention span 32 + Mamba 16, H = A = 16
+
+
+def _fa(b):
+    return {"kind": "full_attention", "block_size": b}
+
+
+def _m(b):
+    return {"kind": "mamba", "block_size": b}
+
+
+def _sw(b, w):
+    return {"kind": "sliding_window", "block_size": b, "sliding_window": w}
+
+
+def _cl(b, c):
+    return {"kind": "chunked_local", "block_size": b, "attention_chunk_size": c}
+
+
+def _cb(b):
+    return {"kind": "circular_buffer", "block_size": b}
+
+
+def _problem(call):
+    with pytest.raises(kvgeom.QueryError) as info:
+        call()
+    p = info.value.problems[0]
+    return p.code, p.field, p.values
+
+
+# -- refusals: code, field, numbers ------------------------------------------------------------------
+
+_FA_CB = kvgeom.resolve({"groups": [_fa(16), _cb(16)]})  # group 1 is never prefix-cacheable
+
+
+@pytest.mark.parametrize(
+    ("geom", "resident", "want"),
+    [
+        # the residency is not a mapping: the argument itself is named
+        (DEFAULT, [16], ("bad_resident", "resident", {})),
+        # a key that is not a group index names the residency and quotes the key
+        (DEFAULT, {"x": [16]}, ("bad_resident", "resident", {"key": "x"})),
+        (DEFAULT, {"-1": [16]}, ("bad_resident", "resident", {"key": "-1"})),  # a string key must be digits
+        (DEFAULT, {True: [16]}, ("bad_resident", "resident", {"key": "True"})),  # a bool is not an index
+        (DEFAULT, {None: [16]}, ("bad_resident", "resident", {"key": "None"})),  # int(None): TypeError
+        # an index outside 0..len(groups)-1 (both edges) names the entry and the group
+        (DEFAULT, {2: [16]}, ("no_such_group", "resident.2", {"group": 2})),
+        (DEFAULT, {-1: [16]}, ("no_such_group", "resident.-1", {"group": -1})),
+        (_FA_CB, {"1": [16]}, ("group_not_prefix_cacheable", "resident.1", {"group": 1})),
+        # the entries of a group must be a collection of ints, not a string/bytes/int
+        (DEFAULT, {"0": "16"}, ("bad_resident", "resident.0", {})),
+        (DEFAULT, {"0": b"\x10"}, ("bad_resident", "resident.0", {})),
+        (DEFAULT, {"0": 16}, ("bad_resident", "resident.0", {})),
+        # an end token is a non-negative int named with its group ...
+        (DEFAULT, {"1": [-16]}, ("negative", "resident.1 end token", {"resident.1 end token": -16})),
+        (DEFAULT, {"1": [16.0]}, ("not_an_integer", "resident.1 end token", {})),
+        # ... on the H grid, positive: the entry and H are quoted (H = 16 here; 0 covers no hash unit)
+        (DEFAULT, {"1": [16, 24]}, ("not_on_hash_grid", "resident.1", {"end_token": 24, "hash_block_size": 16})),
+        (DEFAULT, {"1": [0]}, ("not_on_hash_grid", "resident.1", {"end_token": 0, "hash_block_size": 16})),
+    ],
+)
+def test_bad_residency_names_field_and_numbers(geom, resident, want):
+    assert _problem(lambda: prefix_hit(geom, 100, resident)) == want
+
+
+def test_residency_field_is_the_callers_name():
+    """``resident_sets(..., field)`` names the caller's argument (the conformance sheet's ``gpu_resident``)."""
+    assert _problem(lambda: resident_sets(DEFAULT, 7, "gpu_resident"))[:2] == ("bad_resident", "gpu_resident")
+    assert _problem(lambda: resident_sets(DEFAULT, {"0": [8]}, "gpu_resident"))[:2] == (
+        "not_on_hash_grid", "gpu_resident.0")
+    assert _problem(lambda: resident_sets(DEFAULT, {"0": [-16]}, "gpu_resident"))[:2] == (
+        "negative", "gpu_resident.0 end token")
+
+
+def test_residency_keys_in_both_forms_are_merged():
+    """JSON string keys and int keys name the same group; their entries are united (not the last one wins),
+    and a key with spaces around its digits is still that group."""
+    assert resident_sets(DEFAULT, {"0": [32], 0: [64], " 1 ": [16], 1: []}) == {
+        0: frozenset({32, 64}), 1: frozenset({16})}
+    assert resident_sets(DEFAULT, {}) == {}
+    assert resident_sets(DEFAULT, {"1": ()}) == {1: frozenset()}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "want"),
+    [
+        ({"num_tokens": -1}, ("negative", "num_tokens", {"num_tokens": -1})),
+        ({"num_tokens": "9"}, ("not_an_integer", "num_tokens", {})),
+        ({"num_tokens": 100, "max_hit_tokens": -1}, ("negative", "max_hit_tokens", {"max_hit_tokens": -1})),
+        ({"num_tokens": 100, "max_hit_tokens": 2.5}, ("not_an_integer", "max_hit_tokens", {})),
+    ],
+)
+def test_bad_request_names_the_argument(kwargs, want):
+    rest = {k: v for k, v in kwargs.items() if k != "num_tokens"}  # the row itself is never changed
+    assert _problem(lambda: prefix_hit(DEFAULT, kwargs["num_tokens"], {}, **rest)) == want
+
+
+_CL_WIDE = kvgeom.resolve({"groups": [_fa(32), _cl(16, 32)]})  # A = 32, chunked-local span 16
+_CROSS = kvgeom.resolve({"groups": [_fa(16), {"kind": "cross_attention", "block_size": 16}]})
+
+
+@pytest.mark.parametrize(
+    ("geom", "want"),
+    [
+        # chunked local with span 16 beside A = 32: the block size is named with both numbers
+        (_CL_WIDE, ("chunked_local_span_not_alignment", "groups[1].block_size", {"span": 16, "hit_alignment_tokens": 32})),
+        # prefix-cacheable cross attention: its prefix_cacheable switch is named
+        (_CROSS, ("cross_attention_prefix_cache", "groups[1].prefix_cacheable", {})),
+    ],
+)
+@pytest.mark.parametrize("n", [0, 1, 100])
+def test_unlookable_geometry_is_refused_for_every_request(geom, want, n):
+    """vLLM's coordinator asks every manager even for an empty hit: the refusal does not depend on n."""
+    assert _problem(lambda: prefix_hit(geom, n, {})) == want
+    assert _problem(lambda: prefix_hits(geom, np.array([n]), {}))[:2] == want[:2]
+
+
+def test_chunked_local_alone_is_looked_up_with_any_span():
+    """A single chunked-local group (unitary coordinator) aligns to its own span: no refusal."""
+    g = kvgeom.resolve({"groups": [_cl(16, 32)]})
+    refuse_unlookable(g, lookup_groups(g))
+    assert prefix_hit(g, 100, {0: [16, 32, 48, 64, 80, 96]}).hit_tokens == 96
+
+
+def test_chunked_local_taking_the_drop_is_refused():
+    """A chunked-local group with a speculative margin (vLLM disables the hybrid allocator instead)."""
+    import dataclasses
+
+    g = kvgeom.resolve({"groups": [_fa(16), _cl(16, 32)]})
+    groups = list(g.groups)
+    groups[1] = dataclasses.replace(groups[1], proof_margin=16)
+    g = dataclasses.replace(g, groups=tuple(groups))
+    assert _problem(lambda: refuse_unlookable(g, lookup_groups(g))) == ("drop_on_chunked_local", "groups[1]", {})
+    assert _problem(lambda: prefix_hit(g, 0, {}))[:2] == ("drop_on_chunked_local", "groups[1]")
+
+
+# -- lookup groups --------------------------------------------------------------------------------------
+
+
+def test_lookup_groups_merge_equal_specs_and_put_full_attention_first():
+    g = kvgeom.resolve({"groups": [_m(16), _sw(16, 33), _fa(16), _sw(16, 33), _sw(16, 65), _fa(16), _cb(16)]})
+    got = [(lg.family, lg.group_ids, lg.full_attention, lg.window, lg.chunk, lg.proof_margin, lg.span)
+           for lg in lookup_groups(g)]
+    assert got == [
+        ("full", (2, 5), True, None, None, None, 16),
+        ("mamba", (0,), False, None, None, None, 16),
+        ("sliding", (1, 3), False, 33, None, None, 16),
+        ("sliding", (4,), False, 65, None, None, 16),
+    ]
+    assert lookup_groups(g)[2].group is g.groups[1]  # the first member's geometry
+    c = kvgeom.resolve({"groups": [_fa(16), _cl(16, 48)]})
+    assert [(lg.window, lg.chunk) for lg in lookup_groups(c)] == [(None, None), (None, 48)]
+
+
+def test_lookup_group_margin_comes_from_a_dropping_member_and_never_for_mamba():
+    import dataclasses
+
+    g = kvgeom.resolve({"groups": [_fa(16), _fa(16), _m(16)]})
+    groups = list(g.groups)
+    groups[1] = dataclasses.replace(groups[1], proof_margin=16)  # the second member drops
+    groups[2] = dataclasses.replace(groups[2], proof_margin=16)  # a Mamba group never drops
+    got = lookup_groups(dataclasses.replace(g, groups=tuple(groups)))
+    assert [(lg.group_ids, lg.proof_margin) for lg in got] == [((0, 1), 16), ((2,), None)]
+
+
+def test_no_prefix_cacheable_group_and_caching_off_give_no_hit():
+    g = kvgeom.resolve({"groups": [_cb(16)]})
+    assert lookup_groups(g) == ()
+    assert prefix_hit(g, 100, {}) == PrefixHit(0, 100, (kvgeom.prefix.GroupPrefixHit(0, (), ()),))
+    assert prefix_hits(g, np.array([100, 50]), {}).tolist() == [0, 0]
+    off = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"prefix_caching": False}})
+    assert prefix_hits(off, np.array([100]), {0: np.ones((1, 6), bool), 1: np.ones((1, 6), bool)}).tolist() == [0]
+
+
+# -- the batch twin: the scalar prefix_hit on the same rows is the oracle --------------------------------
+
+_MTP3 = {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}
+_EAGLE = {"method": "eagle", "num_speculative_tokens": 2, "lookahead_hashes": False}
+
+#: (name, config, groups given the speculative drop): every lookup kind, alone (unitary coordinator) and
+#: hybrid, spans equal to, below and above the hit alignment A, fine-grained (partial hash hit) lookups,
+#: drops on attention and sliding windows, look-ahead hashes, merged equal specs, a non-cacheable group.
+BATCH_GEOMS = [
+    ("fa32-m16", kvgeom.DEFAULT_CONFIG, ()),
+    ("fa16-m16", {"groups": [_fa(16), _m(16)]}, ()),
+    ("fa16-m16-dcp2", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 2, "tp": 2}}, ()),
+    ("fa16-m64", {"groups": [_fa(16), _m(64)]}, ()),
+    ("fa32-m16-A32", {"groups": [_fa(32), _m(16)]}, ()),
+    ("fa16-sw33", {"groups": [_fa(16), _sw(16, 33)]}, ()),
+    ("fa32-sw16-17", {"groups": [_fa(32), _sw(16, 17)]}, ()),
+    ("fa32-sw16-49", {"groups": [_fa(32), _sw(16, 49)]}, ()),
+    ("fa16-sw32-65", {"groups": [_fa(16), _sw(32, 65)]}, ()),
+    ("fa16-cl32", {"groups": [_fa(16), _cl(16, 32)]}, ()),
+    ("fa16-cl48", {"groups": [_fa(16), _cl(16, 48)]}, ()),
+    ("three", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, ()),
+    ("merged", {"groups": [_fa(16), _fa(16), _m(16), _cb(16)]}, ()),
+    ("two-sw", {"groups": [_sw(16, 33), _sw(16, 65), _m(16)]}, ()),
+    ("fa-alone", {"groups": [_fa(16)]}, ()),
+    ("fa-alone-dcp2", {"groups": [_fa(16)], "parallel": {"dcp": 2, "tp": 2}}, ()),
+    ("m-alone", {"groups": [_m(16)]}, ()),
+    ("sw-alone", {"groups": [_sw(16, 33)]}, ()),
+    ("cl-alone", {"groups": [_cl(16, 48)]}, ()),
+    ("drop-fa", {"groups": [_fa(16), _m(16)]}, (0,)),
+    ("drop-fa-fine", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 2, "tp": 2}}, (0,)),
+    ("drop-sw", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (0, 1)),
+    ("drop-sw-only", {"groups": [_fa(16), _sw(16, 33)]}, (1,)),
+    ("drop-sw-A32", {"groups": [_fa(32), _sw(16, 33)]}, (0, 1)),
+    ("drop-alone", {"groups": [_fa(16)], "parallel": {"dcp": 2, "tp": 2}}, (0,)),
+    ("drop-sw-alone", {"groups": [_sw(16, 33)]}, (0,)),
+    ("45614", {"groups": [_fa(16), _m(16), _sw(16, 33)]}, (0, 2)),
+    ("spec-eagle", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _EAGLE}, ()),
+    ("spec-lookahead", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3}, ()),
+]
+
+
+def _random_rows(geom, rng, rows):
+    """Per row a request length and per prefix-cacheable group a resident prefix (random length) with
+    holes and stray entries past it; lengths include 0, 1, H and H + 1."""
+    H = geom.hash_block_size
+    n = rng.integers(0, 200, size=rows)
+    n[:4] = [0, 1, H, H + 1]
+    cols = 200 // H + 2  # wider than any row's chain: columns past it must be ignored
+    held = {}
+    for g in geom.groups:
+        if not g.prefix_cacheable:
+            continue
+        lead = rng.integers(0, cols + 1, size=(rows, 1))
+        density = rng.choice([0.0, 0.5, 0.9], size=(rows, 1))
+        m = (np.arange(cols)[None, :] < lead) & (rng.random((rows, cols)) < 0.95)
+        held[g.index] = m | (rng.random((rows, cols)) < density * 0.5)
+    return n, held
+
+
+def _scalar(geom, n, held):
+    H = geom.hash_block_size
+    out = []
+    for r in range(len(n)):
+        resident = {g: [(i + 1) * H for i in np.flatnonzero(m[r])] for g, m in held.items()}
+        out.append(prefix_hit(geom, int(n[r]), resident).hit_tokens)
+    return out
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop"), BATCH_GEOMS, ids=[g[0] for g in BATCH_GEOMS])
+def test_batch_prefix_hits_equal_the_scalar_hit(name, cfg, drop):
+    """``prefix_hits(geom, n, held)[r] == prefix_hit(geom, n[r], row r).hit_tokens`` (seeded rows)."""
+    geom = geometry(cfg, drop)
+    rng = np.random.default_rng(sum(map(ord, name)))
+    n, held = _random_rows(geom, rng, 40)
+    got = prefix_hits(geom, n, held)
+    assert got.dtype == np.int64 and got.shape == (40,)
+    assert got.tolist() == _scalar(geom, n, held)
+
+
+def test_batch_prefix_hits_take_one_length_for_every_row_and_empty_matrices():
+    """An int ``num_tokens`` applies to every row (rows from the matrices); an empty matrix holds nothing;
+    a matrix narrower than the chain holds nothing past its columns."""
+    g = DEFAULT  # H = 16: 100 tokens have 6 hashes
+    held = {0: np.array([[0, 1, 0, 1, 1, 0], [0, 1, 0, 0, 0, 0]], bool),
+            1: np.array([[1, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]], bool)}
+    assert prefix_hits(g, 100, held).tolist() == [80, 32]  # the module's example: prefix_hit's answers
+    assert prefix_hits(g, np.int64(100), held).tolist() == [80, 32]
+    assert prefix_hits(g, [100, 40], held).tolist() == [80, 32]
+    narrow = {0: held[0][:, :4], 1: held[1][:, :4]}  # entries 80 and 96 not held
+    assert prefix_hits(g, 100, narrow).tolist() == [64, 32]
+    assert prefix_hits(g, 100, {0: held[0], 1: []}).tolist() == [0, 0]  # an empty list: Mamba holds nothing
+    assert prefix_hits(g, np.array([100, 100]), {1: np.zeros((2, 0), bool)}).tolist() == [0, 0]
+    assert prefix_hits(g, 100, {}).shape == (0,)
+    assert prefix_hits(g, np.zeros(0, np.int64), {}).shape == (0,)
+    assert prefix_hits(g, np.array([], dtype=float), {}).shape == (0,)  # an empty array of any dtype
+
+
+def test_batch_prefix_hits_ignore_entries_past_each_rows_chain():
+    """Row r holds nothing past ``num_tokens[r] // H`` hashes even when its matrix says so."""
+    g = kvgeom.resolve({"groups": [_fa(16), _m(16)]})
+    full = {0: np.ones((3, 8), bool), 1: np.ones((3, 8), bool)}
+    assert prefix_hits(g, np.array([128, 50, 17]), full).tolist() == [112, 48, 16]
+    # with MTP look-ahead hashes (P = 3) a hash exists once its 3 look-ahead tokens do: 98 tokens, 5 hashes
+    la = kvgeom.resolve({"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3})
+    assert la.hash_lookahead_tokens == 3
+    assert prefix_hits(la, np.array([98, 99, 2]), full).tolist() == [80, 96, 0] == [
+        prefix_hit(la, n, {0: range(16, 129, 16), 1: range(16, 129, 16)}).hit_tokens for n in (98, 99, 2)]
+
+
+@pytest.mark.parametrize(
+    ("n", "held", "want"),
+    [
+        (np.array([1.5]), {}, ("not_an_integer", "num_tokens")),
+        (np.array([True]), {}, ("not_an_integer", "num_tokens")),
+        ("100", {}, ("not_an_integer", "num_tokens")),
+        (np.array([[100]]), {}, ("bad_shape", "num_tokens")),
+        (np.array([100, -1]), {}, ("negative", "num_tokens")),
+        (np.array([2**63], dtype=np.uint64), {}, ("int64_overflow", "num_tokens")),
+        (100, [np.zeros((1, 6), bool)], ("bad_resident", "held")),
+        (100, {"x": np.zeros((1, 6), bool)}, ("bad_resident", "held")),
+        (100, {None: np.zeros((1, 6), bool)}, ("bad_resident", "held")),
+        (100, {2: np.zeros((1, 6), bool)}, ("group_not_prefix_cacheable", "held.2")),
+        (100, {-1: np.zeros((1, 6), bool)}, ("group_not_prefix_cacheable", "held.-1")),
+        (100, {0: np.zeros((1, 6), int)}, ("bad_resident", "held.0")),
+        (100, {0: np.zeros(6, bool)}, ("bad_shape", "held.0")),
+        (np.array([100, 100]), {0: np.zeros((1, 6), bool)}, ("bad_shape", "held.0")),
+        (100, {0: np.zeros((1, 6), bool), 1: np.zeros((2, 6), bool)}, ("bad_shape", "held")),
+    ],
+)
+def test_batch_prefix_hits_refuse_bad_input(n, held, want):
+    code, field, _values = _problem(lambda: prefix_hits(DEFAULT, n, held))
+    assert (code, field) == want
+
+
+def test_batch_group_refusal_quotes_the_group():
+    assert _problem(lambda: prefix_hits(_FA_CB, 100, {1: np.zeros((1, 6), bool)})) == (
+        "group_not_prefix_cacheable", "held.1", {"group": 1})
+    assert prefix_hits(_FA_CB, 100, {"0": np.ones((1, 6), bool)}).tolist() == [96]  # a JSON key names group 0
