@@ -20,7 +20,6 @@ from kvgeom.prefix import (
     PrefixHit,
     lookup_groups,
     prefix_hit,
-    prefix_hit_from_scenario,
     refuse_unlookable,
     resident_sets,
 )
@@ -130,7 +129,8 @@ _CROSS = kvgeom.resolve({"groups": [_fa(16), {"kind": "cross_attention", "block_
     ("geom", "want"),
     [
         # chunked local with span 16 beside A = 32: the block size is named with both numbers
-        (_CL_WIDE, ("chunked_local_span_not_alignment", "groups[1].block_size", {"span": 16, "hit_alignment_tokens": 32})),
+        (_CL_WIDE, ("chunked_local_span_not_alignment", "groups[1].block_size",
+                    {"span": 16, "hit_alignment_tokens": 32})),
         # prefix-cacheable cross attention: its prefix_cacheable switch is named
         (_CROSS, ("cross_attention_prefix_cache", "groups[1].prefix_cacheable", {})),
     ],
