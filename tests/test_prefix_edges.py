@@ -175,6 +175,9 @@ def test_lookup_groups_merge_equal_specs_and_put_full_attention_first():
         ("sliding", (4,), False, 65, None, None, 16),
     ]
     assert lookup_groups(g)[2].group is g.groups[1]  # the first member's geometry
+    # a group that is not prefix-cacheable is skipped, not the end of the list
+    mid = kvgeom.resolve({"groups": [_fa(16), _cb(16), _m(16)]})
+    assert [lg.group_ids for lg in lookup_groups(mid)] == [(0,), (2,)]
     c = kvgeom.resolve({"groups": [_fa(16), _cl(16, 48)]})
     assert [(lg.window, lg.chunk) for lg in lookup_groups(c)] == [(None, None), (None, 48)]
 
@@ -237,6 +240,12 @@ BATCH_GEOMS = [
     ("45614", {"groups": [_fa(16), _m(16), _sw(16, 33)]}, (0, 2)),
     ("spec-eagle", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _EAGLE}, ()),
     ("spec-lookahead", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3}, ()),
+    ("spec-lookahead-dcp2", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3,
+                             "parallel": {"dcp": 2, "tp": 2}}, ()),
+    ("fa16-m16-dcp4", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 4, "tp": 4}}, ()),
+    ("fa16-sw18", {"groups": [_fa(16), _sw(16, 18)]}, ()),  # window - 1 = 17: cdiv(17, 16) = 2 blocks
+    ("fa64-sw16-17", {"groups": [_fa(64), _sw(16, 17)]}, ()),  # A = 64 = 4 sliding-window blocks
+    ("drop-fa1", {"groups": [{**_fa(1), "drafter": True}], "speculative": {**_EAGLE, "num_speculative_tokens": 1}}, ()),
 ]
 
 
@@ -337,3 +346,114 @@ def test_batch_group_refusal_quotes_the_group():
     assert _problem(lambda: prefix_hits(_FA_CB, 100, {1: np.zeros((1, 6), bool)})) == (
         "group_not_prefix_cacheable", "held.1", {"group": 1})
     assert prefix_hits(_FA_CB, 100, {"0": np.ones((1, 6), bool)}).tolist() == [96]  # a JSON key names group 0
+
+
+# -- the probe form of the residency ------------------------------------------------------------------
+
+
+def test_probe_residency_gives_the_mapping_hit_per_group():
+    """A ``contains(group, end_token)`` probe is asked with the group and the end token, and gives the
+    same hit as the mapping it answers for (the module example: 80)."""
+    resident = {0: {32, 64, 80}, 1: {16, 48, 80}}
+    asked = []
+
+    def contains(group, end):
+        asked.append((group, end))
+        return end in resident[group]
+
+    hit = prefix_hit(DEFAULT, 100, contains)
+    assert (hit.hit_tokens, [g.end_tokens for g in hit.groups]) == (80, [(32, 64, 80), (80,)])
+    assert hit == prefix_hit(DEFAULT, 100, resident)
+    assert {g for g, _ in asked} == {0, 1} and all(e > 0 and e % 16 == 0 for _, e in asked)
+
+
+@pytest.mark.parametrize("cfg", [kvgeom.DEFAULT_CONFIG, {"groups": [_fa(16), _m(16)]}, {"groups": [_m(16)]},
+                                 {"groups": [_fa(16), _m(64)]}, {"groups": [_fa(16)], "parallel": {"dcp": 4, "tp": 4}}])
+def test_a_lookup_never_asks_for_an_entry_ending_at_token_0(cfg):
+    """Entries end at positive multiples of H: with nothing held, no group is asked for an entry ending at 0
+    (a later group is not asked at all once an earlier one found nothing)."""
+    asked = []
+    g = kvgeom.resolve(cfg)
+    hit = prefix_hit(g, 100, lambda grp, e: asked.append(e) or False)
+    assert hit.hit_tokens == 0 and all(x.end_tokens == () for x in hit.groups)
+    assert asked and min(asked) > 0
+
+
+@pytest.mark.parametrize(
+    ("n", "answer", "hit"),
+    [
+        # a probe that holds everything: entries past the chain (96 of a 100-token request) are never held,
+        # the entry at the chain's end is (H = 16, attention span 32, Mamba 16: both reach 96)
+        (100, True, 96),
+        (97, True, 96),
+        (96, True, 80),  # the hit never reaches the last token: 95 -> attention 64 + partial 80, Mamba 80
+        # a probe that holds nothing gives nothing, whatever the chain
+        (100, False, 0),
+    ],
+)
+def test_probe_residency_stops_at_the_chain(n, answer, hit):
+    assert prefix_hit(DEFAULT, n, lambda g, e: answer).hit_tokens == hit
+
+
+# -- hit rows at the edges of the per-kind lookups (answers from vLLM 0.33 runs) -----------------------
+
+_A16 = list(range(16, 257, 16))
+_D4 = {"dcp": 4, "tp": 4}
+_E1 = {**_EAGLE, "num_speculative_tokens": 1}
+
+#: (name, config, groups given the drop, num_tokens, resident, vLLM hit, vLLM end tokens per group)
+VLLM_ROWS = [
+    # DCP 4: attention span 64, H = A = 16, three H boundaries inside a span. The highest cached one below
+    # the next span wins, scanning down one H at a time: 96 (not 112, not held; 80 not needed). vLLM: 96
+    ("dcp4-partial-step", {"groups": [_fa(16), _m(16)], "parallel": _D4}, (), 200,
+     {"0": [64, 96], "1": [64, 96]}, 96, [[64, 96], [96]]),
+    # the top boundary of the span (first + S/A - 1): 112 is the last H before 128. vLLM: 112
+    ("dcp4-partial-top", {"groups": [_fa(16), _m(16)], "parallel": _D4}, (), 200,
+     {"0": [64, 112], "1": [64, 96, 112]}, 112, [[64, 112], [112]]),
+    # sliding window 18: window - 1 = 17 tokens need cdiv(17, 16) = 2 blocks; 48 alone is not enough, the run
+    # from block 0 (16) counts. vLLM: 16
+    ("sw18-two-blocks", {"groups": [_fa(16), _sw(16, 18)]}, (), 60, {"0": [16, 32, 48], "1": [16, 48]}, 16,
+     [[16], [16]]),
+    # A = 64 = four sliding blocks: the window's right edge must be on 64; block 11 (192) is. vLLM: 192
+    ("fa64-sw17-edge", {"groups": [_fa(64), _sw(16, 17)]}, (), 200, {"0": [64, 128, 192], "1": _A16[:12]}, 192,
+     [[64, 128, 192], [192]]),
+    # 160 and 144 are held but neither is on 64; 64 is. vLLM: 64
+    ("fa64-sw17-gap", {"groups": [_fa(64), _sw(16, 17)]}, (), 200,
+     {"0": [64, 128, 192], "1": [16, 32, 48, 64, 144, 160]}, 64, [[64], [64]]),
+    # block size 1 with the drop (EAGLE K = 1, one group): a 1-token hit drops to 0. vLLM: 0
+    ("drop-fa1-one", {"groups": [{**_fa(1), "drafter": True}], "speculative": _E1}, (), 3, {"0": [1]}, 0, [[]]),
+    # cap 4: four blocks proven, one dropped. vLLM: 3
+    ("drop-fa1-four", {"groups": [{**_fa(1), "drafter": True}], "speculative": _E1}, (), 5, {"0": [1, 2, 3, 4]}, 3,
+     [[1, 2, 3]]),
+    # MTP 3 look-ahead hashes with fine-grained attention (DCP 2, span 32): 81 tokens have floor(78 / 16) = 4
+    # hashes, so the chain ends at 64 and the partial entry 80 does not exist for this request. vLLM: 64
+    ("lookahead-dcp2", {"groups": [{**_fa(16), "drafter": True}, _m(16)], "speculative": _MTP3,
+                        "parallel": {"dcp": 2, "tp": 2}}, (), 81, {"0": [32, 64, 80], "1": [64, 80]}, 64,
+     [[32, 64], [64]]),
+    # drop on a sliding window 97 (7 blocks with the drop) under A = 32: only a run from block 0 (16..80) exists;
+    # it is cut to A (64), dropped one block and cut to A again (32). vLLM: 32
+    ("drop-sw97-bottom", {"groups": [_fa(32), _sw(16, 97)]}, (0, 1), 130,
+     {"0": [32, 64, 96, 128], "1": [16, 32, 48, 64, 80]}, 32, [[32], [16, 32]]),
+    # drop on a sliding window 33 (3 blocks with the drop): 64, 80, 96 found, 96 popped. vLLM: 80
+    ("drop-sw33-found", {"groups": [_fa(16), _sw(16, 33)]}, (0, 1), 130,
+     {"0": _A16[:8], "1": [16, 48, 64, 80, 96]}, 80, [[16, 32, 48, 64, 80], [64, 80]]),
+    # block size 1, chunked local chunk 4: attention holds nothing, so the chunked group is asked for nothing.
+    # vLLM: 0
+    ("cl1-fa1", {"groups": [_fa(1), _cl(1, 4)]}, (), 10, {"0": [], "1": [1, 2, 3]}, 0, [[], []]),
+    # attention 6; the chunk [4, 8) needs block 4 (end 5) and 5 (end 6); 5 is held, 6 not. vLLM: 5
+    ("cl1-fa1-held", {"groups": [_fa(1), _cl(1, 4)]}, (), 10, {"0": [1, 2, 3, 4, 5, 6], "1": [1, 2, 5]}, 5,
+     [[1, 2, 3, 4, 5], [5]]),
+]
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop", "n", "resident", "hit", "ends"), VLLM_ROWS,
+                         ids=[r[0] for r in VLLM_ROWS])
+def test_prefix_hit_edges_match_vllm(name, cfg, drop, n, resident, hit, ends):
+    geom = geometry(cfg, drop)
+    got = prefix_hit(geom, n, resident)
+    assert (got.hit_tokens, [list(g.end_tokens) for g in got.groups]) == (hit, ends)
+    assert [list(g.block_indices) for g in got.groups] == [
+        [-(-e // g.span) - 1 for e in want] for g, want in zip(geom.groups, ends, strict=True)]
+    held = {int(k): np.array([[(i + 1) * geom.hash_block_size in set(v) for i in range(n)]]) for k, v in
+            resident.items()}
+    assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]  # the batch twin on the same row
