@@ -108,6 +108,30 @@ def test_residency_keys_in_both_forms_are_merged():
 
 
 @pytest.mark.parametrize(
+    ("n", "max_hit", "hit"),
+    [
+        # max_hit_tokens past the request: the hit still never reaches the last token (H = 16, all held)
+        (97, 1000, 96),  # cap 96: attention 96 (3 spans), Mamba 96
+        (96, 1000, 80),  # cap 95: attention 64 + partial 80, Mamba 80
+        (97, 96, 96),
+        (97, 95, 80),  # below the cap: rounded down to A
+        (1, 5, 0),
+        (0, 5, 0),
+    ],
+)
+def test_max_hit_tokens_never_lets_the_hit_reach_the_last_token(n, max_hit, hit):
+    every = {0: range(16, 129, 16), 1: range(16, 129, 16)}  # attention: span ends and partial entries
+    assert prefix_hit(DEFAULT, n, every, max_hit_tokens=max_hit).hit_tokens == hit
+
+
+def test_max_hit_tokens_at_block_size_1():
+    """H = 1: a 1-token request has one hash, but its hit (< num_tokens) is 0 whatever max_hit_tokens says."""
+    g = kvgeom.resolve({"groups": [_fa(1)]})
+    assert prefix_hit(g, 1, {0: [1]}, max_hit_tokens=5).hit_tokens == 0
+    assert prefix_hit(g, 2, {0: [1, 2]}, max_hit_tokens=5).hit_tokens == 1
+
+
+@pytest.mark.parametrize(
     ("kwargs", "want"),
     [
         ({"num_tokens": -1}, ("negative", "num_tokens", {"num_tokens": -1})),
@@ -401,6 +425,9 @@ _A16 = list(range(16, 257, 16))
 _D4 = {"dcp": 4, "tp": 4}
 _E1 = {**_EAGLE, "num_speculative_tokens": 1}
 
+_LA_H1 = {"groups": [{**_fa(2), "drafter": True}, _m(2)], "cache": {"prefix_match_unit": 1},
+          "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2}}
+
 #: (name, config, groups given the drop, num_tokens, resident, vLLM hit, vLLM end tokens per group)
 VLLM_ROWS = [
     # DCP 4: attention span 64, H = A = 16, three H boundaries inside a span. The highest cached one below
@@ -437,12 +464,28 @@ VLLM_ROWS = [
     # drop on a sliding window 33 (3 blocks with the drop): 64, 80, 96 found, 96 popped. vLLM: 80
     ("drop-sw33-found", {"groups": [_fa(16), _sw(16, 33)]}, (0, 1), 130,
      {"0": _A16[:8], "1": [16, 48, 64, 80, 96]}, 80, [[16, 32, 48, 64, 80], [64, 80]]),
+    # chunked local 32: attention 80, the chunk [64, 96) needs block 4 (end 80), held: hit 80 reusing 80. vLLM: 80
+    ("cl32-inside-chunk", {"groups": [_fa(16), _cl(16, 32)]}, (), 100, {"0": _A16[:5], "1": [80]}, 80,
+     [_A16[:5], [80]]),
+    # chunked local 48: the chunk [48, 96) needs blocks 3 and 4 (ends 64, 80), both held. vLLM: 80
+    ("cl48-two-blocks", {"groups": [_fa(16), _cl(16, 48)]}, (), 100, {"0": _A16[:5], "1": [64, 80]}, 80,
+     [_A16[:5], [64, 80]]),
+    # 64 missing: the chunk's own blocks stop at once, the hit is the chunk start 48. vLLM: 48
+    ("cl48-hole", {"groups": [_fa(16), _cl(16, 48)]}, (), 100, {"0": _A16[:5], "1": [80]}, 48, [_A16[:3], []]),
+    # H = 1 (prefix_match_unit 1) with MTP 2 look-ahead hashes (P = 2): a 2-token request has no hash yet, so
+    # entry 1 does not exist for it. vLLM: 0
+    ("lookahead-h1-short", _LA_H1, (), 2, {"0": [1], "1": [1]}, 0, [[], []]),
+    # 5 tokens: 3 hashes; attention span 2 reuses block 2 and the partial entry 3, Mamba the state at 3. vLLM: 3
+    ("lookahead-h1", _LA_H1, (), 5, {"0": [1, 2, 3], "1": [1, 2, 3]}, 3, [[2, 3], [3]]),
     # block size 1, chunked local chunk 4: attention holds nothing, so the chunked group is asked for nothing.
     # vLLM: 0
     ("cl1-fa1", {"groups": [_fa(1), _cl(1, 4)]}, (), 10, {"0": [], "1": [1, 2, 3]}, 0, [[], []]),
     # attention 6; the chunk [4, 8) needs block 4 (end 5) and 5 (end 6); 5 is held, 6 not. vLLM: 5
     ("cl1-fa1-held", {"groups": [_fa(1), _cl(1, 4)]}, (), 10, {"0": [1, 2, 3, 4, 5, 6], "1": [1, 2, 5]}, 5,
      [[1, 2, 3, 4, 5], [5]]),
+    # chunk 1: every token is its own chunk, so a chunked-local group never needs a block; attention's 1 stands
+    # (a 1-token candidate starts a new chunk at 1). vLLM: 1
+    ("cl1-chunk1", {"groups": [_fa(1), _cl(1, 1)]}, (), 10, {"0": [1], "1": []}, 1, [[1], []]),
 ]
 
 
@@ -457,3 +500,21 @@ def test_prefix_hit_edges_match_vllm(name, cfg, drop, n, resident, hit, ends):
     held = {int(k): np.array([[(i + 1) * geom.hash_block_size in set(v) for i in range(n)]]) for k, v in
             resident.items()}
     assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]  # the batch twin on the same row
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n"),
+    [
+        ({**kvgeom.DEFAULT_CONFIG, "cache": {"prefix_caching": False}}, 100),  # prefix caching off
+        (kvgeom.DEFAULT_CONFIG, 1),  # the hit is below 1 token: 0
+        (kvgeom.DEFAULT_CONFIG, 0),
+        ({"groups": [_fa(16)]}, 1),  # the unitary coordinator, same
+    ],
+)
+def test_an_empty_hit_still_lists_every_group(cfg, n):
+    """The answer names every group of the geometry in index order, each reusing nothing, and the request."""
+    g = kvgeom.resolve(cfg)
+    every = {x.index: range(16, 129, 16) for x in g.groups}
+    got = prefix_hit(g, n, every)
+    assert got == PrefixHit(0, n, tuple(kvgeom.prefix.GroupPrefixHit(x.index, (), ()) for x in g.groups))
+    assert got.to_dict() == {"hit_tokens": 0, "groups": [{"index": x.index, "blocks": []} for x in g.groups]}
