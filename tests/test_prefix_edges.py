@@ -273,13 +273,13 @@ BATCH_GEOMS = [
 ]
 
 
-def _random_rows(geom, rng, rows):
-    """Per row a request length and per prefix-cacheable group a resident prefix (random length) with
-    holes and stray entries past it; lengths include 0, 1, H and H + 1."""
+def _random_rows(geom, rng, rows, longest):
+    """Per row a request length below ``longest`` and per prefix-cacheable group a resident prefix (random
+    length) with holes and stray entries past it; lengths include 0, 1, H and H + 1 when below ``longest``."""
     H = geom.hash_block_size
-    n = rng.integers(0, 200, size=rows)
-    n[:4] = [0, 1, H, H + 1]
-    cols = 200 // H + 2  # wider than any row's chain: columns past it must be ignored
+    n = rng.integers(0, longest, size=rows)
+    n[:4] = [x for x in (0, 1, H, H + 1) if x < longest] + [0] * sum(x >= longest for x in (0, 1, H, H + 1))
+    cols = longest // H + 2  # wider than any row's chain: columns past it must be ignored
     held = {}
     for g in geom.groups:
         if not g.prefix_cacheable:
@@ -300,12 +300,14 @@ def _scalar(geom, n, held):
     return out
 
 
+@pytest.mark.parametrize("longest", [200, 40, 20])
 @pytest.mark.parametrize(("name", "cfg", "drop"), BATCH_GEOMS, ids=[g[0] for g in BATCH_GEOMS])
-def test_batch_prefix_hits_equal_the_scalar_hit(name, cfg, drop):
-    """``prefix_hits(geom, n, held)[r] == prefix_hit(geom, n[r], row r).hit_tokens`` (seeded rows)."""
+def test_batch_prefix_hits_equal_the_scalar_hit(name, cfg, drop, longest):
+    """``prefix_hits(geom, n, held)[r] == prefix_hit(geom, n[r], row r).hit_tokens`` (seeded rows); short
+    batches too, where a group's matrix has one block column or none."""
     geom = geometry(cfg, drop)
-    rng = np.random.default_rng(sum(map(ord, name)))
-    n, held = _random_rows(geom, rng, 40)
+    rng = np.random.default_rng(sum(map(ord, name)) + longest)
+    n, held = _random_rows(geom, rng, 40, longest)
     got = prefix_hits(geom, n, held)
     assert got.dtype == np.int64 and got.shape == (40,)
     assert got.tolist() == _scalar(geom, n, held)
@@ -494,7 +496,7 @@ VLLM_ROWS = [
 def test_prefix_hit_edges_match_vllm(name, cfg, drop, n, resident, hit, ends):
     geom = geometry(cfg, drop)
     got = prefix_hit(geom, n, resident)
-    assert (got.hit_tokens, [list(g.end_tokens) for g in got.groups]) == (hit, ends)
+    assert (got.hit_tokens, got.num_tokens, [list(g.end_tokens) for g in got.groups]) == (hit, n, ends)
     assert [list(g.block_indices) for g in got.groups] == [
         [-(-e // g.span) - 1 for e in want] for g, want in zip(geom.groups, ends, strict=True)]
     held = {int(k): np.array([[(i + 1) * geom.hash_block_size in set(v) for i in range(n)]]) for k, v in
