@@ -269,6 +269,7 @@ BATCH_GEOMS = [
     ("fa16-m16-dcp4", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 4, "tp": 4}}, ()),
     ("fa16-sw18", {"groups": [_fa(16), _sw(16, 18)]}, ()),  # window - 1 = 17: cdiv(17, 16) = 2 blocks
     ("fa64-sw16-17", {"groups": [_fa(64), _sw(16, 17)]}, ()),  # A = 64 = 4 sliding-window blocks
+    ("fa32-m32-sw16", {"groups": [_fa(32), _m(32), _sw(16, 17)]}, ()),  # Mamba 32 over H = A = 16, three kinds
     ("drop-fa1", {"groups": [{**_fa(1), "drafter": True}], "speculative": {**_EAGLE, "num_speculative_tokens": 1}}, ()),
 ]
 
