@@ -20,6 +20,7 @@ from kvgeom.prefix import (
     PrefixHit,
     lookup_groups,
     prefix_hit,
+    prefix_hit_from_scenario,
     refuse_unlookable,
     resident_sets,
 )
@@ -521,3 +522,11 @@ def test_an_empty_hit_still_lists_every_group(cfg, n):
     got = prefix_hit(g, n, every)
     assert got == PrefixHit(0, n, tuple(kvgeom.prefix.GroupPrefixHit(x.index, (), ()) for x in g.groups))
     assert got.to_dict() == {"hit_tokens": 0, "groups": [{"index": x.index, "blocks": []} for x in g.groups]}
+
+
+def test_scenario_contract_takes_max_hit_tokens():
+    """The JSON contract's optional ``max_hit_tokens`` caps the hit as the keyword does (here 50 -> 48)."""
+    scenario = {"num_tokens": 100, "resident": {"0": [32, 48, 64], "1": [16, 32, 48, 64]}, "max_hit_tokens": 50}
+    assert prefix_hit_from_scenario(DEFAULT, scenario).hit_tokens == 48
+    assert DEFAULT.prefix_hit(scenario)["hit_tokens"] == 48
+    assert prefix_hit_from_scenario(DEFAULT, {"num_tokens": 100}).hit_tokens == 0  # resident defaults to none
