@@ -530,3 +530,16 @@ def test_scenario_contract_takes_max_hit_tokens():
     assert prefix_hit_from_scenario(DEFAULT, scenario).hit_tokens == 48
     assert DEFAULT.prefix_hit(scenario)["hit_tokens"] == 48
     assert prefix_hit_from_scenario(DEFAULT, {"num_tokens": 100}).hit_tokens == 0  # resident defaults to none
+
+
+@pytest.mark.parametrize(
+    ("local", "L", "external", "runs"),
+    [
+        (64, 32, 1, True),  # on L: any load of at least one token stands
+        (33, 32, 1, False),  # tail 1: a 1-token load ends at 33, not past the local hit
+        (33, 32, 2, True),  # a 2-token load ends at 34, past it
+        (0, 32, 1, True),
+    ],
+)
+def test_scheduler_keeps_load_at_one_token(local, L, external, runs):
+    assert kvgeom.prefix.scheduler_keeps_load(local, L, external) is runs
