@@ -302,11 +302,11 @@ def _scalar(geom, n, held):
     return out
 
 
-@pytest.mark.parametrize("longest", [200, 40, 20])
+@pytest.mark.parametrize("longest", [200, 40, 20, 12])
 @pytest.mark.parametrize(("name", "cfg", "drop"), BATCH_GEOMS, ids=[g[0] for g in BATCH_GEOMS])
 def test_batch_prefix_hits_equal_the_scalar_hit(name, cfg, drop, longest):
     """``prefix_hits(geom, n, held)[r] == prefix_hit(geom, n[r], row r).hit_tokens`` (seeded rows); short
-    batches too, where a group's matrix has one block column or none."""
+    batches too, where a group's matrix has one block column or none (every request below H = 16)."""
     geom = geometry(cfg, drop)
     rng = np.random.default_rng(sum(map(ord, name)) + longest)
     n, held = _random_rows(geom, rng, 40, longest)
@@ -543,3 +543,23 @@ def test_scenario_contract_takes_max_hit_tokens():
 )
 def test_scheduler_keeps_load_at_one_token(local, L, external, runs):
     assert kvgeom.prefix.scheduler_keeps_load(local, L, external) is runs
+
+
+#: (geometry, num_tokens, resident): rows where the batch twin's closed forms read a matrix at its last column
+#: or at a column it must clip; the scalar hit on the same row is the oracle.
+BATCH_ROWS = [
+    # chain 80 (5 hashes): attention's partial entry 80 would be the last column; 64 is held, 80 not -> 64
+    (kvgeom.DEFAULT_CONFIG, 90, {"0": [32, 64], "1": [16, 32, 48, 64, 80]}),
+    (kvgeom.DEFAULT_CONFIG, 90, {"0": [32, 64, 80], "1": [16, 32, 48, 64, 80]}),
+    # DCP 4 (span 64) with one hash: the partial scan looks below column 0
+    ({"groups": [_fa(16), _m(16)], "parallel": _D4}, 20, {"0": [16], "1": [16]}),
+    ({"groups": [_fa(16), _m(16)], "parallel": _D4}, 40, {"0": [32], "1": [16, 32]}),
+]
+
+
+@pytest.mark.parametrize(("cfg", "n", "resident"), BATCH_ROWS)
+def test_batch_prefix_hits_at_the_last_column(cfg, n, resident):
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    held = {int(k): np.array([[(i + 1) * H in set(v) for i in range(n // H)]]) for k, v in resident.items()}
+    assert prefix_hits(geom, np.array([n]), held).tolist() == [prefix_hit(geom, n, resident).hit_tokens]
