@@ -563,3 +563,34 @@ def test_batch_prefix_hits_at_the_last_column(cfg, n, resident):
     H = geom.hash_block_size
     held = {int(k): np.array([[(i + 1) * H in set(v) for i in range(n // H)]]) for k, v in resident.items()}
     assert prefix_hits(geom, np.array([n]), held).tolist() == [prefix_hit(geom, n, resident).hit_tokens]
+
+
+def _ck(b, c):
+    return {"kind": "chunked_local", "block_size": b, "attention_chunk_size": c}
+
+
+@pytest.mark.parametrize("groups", [
+    [_fa(16)],
+    [_fa(32), _m(16)],
+    [_fa(16), _sw(16, 40)],
+    [_fa(16), _ck(16, 64)],
+], ids=["full", "full+mamba", "full+sliding", "full+chunked"])
+@pytest.mark.parametrize("num_tokens", [2**40, 2**20 + 7, 200])
+def test_a_chain_far_longer_than_the_matrices_is_answered_from_the_matrices(groups, num_tokens):
+    """Entries past the widest held matrix are never held: ``prefix_hits`` stops its columns there (a
+    2^40-token request over an empty residency raised MemoryError before, issue 19) and answers as the
+    scalar ``prefix_hit`` does over the same entries, whatever the chain's length."""
+    g = kvgeom.resolve({"groups": groups})
+    H = g.hash_block_size
+    cacheable = [i for i, gr in enumerate(g.groups) if gr.prefix_cacheable]
+    rng = np.random.default_rng(num_tokens % 97)
+    width = 12
+    mats = {i: rng.random((3, width)) < 0.8 for i in cacheable}
+    mats[cacheable[0]][0] = True  # one row holds every entry of the first group
+    for i in cacheable:
+        mats[i][1] = True  # and one row holds everything of every group
+    got = prefix_hits(g, np.full(3, num_tokens), mats)
+    want = [prefix_hit(g, num_tokens, {i: [(c + 1) * H for c in np.flatnonzero(m[r])] for i, m in mats.items()})
+            .hit_tokens for r in range(3)]
+    assert got.tolist() == want
+    assert prefix_hits(g, np.array([num_tokens]), {}).tolist() == [0]

@@ -241,7 +241,12 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     H = geom.hash_block_size
     P = geom.hash_lookahead_tokens
     chain = np.maximum(n - P, 0) // H * H
-    cols = int(chain.max()) // H if rows else 0
+    # Entries past the widest matrix are never held, and every lookup below reads a column past its
+    # matrix as a miss; so the columns stop there, not at the longest chain (2^40 tokens would
+    # otherwise allocate 2^36 columns for an empty residency: issue 19's hostile inputs).
+    widest = max((np.shape(m)[1] for m in held.values() if np.ndim(m) == 2), default=0) if isinstance(
+        held, Mapping) else 0
+    cols = min(int(chain.max()) // H, widest) if rows else 0
     cells = _held(geom, held, rows, cols)
     # entries past each row's chain are never held
     if cols:
