@@ -288,6 +288,23 @@ def test_load_plan_arrays_of_a_group_that_loads_nothing_are_zero():
     assert lp.groups[0].state_block.tolist() == [-1, -1, -1]  # attention has no state block
 
 
+def test_a_chunked_local_group_loads_nothing_at_its_chunk_start():
+    """Chunked local attention (chunk 32): a hit ending at 64 starts a new attention chunk, so that group
+    skips every token (rdown(64, 32) = 64) and loads nothing although the hit is 64 tokens; at 79 it loads
+    the blocks of [64, 79)."""
+    geom = GEOMS["chunked"]
+    held = np.ones((2, 8), dtype=bool)
+    h = batch.lookup_hits(geom, [65, 80], stored={0: held, 1: held})
+    assert h.end_token.tolist() == [64, 79]
+    lp = batch.plan_loads(geom, h)
+    assert lp.groups[0].loads.tolist() == [True, True]
+    assert lp.groups[1].loads.tolist() == [False, True]
+    assert (lp.groups[1].first_entry.tolist(), lp.groups[1].stop_entry.tolist()) == ([0, 4], [0, 5])
+    for i, n in enumerate((65, 80)):
+        assert lp.plan(i) == hits.plan_load(geom, hits.lookup_hit(geom, n, stored={0: list(range(16, 129, 16)),
+                                                                               1: list(range(16, 129, 16))}))
+
+
 def test_a_one_token_hit_loads_its_block():
     """Block size 1 (H = 1): a hit of exactly one token is a load of one block and one key."""
     geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}], "offload": {}})
@@ -523,6 +540,17 @@ def test_resident_reads_past_the_id_matrix_read_as_not_held():
     for i in range(8):
         assert got.hit(i) == hits.lookup_hit(geom, n[i], stored=r, block_hashes=per[i],
                                              local_computed_tokens=local[i]), i
+
+
+def test_a_request_of_no_token_needs_no_hash():
+    """H = 1 (block size 1): a request of 0 tokens needs 0 hashes, one of 2 tokens needs 2."""
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}], "offload": {}})
+    r = kvgeom.Residency()
+    r.add(0, b"a")
+    assert lookup_resident(geom, r, [[], [b"a", b"b"]], [0, 2]).hit_tokens.tolist() == [0, 1]
+    with pytest.raises(kvgeom.QueryError) as e:
+        lookup_resident(geom, r, [[], [b"a"]], [0, 2])
+    assert e.value.problems[0].values == {"request": 1, "num_hashes": 1, "needed": 2}
 
 
 def test_resident_lookup_without_any_hash_reads_nothing():
