@@ -336,21 +336,28 @@ def test_a_one_token_hit_loads_its_block():
 RSWA = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
 
 
+RSWA0 = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 0}]})
+
+
 @pytest.mark.parametrize(
-    "prompt, computed",
+    "geom, prompt, computed",
     [
         # no block freed while the window still reaches the prompt's end; blocks freed once it moves past
-        ([50, 50, 50, 50, 48, 0, 16], [50, 100, 120, 160, 48, 0, 100]),
+        (RSWA, [50, 50, 50, 50, 48, 0, 16], [50, 100, 120, 160, 48, 0, 100]),
         # on span edges: the prompt on a block end, the computed count W past it
-        ([32, 32, 33, 31], [72, 73, 200, 71]),
+        (RSWA, [32, 32, 33, 31], [72, 73, 200, 71]),
+        # int64-sized counts: exact integer division (a float quotient would round)
+        (RSWA, [2**62, 5, 2**60 + 3], [INT64_MAX, INT64_MAX - 7, 2**62 + 12345]),
+        # a window of 0 tokens: everything between the prompt and the computed count is freed
+        (RSWA0, [16, 16, 0], [32, 47, 64]),
     ],
 )
-def test_rswa_gap_blocks_equal_the_scalar(prompt, computed):
+def test_rswa_gap_blocks_equal_the_scalar(geom, prompt, computed):
     """Blocks an rswa group frees between the prompt and the window: [cdiv(P, S), max(.., max(P, T - W) // S))."""
-    start, stop = batch.rswa_gap_blocks(RSWA, 0, prompt, computed)
+    start, stop = batch.rswa_gap_blocks(geom, 0, prompt, computed)
     assert start.dtype == stop.dtype == np.int64
     for i, (p, t) in enumerate(zip(prompt, computed, strict=True)):
-        assert range(int(start[i]), int(stop[i])) == hits.rswa_gap_blocks(RSWA, 0, p, t), i
+        assert range(int(start[i]), int(stop[i])) == hits.rswa_gap_blocks(geom, 0, p, t), i
 
 
 @pytest.mark.parametrize(
