@@ -147,6 +147,35 @@ def test_lookup_hits_and_load_plans_equal_the_scalar(name, seed):
             assert lp.plan(i) == load, i
 
 
+@pytest.mark.parametrize(
+    "name, n, mnn, held, end",
+    [
+        # max_num_new_tokens puts the candidate inside a chunk (M = 35 - 1 = 34): a chunked-local group needs
+        # its fixed window of chunks there, not a window padded to the chunk grid
+        ("chunked", 54, 35, [1, 2, 6, 9, 10, 12, 13, 14, 15, 16], 34),
+        # a sliding window of 33 tokens at a candidate 1 token past a chunk end (49): max(cdiv(32 + 15, 16), 3)
+        # = 3 chunks (the hit at 49 is kept)
+        ("sliding", 68, 50, [1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16], 49),
+        # sliding window 70 + 2 retained, C = 32: at 104 the run needs cdiv(71 + 24, 32) = 3 chunks
+        ("sliding_k2", 166, 105, [0, 3, 5, 6, 7, 9, 11, 13, 14, 16], 104),
+        # at 164 (28 tokens short of a chunk end) it needs cdiv(71 + 28, 32) = 4 chunks, more than the
+        # window's 3: the 3 held chunks below 164 are not enough, the scan falls back to 64
+        ("sliding_k2", 194, 165, [0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 14, 15, 16], 64),
+    ],
+)
+def test_a_candidate_inside_a_chunk_needs_the_window_padded_to_the_chunk_grid(name, n, mnn, held, end):
+    """The run a windowed hit ending at ``at`` needs: max(cdiv(w + (-at) % C, C), window chunks) for a sliding
+    window, the fixed window for chunked local attention (kvgeom.hits._scan_window)."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    m = np.zeros((1, 17), dtype=bool)
+    m[0, held] = True
+    h = batch.lookup_hits(geom, [n], stored={0: np.ones((1, 17), dtype=bool), 1: m}, max_num_new_tokens=mnn)
+    assert h.end_token.tolist() == [end]
+    assert h.hit(0) == hits.lookup_hit(geom, n, stored={0: [H * (j + 1) for j in range(17)],
+                                                        1: [H * (j + 1) for j in held]}, max_num_new_tokens=mnn)
+
+
 def test_a_batch_of_many_long_prefixes_equals_the_scalar():
     """1100 requests whose held prefixes (4100 chunks) run far past the prefix scan's first window: the later
     windows share a budget of 2^22 cells between the active requests, 2^22 // 1100 = 3813 chunks each (an
