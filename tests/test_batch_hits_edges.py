@@ -176,6 +176,16 @@ def test_a_candidate_inside_a_chunk_needs_the_window_padded_to_the_chunk_grid(na
                                                         1: [H * (j + 1) for j in held]}, max_num_new_tokens=mnn)
 
 
+def test_a_matrix_ending_inside_a_chunk_holds_no_part_chunk():
+    """sliding_k2 (C = 32, 2 hashes per chunk): a 9-column matrix holds chunks 0..3 (columns 1, 3, 5, 7);
+    column 8 is half of chunk 4, which is not held. A long request's scan jumps to chunk 4's start (128)
+    and finds the 3-chunk run below it: the hit ends at 128, on the chunk grid."""
+    geom = GEOMS["sliding_k2"]
+    h = batch.lookup_hits(geom, [400], stored={0: np.ones((1, 30), dtype=bool), 1: np.ones((1, 9), dtype=bool)})
+    assert h.end_token.tolist() == [128]
+    assert h.hit(0) == hits.lookup_hit(geom, 400, stored={0: list(range(16, 481, 16)), 1: list(range(16, 145, 16))})
+
+
 def test_a_batch_of_many_long_prefixes_equals_the_scalar():
     """1100 requests whose held prefixes (4100 chunks) run far past the prefix scan's first window: the later
     windows share a budget of 2^22 cells between the active requests, 2^22 // 1100 = 3813 chunks each (an
