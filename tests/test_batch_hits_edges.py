@@ -300,6 +300,41 @@ def test_plan_stores_equal_the_scalar(name, seed, opo, mot):
         assert sp.plan(i) == want, (i, n[i], computed[i], prompt[i])
 
 
+@pytest.mark.parametrize("name", ["default", "eagle", "tail"])
+def test_plan_stores_defaults_equal_the_scalar_defaults(name):
+    """Left out, the optional arguments mean what the scalar's defaults mean: the prompt is the request,
+    offload_prompt_only, not finished, not loaded from the offload tier, nothing stored yet."""
+    geom = GEOMS[name]
+    n = [0, 33, 64, 65, 130, 200]
+    computed = [0, 33, 64, 60, 130, 200]
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=computed)
+    for i in range(len(n)):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=computed[i]), i
+    prompt = [0, 20, 64, 40, 100, 150]  # decoding past the prompt: only the prompt is offloaded by default
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt)
+    for i in range(len(n)):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=computed[i],
+                                             num_prompt_tokens=prompt[i]), i
+
+
+@pytest.mark.parametrize(
+    "kwargs, code, field",
+    [
+        ({"num_tokens": [64, -1], "num_computed_tokens": [64, 0]}, "negative", "num_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, -1]}, "negative", "num_computed_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64]}, "length_mismatch", "num_computed_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, 64], "num_prompt_tokens": [-1, 3]}, "negative",
+         "num_prompt_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, 64], "num_prompt_tokens": [3]}, "length_mismatch",
+         "num_prompt_tokens"),
+    ],
+)
+def test_plan_stores_refusals_name_the_argument(kwargs, code, field):
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.plan_stores(GEOMS["default"], **kwargs)
+    assert (e.value.code, e.value.problems[0].field) == (code, field)
+
+
 # ---------------------------------------------------------------------------------------------
 # skipped_tokens, rswa_gap_blocks, store_holdback: the small per-request rules
 # ---------------------------------------------------------------------------------------------
