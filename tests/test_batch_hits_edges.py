@@ -1,0 +1,789 @@
+"""Edge rows for the batch hit paths (kvgeom/batch/hits.py, lookup.py, probes.py), issue 19.
+
+The oracle of every agreement row is the scalar rule on the same inputs: ``lookup_hits(...).hit(i) ==
+lookup_hit(...)``, ``plan_loads(...).plan(i) == plan_load(...)``, ``plan_stores(...).plan(i) == plan_store(...)``,
+``lookup_resident(...).hit(i) == lookup_hit(..., stored=residency, block_hashes=chain)``. The inputs are fixed
+(seeded), chosen next to the edges the rules branch on: request ends on and next to chunk ends, local
+prefixes, prompts shorter than the request, the ``max_load_tokens`` / ``max_num_new_tokens`` clamps, held
+runs with holes, windowed groups (sliding, chunked local, Mamba), eagle groups, partial tails. The refusal
+rows pin the code, field and numbers of each batch input check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import kvgeom
+from kvgeom import batch, hits
+from kvgeom._math import INT64_MAX
+from kvgeom.batch.lookup import RequestChains, lookup_resident
+from kvgeom.batch.probes import HeldMatrix, eagle_pair_held, stored_matrices
+from kvgeom.prefill import prefill_chunk_ends
+
+FA16 = {"kind": "full_attention", "block_size": 16}
+
+# One geometry per rule family the batch lookup branches on (name: config).
+CONFIGS = {
+    # #49964: FA 16 + Mamba align 16, DCP 2 (span 32): a full-attention prefix, then the Mamba scan
+    "default": kvgeom.DEFAULT_CONFIG,
+    # sliding window of 33 tokens: a run needs max(cdiv(33 + pad, 16), window chunks)
+    "sliding": {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}],
+                "offload": {}},
+    # a wider sliding window, two blocks per chunk, extra retained tokens
+    "sliding_k2": {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 70,
+                                     "extra_retained_tokens": 2}], "offload": {"blocks_per_chunk": 2}},
+    # chunked local attention: a fixed window of chunks
+    "chunked": {"groups": [FA16, {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 32}],
+                "offload": {}},
+    # Mamba alone (windowed only: M = realign(M - 1))
+    "mamba": {"groups": [{"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}], "offload": {}},
+    # two windowed groups of different widths (the fixed point over the widest first)
+    "two_windows": {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20},
+                               {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}], "offload": {}},
+    # partial tails: one span 64, H = 16, k = 1, align Mamba
+    "tail": {"groups": [{"kind": "full_attention", "block_size": 64},
+                        {"kind": "mamba", "block_size": 64, "mamba_cache_mode": "align"}],
+             "cache": {"prefix_match_unit": 16}, "offload": {}},
+    # eagle: a full-attention drafter group (pops one chunk) next to a Mamba group
+    "eagle": {"groups": [FA16, {"kind": "mamba", "block_size": 16},
+                         {"kind": "full_attention", "block_size": 16, "drafter": True, "num_kv_heads": 4}],
+              "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # eagle sliding drafter: a windowed eagle group (pair-held chunks)
+    "eagle_sliding": {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40,
+                                        "drafter": True}],
+                      "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # partial tails with an eagle attention group (its boundary key sits a proof margin further)
+    "eagle_tail": {"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                              {"kind": "mamba", "block_size": 32}],
+                   "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {},
+                   "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # MLA with DCP 4 and two blocks per chunk, legacy positional Mamba
+    "mla_dcp": {"groups": [{"kind": "mla", "block_size": 16}, {"kind": "mamba", "block_size": 64,
+                                                               "mamba_cache_mode": "all"}],
+                "parallel": {"tp": 4, "dcp": 4}, "offload": {"blocks_per_chunk": 2}},
+    # no retention: the finished sliding-window store reconsiders its last alignment segment (k = 2)
+    "sliding_revisit": {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
+                        "cache": {"retention_interval": None}, "offload": {"blocks_per_chunk": 2}},
+    # the same with the sliding chunk (16) half the alignment (32): the last partial alignment segment
+    "sliding_revisit_odd": {"groups": [{"kind": "full_attention", "block_size": 32},
+                                       {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
+                            "cache": {"retention_interval": None, "prefix_match_unit": 16}, "offload": {}},
+    # no retention, align Mamba: the states the GPU manager hands off inside the prompt
+    "mamba_handoff": {**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}},
+}
+GEOMS = {name: kvgeom.resolve(cfg) for name, cfg in CONFIGS.items()}
+
+_ORACLE: dict[tuple[object, ...], object] = {}
+
+
+def scalar(key, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, the scalar oracle of one row, memoised by ``key`` while no scalar code can
+    differ between calls: when a mutation run switches on a mutant of ``kvgeom.batch`` only (MUTANT_UNDER_TEST, see
+    scripts/mutation-fast.py), the scalar answers are those of the clean run, so the rows that compare the
+    batch with them stay fast; any other mutant (a scalar rule's) recomputes every answer."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant and not mutant.startswith("kvgeom.batch."):
+        return fn(*args, **kwargs)
+    if key not in _ORACLE:
+        _ORACLE[key] = fn(*args, **kwargs)
+    return _ORACLE[key]
+
+
+def _lookup_case(geom, seed, size=10):
+    """Fixed request rows next to chunk ends, and held matrices with holes (one seed per row set). Seed 3:
+    matrices shorter than the requests (keys past a matrix read as not held); seed 4: requests of ~40 chunks
+    with long held prefixes (the prefix scan past its first window)."""
+    rng = np.random.default_rng(seed)
+    H = geom.hash_block_size
+    C = max(og.tokens_per_chunk for og in geom.offload.groups)
+    chunks = 40 if seed == 4 else 6
+    top = chunks * C + 3 * H
+    n = [int(max(rng.integers(0, chunks + 1) * C + rng.integers(-2, 3) * (1 if seed % 2 else H // 2), 0))
+         for _ in range(size)]
+    n[0], n[1] = top, 0
+    local = [int(rng.integers(0, x + 1)) if rng.random() < 0.3 else 0 for x in n]
+    prompt = [int(rng.integers(0, x + 1)) if rng.random() < 0.3 else x for x in n]
+    width = (top // H // 2) | 1 if seed == 3 else top // H + 2  # seed 3: odd, not a whole chunk
+    stored = {}
+    for og in geom.offload.groups:
+        density = rng.choice([0.0, 0.5, 0.85, 1.0] if seed != 4 else [0.0, 0.95], size=(size, 1))
+        prefix = rng.integers(width // 2 if seed == 4 else 0, width + 1, size=(size, 1))
+        stored[og.index] = (np.arange(width)[None, :] < prefix) | (rng.random((size, width)) < density)
+    return n, local, prompt, stored
+
+
+# (max_load_tokens, max_num_new_tokens) per seed: none, then clamps below, on and far above the requests
+CLAMPS = {1: [(None, None), (40, None), (INT64_MAX, INT64_MAX)], 2: [(None, None), (None, 24), (0, None)],
+          3: [(None, None), (None, 0), (70, 100)], 4: [(None, None), (700, None)]}
+
+
+def _hit_and_load(geom, n, **kwargs):
+    hit = hits.lookup_hit(geom, n, **kwargs)
+    return hit, hits.plan_load(geom, hit)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_lookup_hits_and_load_plans_equal_the_scalar(name, seed):
+    """The batch lookup (every step of lookup_hit: minus one, Mamba rounding, clamps, prefix, windowed scans,
+    eagle pop, partial tails) and its load plans equal the scalar answers row by row, under each clamp."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    n, local, prompt, stored = _lookup_case(geom, seed)
+    for mlt, mnn in CLAMPS[seed]:
+        h = batch.lookup_hits(geom, n, stored=stored, num_prompt_tokens=prompt, local_computed_tokens=local,
+                              max_load_tokens=mlt, max_num_new_tokens=mnn)
+        lp = batch.plan_loads(geom, h)
+        assert len(h) == len(lp) == len(n)
+        for i in range(len(n)):
+            held = {g: [(c + 1) * H for c in np.flatnonzero(m[i])] for g, m in stored.items()}
+            want, load = scalar(("lookup", name, seed, mlt, mnn, i), _hit_and_load,
+                geom, n[i], stored=held, num_prompt_tokens=prompt[i], local_computed_tokens=local[i],
+                max_load_tokens=mlt, max_num_new_tokens=mnn)
+            assert h.hit(i) == want, (i, n[i], local[i], prompt[i])
+            assert lp.plan(i) == load, i
+
+
+@pytest.mark.parametrize(
+    "name, n, mnn, held, end",
+    [
+        # max_num_new_tokens puts the candidate inside a chunk (M = 35 - 1 = 34): a chunked-local group needs
+        # its fixed window of chunks there, not a window padded to the chunk grid
+        ("chunked", 54, 35, [1, 2, 6, 9, 10, 12, 13, 14, 15, 16], 34),
+        # a sliding window of 33 tokens at a candidate 1 token past a chunk end (49): max(cdiv(32 + 15, 16), 3)
+        # = 3 chunks (the hit at 49 is kept)
+        ("sliding", 68, 50, [1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16], 49),
+        # sliding window 70 + 2 retained, C = 32: at 104 the run needs cdiv(71 + 24, 32) = 3 chunks
+        ("sliding_k2", 166, 105, [0, 3, 5, 6, 7, 9, 11, 13, 14, 16], 104),
+        # at 164 (28 tokens short of a chunk end) it needs cdiv(71 + 28, 32) = 4 chunks, more than the
+        # window's 3: the 3 held chunks below 164 are not enough, the scan falls back to 64
+        ("sliding_k2", 194, 165, [0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 14, 15, 16], 64),
+    ],
+)
+def test_a_candidate_inside_a_chunk_needs_the_window_padded_to_the_chunk_grid(name, n, mnn, held, end):
+    """The run a windowed hit ending at ``at`` needs: max(cdiv(w + (-at) % C, C), window chunks) for a sliding
+    window, the fixed window for chunked local attention (kvgeom.hits._scan_window)."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    m = np.zeros((1, 17), dtype=bool)
+    m[0, held] = True
+    h = batch.lookup_hits(geom, [n], stored={0: np.ones((1, 17), dtype=bool), 1: m}, max_num_new_tokens=mnn)
+    assert h.end_token.tolist() == [end]
+    assert h.hit(0) == hits.lookup_hit(geom, n, stored={0: [H * (j + 1) for j in range(17)],
+                                                        1: [H * (j + 1) for j in held]}, max_num_new_tokens=mnn)
+
+
+def test_a_matrix_ending_inside_a_chunk_holds_no_part_chunk():
+    """sliding_k2 (C = 32, 2 hashes per chunk): a 9-column matrix holds chunks 0..3 (columns 1, 3, 5, 7);
+    column 8 is half of chunk 4, which is not held. A long request's scan jumps to chunk 4's start (128)
+    and finds the 3-chunk run below it: the hit ends at 128, on the chunk grid."""
+    geom = GEOMS["sliding_k2"]
+    h = batch.lookup_hits(geom, [400], stored={0: np.ones((1, 30), dtype=bool), 1: np.ones((1, 9), dtype=bool)})
+    assert h.end_token.tolist() == [128]
+    assert h.hit(0) == hits.lookup_hit(geom, 400, stored={0: list(range(16, 481, 16)), 1: list(range(16, 145, 16))})
+
+
+def test_a_batch_of_many_long_prefixes_equals_the_scalar():
+    """1100 requests whose held prefixes (4100 chunks) run far past the prefix scan's first window: the later
+    windows share a budget of 2^22 cells between the active requests, 2^22 // 1100 = 3813 chunks each (an
+    integer width); every row equals the scalar."""
+    geom = GEOMS["sliding"]  # C = H = 16
+    rows, width, stop = 1100, 4200, 4100
+    held = np.ones((rows, width), dtype=bool)
+    held[:, stop] = False
+    h = batch.lookup_hits(geom, [width * 16] * rows, stored={0: held, 1: held})
+    ends = [16 * (j + 1) for j in range(width) if j != stop]
+    want = hits.lookup_hit(geom, width * 16, stored={0: ends, 1: ends})
+    assert want.end_token == stop * 16
+    assert {h.hit(i) for i in range(rows)} == {want}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("tracked", [True, False])
+def test_lookup_resident_equals_the_scalar_over_the_same_residency(name, tracked):
+    """lookup_resident over a Residency (chains kept by RequestChains, or given as lists) == lookup_hit with
+    that Residency and each request's hash chain; a key past a request's chain is never read."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    n, local, prompt, stored = _lookup_case(geom, 7 if tracked else 8)
+    res = kvgeom.Residency()
+    chains = RequestChains(res)
+    per_req = []
+    for i, x in enumerate(n):
+        chain = [b"r%d-%d" % (i % 3, j) for j in range(x // H)]  # requests 0 and 3 share hashes
+        per_req.append(chain)
+        for g, m in stored.items():
+            for col in np.flatnonzero(m[i][: len(chain)]):
+                res.add(g, chain[col])
+        chains.update(i, chain)
+    source = chains.rows(list(range(len(n)))) if tracked else per_req
+    for mlt, mnn in [(None, None), (50, None), (None, 20)]:
+        got = lookup_resident(geom, res, source, n, num_prompt_tokens=prompt, local_computed_tokens=local,
+                              max_load_tokens=mlt, max_num_new_tokens=mnn)
+        for i in range(len(n)):
+            want = scalar(("resident", name, tracked, mlt, mnn, i), hits.lookup_hit,
+                geom, n[i], stored=res, block_hashes=per_req[i], num_prompt_tokens=prompt[i],
+                local_computed_tokens=local[i], max_load_tokens=mlt, max_num_new_tokens=mnn)
+            assert got.hit(i) == want, (i, n[i])
+
+
+def _store_case(geom, seed, size=8):
+    rng = np.random.default_rng(seed)
+    C = max(og.tokens_per_chunk for og in geom.offload.groups)
+    n = [int(max(rng.integers(0, 7) * C + rng.integers(-2, 3), 0)) for _ in range(size)]
+    n[0] = 0
+    computed = [x if rng.random() < 0.6 else int(rng.integers(0, 7 * C)) for x in n]
+    prompt = [int(rng.integers(0, x + 1)) if rng.random() < 0.5 else x for x in n]
+    # chunks already stored: a few, or up to the request's last chunks (a finished request revisits them)
+    stored = {og.index: [int(rng.integers(0, 4)) if rng.random() < 0.5
+                         else max(x // og.tokens_per_chunk - int(rng.integers(-1, 3)), 0) for x in n]
+              for og in geom.offload.groups if rng.random() < 0.7}
+    alloc = None
+    if seed % 3 == 0:
+        alloc = {og.index: [int(rng.integers(0, 7 * C // og.tokens_per_block + 2)) for _ in n]
+                 for og in geom.offload.groups}
+    reach = None
+    if seed % 2:
+        reach = [[int(max(rng.integers(0, 7) * C + rng.integers(-1, 2), 0)) if rng.random() < 0.7 else -1
+                  for _ in range(3)] for _ in n]
+    fin = [bool(rng.random() < 0.4) for _ in n]
+    return n, computed, prompt, stored, alloc, reach, fin
+
+
+def _chunk_ends(geom, prompt, budget):
+    """The first prefill chunk ends of a prompt: the scheduler's (align Mamba), else every ``budget`` tokens."""
+    try:
+        return list(prefill_chunk_ends(geom, prompt, max_num_batched_tokens=budget))[:4]
+    except kvgeom.QueryError:
+        return [*range(budget, min(prompt, 3 * budget) + 1, budget), prompt]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("seed, opo, mot", [(1, True, None), (2, False, None), (3, True, 50), (4, False, 75),
+                                            (5, True, None), (6, False, None)])
+def test_plan_stores_equal_the_scalar(name, seed, opo, mot):
+    """plan_stores (offloadable clamps, finished requests, eagle hold-back, allocated blocks, stored chunks,
+    masks over reachable boundaries, Mamba hand-offs, partial tails) equals plan_store row by row. Seeds 5
+    and 6 add the prefill chunk ends (align Mamba hand-offs) and requests loaded from the offload tier;
+    seed 6 leaves num_prompt_tokens out (the prompt is the request)."""
+    geom = GEOMS[name]
+    n, computed, prompt, stored, alloc, reach, fin = _store_case(geom, seed)
+    ends = loaded = None
+    if seed >= 5:
+        if seed == 6:
+            prompt = n
+        ends = [_chunk_ends(geom, p, 24 + 8 * i) for i, p in enumerate(prompt)]
+        ends = [e + [-1] * (4 - len(e)) for e in ends]
+        loaded = [i % 3 == 1 for i in range(len(n))]
+    sp = batch.plan_stores(
+        geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=None if seed == 6 else prompt,
+        stored_chunks=stored, allocated_blocks=alloc,
+        reachable=None if reach is None else np.array(reach, dtype=np.int64),
+        offload_prompt_only=opo, max_offload_tokens=mot, finished=np.array(fin),
+        chunk_ends=None if ends is None else np.array(ends, dtype=np.int64),
+        loaded_from_offload=False if loaded is None else np.array(loaded),
+    )
+    assert len(sp) == len(n)
+    for i in range(len(n)):
+        want = scalar(("store", name, seed, i), hits.plan_store,
+            geom, num_tokens=n[i], num_computed_tokens=computed[i], num_prompt_tokens=prompt[i],
+            stored_chunks={g: v[i] for g, v in stored.items()},
+            allocated_blocks=None if alloc is None else {g: v[i] for g, v in alloc.items()},
+            reachable=None if reach is None else tuple(t for t in reach[i] if t >= 0),
+            offload_prompt_only=opo, max_offload_tokens=mot, finished=fin[i],
+            chunk_ends=None if ends is None else [e for e in ends[i] if e >= 0],
+            loaded_from_offload=False if loaded is None else loaded[i],
+        )
+        assert sp.plan(i) == want, (i, n[i], computed[i], prompt[i])
+
+
+@pytest.mark.parametrize("name", ["default", "eagle", "tail"])
+def test_plan_stores_defaults_equal_the_scalar_defaults(name):
+    """Left out, the optional arguments mean what the scalar's defaults mean: the prompt is the request,
+    offload_prompt_only, not finished, not loaded from the offload tier, nothing stored yet."""
+    geom = GEOMS[name]
+    n = [0, 33, 64, 65, 130, 200]
+    computed = [0, 33, 64, 60, 130, 200]
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=computed)
+    for i in range(len(n)):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=computed[i]), i
+    prompt = [0, 20, 64, 40, 100, 150]  # decoding past the prompt: only the prompt is offloaded by default
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt)
+    for i in range(len(n)):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=computed[i],
+                                             num_prompt_tokens=prompt[i]), i
+
+
+@pytest.mark.parametrize(
+    "kwargs, code, field",
+    [
+        ({"num_tokens": [64, -1], "num_computed_tokens": [64, 0]}, "negative", "num_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, -1]}, "negative", "num_computed_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64]}, "length_mismatch", "num_computed_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, 64], "num_prompt_tokens": [-1, 3]}, "negative",
+         "num_prompt_tokens"),
+        ({"num_tokens": [64, 64], "num_computed_tokens": [64, 64], "num_prompt_tokens": [3]}, "length_mismatch",
+         "num_prompt_tokens"),
+    ],
+)
+def test_plan_stores_refusals_name_the_argument(kwargs, code, field):
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.plan_stores(GEOMS["default"], **kwargs)
+    assert (e.value.code, e.value.problems[0].field) == (code, field)
+
+
+# ---------------------------------------------------------------------------------------------
+# skipped_tokens, rswa_gap_blocks, store_holdback: the small per-request rules
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, group", [("default", 0), ("default", 1), ("sliding_k2", 1), ("chunked", 1),
+                                         ("sliding", 1)])
+def test_skipped_tokens_equal_the_scalar(name, group):
+    """Leading tokens a resumed request does not need: 0 (full attention), N - 1 (Mamba), N - window need
+    (sliding), rdown(N, need + 1) (chunked local), at 0 and on both sides of the window."""
+    geom = GEOMS[name]
+    ends = [0, 1, 15, 16, 17, 31, 32, 33, 34, 35, 64, 70, 71, 72, 100, 1000]
+    got = batch.skipped_tokens(geom, group, ends)
+    assert got.dtype == np.int64
+    assert got.tolist() == [hits.skipped_tokens(geom, group, e) for e in ends]
+
+
+def test_skipped_tokens_refuses_a_negative_end_token():
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.skipped_tokens(GEOMS["default"], 1, [16, -1])
+    assert (e.value.code, e.value.problems[0].field) == ("negative", "end_token")
+
+
+def test_load_plan_arrays_of_a_group_that_loads_nothing_are_zero():
+    """plan_loads' contract: a group that loads nothing for a request has ``loads`` false, zeros in every
+    entry and key field and state block -1 (int64 arrays throughout)."""
+    geom = GEOMS["default"]
+    held = np.zeros((3, 8), dtype=bool)
+    held[0, :4] = True
+    lp = batch.plan_loads(geom, batch.lookup_hits(geom, [65, 65, 40], stored={0: held, 1: held},
+                                                   local_computed_tokens=[0, 32, 0]))
+    assert lp.hits.hit_tokens.tolist() == [64, 0, 0]
+    for g in lp.groups:
+        assert g.loads.tolist() == [True, False, False]
+        for field in ("first_entry", "stop_entry", "first_key_chunk", "stop_key_chunk", "skip_in_first_chunk"):
+            a = getattr(g, field)
+            assert a.dtype == np.int64 and a[1:].tolist() == [0, 0], (g.index, field)
+        assert g.state_block.dtype == np.int64
+    assert lp.groups[1].state_block.tolist() == [3, -1, -1]  # align Mamba: (64 - 1) // 16; -1 without a load
+    assert lp.groups[0].state_block.tolist() == [-1, -1, -1]  # attention has no state block
+
+
+def test_a_chunked_local_group_loads_nothing_at_its_chunk_start():
+    """Chunked local attention (chunk 32): a hit ending at 64 starts a new attention chunk, so that group
+    skips every token (rdown(64, 32) = 64) and loads nothing although the hit is 64 tokens; at 79 it loads
+    the blocks of [64, 79)."""
+    geom = GEOMS["chunked"]
+    held = np.ones((2, 8), dtype=bool)
+    h = batch.lookup_hits(geom, [65, 80], stored={0: held, 1: held})
+    assert h.end_token.tolist() == [64, 79]
+    lp = batch.plan_loads(geom, h)
+    assert lp.groups[0].loads.tolist() == [True, True]
+    assert lp.groups[1].loads.tolist() == [False, True]
+    assert (lp.groups[1].first_entry.tolist(), lp.groups[1].stop_entry.tolist()) == ([0, 4], [0, 5])
+    for i, n in enumerate((65, 80)):
+        assert lp.plan(i) == hits.plan_load(geom, hits.lookup_hit(geom, n, stored={0: list(range(16, 129, 16)),
+                                                                               1: list(range(16, 129, 16))}))
+
+
+def test_a_one_token_hit_loads_its_block():
+    """Block size 1 (H = 1): a hit of exactly one token is a load of one block and one key."""
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}], "offload": {}})
+    h = batch.lookup_hits(geom, [2, 3], stored={0: np.array([[True, False], [True, True]])})
+    assert h.hit_tokens.tolist() == [1, 2]
+    lp = batch.plan_loads(geom, h)
+    for i, n in enumerate((2, 3)):
+        want = hits.lookup_hit(geom, n, stored={0: [1] if i == 0 else [1, 2]})
+        assert h.hit(i) == want
+        assert lp.plan(i) == hits.plan_load(geom, want)
+    assert lp.plan(0)[0].load_keys == (1,)
+
+
+RSWA = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+
+
+RSWA0 = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 0}]})
+
+
+@pytest.mark.parametrize(
+    "geom, prompt, computed",
+    [
+        # no block freed while the window still reaches the prompt's end; blocks freed once it moves past
+        (RSWA, [50, 50, 50, 50, 48, 0, 16], [50, 100, 120, 160, 48, 0, 100]),
+        # on span edges: the prompt on a block end, the computed count W past it
+        (RSWA, [32, 32, 33, 31], [72, 73, 200, 71]),
+        # int64-sized counts: exact integer division (a float quotient would round)
+        (RSWA, [2**62, 5, 2**60 + 3], [INT64_MAX, INT64_MAX - 7, 2**62 + 12345]),
+        # a window of 0 tokens: everything between the prompt and the computed count is freed
+        (RSWA0, [16, 16, 0], [32, 47, 64]),
+    ],
+)
+def test_rswa_gap_blocks_equal_the_scalar(geom, prompt, computed):
+    """Blocks an rswa group frees between the prompt and the window: [cdiv(P, S), max(.., max(P, T - W) // S))."""
+    start, stop = batch.rswa_gap_blocks(geom, 0, prompt, computed)
+    assert start.dtype == stop.dtype == np.int64
+    for i, (p, t) in enumerate(zip(prompt, computed, strict=True)):
+        assert range(int(start[i]), int(stop[i])) == hits.rswa_gap_blocks(geom, 0, p, t), i
+
+
+@pytest.mark.parametrize(
+    "geom, prompt, computed, code, field",
+    [
+        # the first request computed less than its prompt: the scalar's refusal for that request
+        (RSWA, [50, 60], [50, 59], "computed_before_prompt", None),
+        # a group without an rswa window: the scalar's refusal (as for an empty batch)
+        (GEOMS["default"], [10], [20], None, None),
+        (GEOMS["default"], [], [], None, None),
+        # one computed count per prompt
+        (RSWA, [50, 50], [60], "length_mismatch", "num_computed_tokens"),
+        # counts are non-negative: the field named is the offending argument
+        (RSWA, [50, -1], [60, 60], "negative", "num_prompt_tokens"),
+        (RSWA, [50, 50], [60, -1], "negative", "num_computed_tokens"),
+    ],
+)
+def test_rswa_gap_blocks_refuses(geom, prompt, computed, code, field):
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.rswa_gap_blocks(geom, 0, prompt, computed)
+    if field is not None:
+        assert (e.value.code, e.value.problems[0].field) == (code, field)
+        if code == "length_mismatch":
+            assert e.value.problems[0].values == {"length": 1, "expected": 2}
+    else:
+        with pytest.raises(kvgeom.QueryError) as s:
+            hits.rswa_gap_blocks(geom, 0, prompt[-1] if prompt else 0, computed[-1] if computed else 0)
+        assert (e.value.code, e.value.problems[0].field) == (s.value.code, s.value.problems[0].field)
+        assert e.value.problems[0].values == s.value.problems[0].values
+        if code:
+            assert e.value.code == code
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle_sliding", "default"])
+def test_store_holdback_equals_the_scalar(name):
+    """An eagle group's last offloadable chunk is held back while the request decodes past its prompt and has
+    not finished (kvgeom.hits.store_holdback_chunks); other groups store every storable chunk."""
+    geom = GEOMS[name]
+    rows = [(s, o, p, f) for s in (0, 1, 2, 3, 5) for o in (0, 16, 31, 32, 33, 64, 80) for p in (0, 32, 64)
+            for f in (False, True)]
+    s, o, p, f = (np.array(c) for c in zip(*rows, strict=True))
+    for og in geom.offload.groups:
+        got = batch.hits.store_holdback(og, s, o, p, f)
+        want = [hits.store_holdback_chunks(geom, og.index, int(a), int(b), int(c), bool(d)) for a, b, c, d in rows]
+        assert got.tolist() == want, og.index
+
+
+# ---------------------------------------------------------------------------------------------
+# lookup_resident and RequestChains: the tracked chains and their refusals
+# ---------------------------------------------------------------------------------------------
+
+
+def test_request_chains_rows_hold_the_interned_ids_and_reuse_freed_rows():
+    """A row holds exactly the ids of its request's hashes, in order, with 0 past the chain and at least one
+    0 column after the longest chain (the column a batch view clips out-of-range reads to); a removed
+    request's row is zeroed and reused by the next new request."""
+    r = kvgeom.Residency()
+    chains = RequestChains(r)
+    chains.update("a", [b"x", b"y"])
+    chains.update("a", [b"x", b"y", b"z"])  # only the new tail is interned
+    chains.update("b", [b"y"])
+    assert len(chains) == 2
+    ids = r.intern([b"x", b"y", b"z"]).tolist()
+    ra, rb = chains.rows(["a", "b"]).rows.tolist()
+    assert (ra, rb) == (0, 1)
+    assert chains.ids[ra, :4].tolist() == [*ids, 0]
+    assert chains.ids[rb, :2].tolist() == [ids[1], 0]
+    long = [b"h%d" % i for i in range(130)]  # grows the matrix past its first width
+    chains.update("b", [b"y", *long])
+    assert chains.ids.shape[1] > 131 and not chains.ids[:, -1].any()
+    assert chains.ids[rb, :131].tolist() == r.intern([b"y", *long]).tolist()
+    assert chains.ids[ra, :4].tolist() == [*ids, 0]
+    chains.remove("a")
+    chains.remove("never-seen")  # forgetting an unknown request is a no-op
+    assert len(chains) == 1 and not chains.ids[ra].any()
+    chains.update("c", [b"z"])
+    assert chains.rows(["c"]).rows.tolist() == [ra]
+    assert chains.ids[ra, :2].tolist() == [ids[2], 0]
+    for i in range(12):  # more requests than the first row capacity
+        chains.update(("n", i), [b"q%d" % i])
+    assert chains.ids[chains.rows([("n", 11)]).rows[0], :2].tolist() == [r.intern([b"q11"])[0], 0]
+    assert chains.ids[rb, :131].tolist() == r.intern([b"y", *long]).tolist()
+
+
+@pytest.mark.parametrize(
+    "call, code, field",
+    [
+        # RequestChains reads a Residency
+        (lambda r, c: RequestChains(object()), "bad_residency", "residency"),
+        # a chain is a sequence of hashes, not one bytes or str value, not a generator
+        (lambda r, c: c.update("a", b"h0h1"), "bad_block_hashes", "block_hashes"),
+        (lambda r, c: c.update("a", "h0"), "bad_block_hashes", "block_hashes"),
+        (lambda r, c: c.update("a", iter([b"h0"])), "bad_block_hashes", "block_hashes"),
+        # a tracked chain only grows
+        (lambda r, c: c.update("t", [b"h0"]), "chain_shrank", "block_hashes"),
+        # rows of a request never updated
+        (lambda r, c: c.rows(["t", "u"]), "unknown_request", "request_ids"),
+        # lookup_resident reads a Residency, and chains interned against that same Residency
+        (lambda r, c: lookup_resident(GEOMS["default"], {}, [[]], [0]), "bad_residency", "residency"),
+        (lambda r, c: lookup_resident(GEOMS["default"], kvgeom.Residency(), c.rows(["t"]), [0]),
+         "foreign_chains", "chains"),
+        (lambda r, c: lookup_resident(GEOMS["default"], r, b"abc", [0]), "bad_chains", "chains"),
+        (lambda r, c: lookup_resident(GEOMS["default"], r, 3, [0]), "bad_chains", "chains"),
+        # one chain per request
+        (lambda r, c: lookup_resident(GEOMS["default"], r, c.rows(["t"]), [0, 0]), "length_mismatch", "chains"),
+        (lambda r, c: lookup_resident(GEOMS["default"], r, [[], []], [0]), "length_mismatch", "chains"),
+        # a geometry without offloading
+        (lambda r, c: lookup_resident(kvgeom.resolve({"groups": [FA16]}), r, [[]], [0]), "no_offload", None),
+        # token counts are non-negative
+        (lambda r, c: lookup_resident(GEOMS["default"], r, [[]], [-1]), "negative", "num_tokens"),
+    ],
+)
+def test_resident_lookup_refusals_name_the_field(call, code, field):
+    r = kvgeom.Residency()
+    c = RequestChains(r)
+    c.update("t", [b"h0", b"h1"])
+    with pytest.raises(kvgeom.QueryError) as e:
+        call(r, c)
+    assert e.value.code == code
+    if field is not None:
+        assert e.value.problems[0].field == field
+
+
+@pytest.mark.parametrize(
+    "name, n, lengths, short, needed",
+    [
+        # H = 16: a request of 65 tokens has 4 hashes; the second request's chain holds 3
+        ("default", [16, 65, 64], [1, 3, 4], 1, 4),
+        # the first short chain is named, not a later one; 0 tokens need no hash
+        ("default", [0, 47, 33], [0, 1, 0], 1, 2),
+        # the eagle look-ahead: a request has one hash per H tokens less the look-ahead tokens
+        ("eagle", [64, 80], [4, 3], 1, None),
+    ],
+)
+def test_short_chains_are_refused_with_the_request_and_counts(name, n, lengths, short, needed):
+    """kvgeom.probes.check_chain_length per request: block_hashes_too_short names the first request whose
+    chain is short, its hash count and the hashes its num_tokens needs (rdown(n - look-ahead, H) / H)."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    if needed is None:
+        needed = max(n[short] - geom.hash_lookahead_tokens, 0) // H
+    chains = [[b"c%d-%d" % (i, j) for j in range(k)] for i, k in enumerate(lengths)]
+    r = kvgeom.Residency()
+    with pytest.raises(kvgeom.QueryError) as e:
+        lookup_resident(geom, r, chains, n)
+    p = e.value.problems[0]
+    assert (p.code, p.field) == ("block_hashes_too_short", "chains")
+    assert p.values == {"request": short, "num_hashes": lengths[short], "needed": needed}
+    # one hash more for that request is enough (the bound is inclusive)
+    chains[short].append(b"more")
+    for i in range(len(n)):
+        chains[i] += [b"pad%d-%d" % (i, j) for j in range(n[i] // H)]
+    lookup_resident(geom, r, chains, n)
+
+
+def test_resident_lookup_of_no_request_through_tracked_rows():
+    """An empty selection of tracked rows is an empty batch (its row array is an int64 index array)."""
+    r = kvgeom.Residency()
+    chains = RequestChains(r)
+    chains.update("a", [b"h0"])
+    rows = chains.rows([])
+    assert rows.rows.dtype == np.int64 and rows.rows.shape == (0,)
+    got = lookup_resident(GEOMS["default"], r, rows, [])
+    assert len(got) == 0 and got.end_token.dtype == np.int64
+
+
+def test_request_chains_first_hashes_on_a_late_row():
+    """Requests without hashes take rows without growing the id matrix; the first hashes of a request on row
+    9 must still get a row of the matrix (rows grow to at least row + 1)."""
+    geom = GEOMS["sliding"]
+    r = kvgeom.Residency()
+    chains = RequestChains(r)
+    for i in range(9):
+        chains.update(i, [])
+    chain = [b"late%d" % j for j in range(5)]
+    for h in chain:
+        r.add(0, h)
+        r.add(1, h)
+    chains.update(9, chain)
+    assert chains.ids.shape[0] >= 10
+    assert chains.ids[9, :6].tolist() == [*r.intern(chain).tolist(), 0]
+    got = lookup_resident(geom, r, chains.rows([9, 0]), [80, 15])
+    assert got.hit(0) == hits.lookup_hit(geom, 80, stored=r, block_hashes=chain)
+    assert got.end_token.tolist()[1] == 0
+
+
+def test_resident_reads_past_the_id_matrix_read_as_not_held():
+    """The prefix scan reads a window of 16 chunks past a local prefix; on the id matrix's last row, with
+    a chain filling all but its last column, those reads fall past the matrix and read as not held
+    (the view clips them to the zero last column)."""
+    geom = GEOMS["sliding"]  # C = H = 16: chunk j is hash column j
+    r = kvgeom.Residency()
+    chains = RequestChains(r)
+    per = []
+    for i in range(8):  # rows 0..7: the matrix's first capacity is 8 rows of 64 columns
+        chain = [b"full%d-%d" % (i, j) for j in range(63)]
+        for h in chain:
+            r.add(0, h)
+            r.add(1, h)
+        chains.update(i, chain)
+        per.append(chain)
+    # (the matrix's capacity is not part of the contract: with another one the row still compares answers)
+    n = [63 * 16] * 8
+    local = [60 * 16] * 8
+    got = lookup_resident(geom, r, chains.rows(list(range(8))), n, local_computed_tokens=local)
+    for i in range(8):
+        assert got.hit(i) == hits.lookup_hit(geom, n[i], stored=r, block_hashes=per[i],
+                                             local_computed_tokens=local[i]), i
+
+
+def test_a_request_of_no_token_needs_no_hash():
+    """H = 1 (block size 1): a request of 0 tokens needs 0 hashes, one of 2 tokens needs 2."""
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}], "offload": {}})
+    r = kvgeom.Residency()
+    r.add(0, b"a")
+    assert lookup_resident(geom, r, [[], [b"a", b"b"]], [0, 2]).hit_tokens.tolist() == [0, 1]
+    with pytest.raises(kvgeom.QueryError) as e:
+        lookup_resident(geom, r, [[], [b"a"]], [0, 2])
+    assert e.value.problems[0].values == {"request": 1, "num_hashes": 1, "needed": 2}
+
+
+def test_resident_lookup_without_any_hash_reads_nothing():
+    """Chains with no hash at all (every request shorter than H): an empty id matrix, every hit 0."""
+    geom = GEOMS["default"]
+    r = kvgeom.Residency()
+    got = lookup_resident(geom, r, [[], []], [10, 15], local_computed_tokens=[0, 15])
+    assert [got.hit(i) for i in range(2)] == [hits.lookup_hit(geom, x, stored={}, local_computed_tokens=c)
+                                              for x, c in ((10, 0), (15, 15))]
+
+
+def test_resident_lookup_holder_selects_the_residency_bit():
+    """holder h reads the keys added for holder h only (Residency.held_array(group, holder))."""
+    geom = GEOMS["default"]
+    chain = [b"h%d" % i for i in range(4)]
+    r = kvgeom.Residency()
+    for i in range(4):
+        r.add(0, chain[i], holder=1)
+        r.add(1, chain[i], holder=1)
+    assert lookup_resident(geom, r, [chain], [65], holder=1).end_token.tolist() == [64]
+    assert lookup_resident(geom, r, [chain], [65]).end_token.tolist() == [0]
+    assert lookup_resident(geom, r, [chain], [65], holder=1).hit(0) == hits.lookup_hit(
+        geom, 65, stored=r, block_hashes=chain, holder=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# stored matrices and held-key views (kvgeom.batch.probes)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stored, field, why",
+    [
+        # stored maps a group index to a matrix
+        ([np.ones((2, 4), dtype=bool)], "stored", None),
+        # one row per request
+        ({0: np.ones((3, 4), dtype=bool)}, "stored.0", None),
+        ({0: [[True], [False], [True]]}, "stored.0", "it has 3 rows"),
+        # a bool matrix (an empty matrix of any dtype is fine; a 1-D row is not a matrix)
+        ({0: np.ones((2, 4), dtype=np.int64)}, "stored.0", None),
+        ({1: np.ones(2, dtype=bool)}, "stored.1", None),
+        ({0: [[True, False], [True]]}, "stored.0", "numpy cannot read it"),
+        # a range of 10**12 ends is refused before numpy copies it
+        ({0: range(10**12)}, "stored.0", "it has 1000000000000 rows"),
+        ({0: 5}, "stored.0", None),
+    ],
+)
+def test_stored_matrices_refusals_name_the_group(stored, field, why):
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.lookup_hits(GEOMS["default"], [64, 32], stored=stored)
+    p = e.value.problems[0]
+    assert (p.code, p.field) == ("bad_stored", field)
+    if why:
+        assert why in p.message
+
+
+def test_stored_matrices_fill_missing_groups_and_accept_lists():
+    """A group stored leaves out holds nothing (an empty (requests, 0) matrix); a nested list of bools is
+    read as the matrix; an empty int matrix is an empty matrix."""
+    geom = GEOMS["default"]
+    out = stored_matrices(geom, geom.offload, {1: [[True, False], [False, True]], 0: np.zeros((2, 0), dtype=int)}, 2)
+    assert sorted(out) == [0, 1]
+    assert out[0].shape == (2, 0) and out[0].dtype == np.bool_
+    assert out[1].tolist() == [[True, False], [False, True]] and out[1].dtype == np.bool_
+    empty = stored_matrices(geom, geom.offload, {}, 3)
+    assert {k: (v.shape, v.dtype) for k, v in empty.items()} == {0: ((3, 0), np.bool_), 1: ((3, 0), np.bool_)}
+
+
+class _ArrayOnly:
+    """An object numpy reads through the array protocol only (no len())."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return self.a
+
+
+def test_stored_matrix_without_len_is_read_by_numpy():
+    """A stored value numpy can read as a bool matrix is one, even without len() (the row count is then
+    checked on the array)."""
+    geom = GEOMS["default"]
+    held = np.ones((2, 4), dtype=bool)
+    got = batch.lookup_hits(geom, [64, 65], stored={0: _ArrayOnly(held), 1: _ArrayOnly(held)})
+    assert got.end_token.tolist() == batch.lookup_hits(geom, [64, 65], stored={0: held, 1: held}).end_token.tolist()
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.lookup_hits(geom, [64, 65, 1], stored={0: _ArrayOnly(held)})
+    assert (e.value.code, e.value.problems[0].field) == ("bad_stored", "stored.0")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_group_left_out_of_stored_holds_nothing(name):
+    """stored leaves a group out: that group holds no key (lookup_hit with its list empty), whether it is
+    scanned as a prefix (full attention) or by windows (sliding, chunked, Mamba)."""
+    geom = GEOMS[name]
+    H = geom.hash_block_size
+    n, local, prompt, stored = _lookup_case(geom, 1)
+    for og in geom.offload.groups:
+        part = {g: m for g, m in stored.items() if g != og.index}
+        h = batch.lookup_hits(geom, n, stored=part, num_prompt_tokens=prompt, local_computed_tokens=local)
+        for i in range(len(n)):
+            held = {g: [(c + 1) * H for c in np.flatnonzero(m[i])] for g, m in part.items()}
+            want = scalar(("left out", name, og.index, i), hits.lookup_hit, geom, n[i], stored=held,
+                          num_prompt_tokens=prompt[i], local_computed_tokens=local[i])
+            assert h.hit(i) == want, (og.index, i)
+
+
+def test_held_matrix_reads_chunks_and_hash_columns_inside_the_matrix_only():
+    """Chunk j of a group with hpc hashes per chunk is column (j + 1) * hpc - 1; columns outside [0, width)
+    read as not held (a probe's answer for keys past its bound)."""
+    m = np.array([[True, True, False, True, True, True], [False, True, True, True, False, True]])
+    v = HeldMatrix(m, 2)
+    assert (v.width, v.chunks, v.hpc) == (6, 3, 2)
+    rows = np.array([[0], [1]])
+    assert v(rows, np.array([-1, 0, 1, 2, 3])).tolist() == [[False, True, True, True, False],
+                                                           [False, True, True, True, False]]
+    assert v.hashes(rows, np.array([-2, -1, 0, 2, 4, 5, 6, 7])).tolist() == [
+        [False, False, True, False, True, True, False, False], [False, False, False, True, False, True, False, False]]
+    assert v.hashes(np.array([1, 0]), np.array([0, 3])).tolist() == [False, True]
+    empty = HeldMatrix(np.zeros((2, 0), dtype=bool), 1)
+    assert empty.chunks == 0
+    assert empty(rows, np.array([0, 1])).tolist() == [[False, False], [False, False]]
+    assert empty.hashes(np.array([0, 1]), np.array([0, 0])).tolist() == [False, False]
+    # a non-contiguous matrix (a column slice) reads as its values
+    s = HeldMatrix(m[:, ::2], 1)
+    assert s.hashes(np.array([0, 1, 1]), np.array([1, 1, 2])).tolist() == [False, True, False]
+
+
+def test_eagle_pair_view_needs_both_chunks_and_passes_hash_keys_through():
+    """An eagle group's pair probe: chunk j is held iff chunks j and j + 1 are; keys by hash index unchanged."""
+    m = np.array([[True, True, True, False, True, True]])
+    v = eagle_pair_held(HeldMatrix(m, 1))
+    assert v.chunks == 6
+    r = np.zeros(7, dtype=np.int64)
+    assert v(r, np.arange(7)).tolist() == [True, True, False, False, True, False, False]
+    assert v.hashes(r[:6], np.arange(6)).tolist() == m[0].tolist()
