@@ -173,3 +173,21 @@ def test_partial_tail_max_boundary_rows(geom, args, top):
 
     got = partial_tail_max_boundary(geom, *args)
     assert (got, type(got)) == (top, int)
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "kw", "boundary"),
+    [
+        # the limit is inclusive: t = 16 <= max_offload_tokens = 16
+        (FINE64, 17, 17, {"max_offload_tokens": 16}, 16),
+        # an eagle proof margin m = 8 (checkpoint t = 48 of a 60-token prompt): only a request that loaded from the
+        # tier stores the tail (the default is that it did not) ...
+        (EAGLE32, 60, 60, {}, None),
+        (EAGLE32, 60, 60, {"loaded_from_offload": True}, 48),
+        # ... and only once t + m = 56 prompt tokens are computed (56 is enough, 55 is not)
+        (EAGLE32, 60, 56, {"loaded_from_offload": True}, 48),
+        (EAGLE32, 60, 55, {"loaded_from_offload": True}, None),
+    ],
+)
+def test_partial_tail_boundary_limits_and_the_proof_margin(geom, prompt, computed, kw, boundary):
+    assert partial_tail_boundary(geom, prompt, computed, **kw) == boundary
