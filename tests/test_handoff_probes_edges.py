@@ -191,3 +191,22 @@ def test_partial_tail_max_boundary_rows(geom, args, top):
 )
 def test_partial_tail_boundary_limits_and_the_proof_margin(geom, prompt, computed, kw, boundary):
     assert partial_tail_boundary(geom, prompt, computed, **kw) == boundary
+
+
+# FINE64 with multi-module MTP, K = 3 (P = 3): a step ending at e caches e - 2 tokens
+FINE64_MTP = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                             "cache": {"prefix_match_unit": 16}, "offload": {},
+                             "speculative": spec("mtp", 3, mtp_modules=3)})
+
+
+@pytest.mark.parametrize(
+    ("chunk_ends", "boundary"),
+    [
+        (None, None),  # vLLM's split of 100 (chunks end at 80, 100): no step caches exactly the checkpoint 80
+        ((80, 82, 100), 80),  # the given split: a chunk ended at 80 and the step ending at 82 cached exactly 80
+        ((82, 100), None),  # no chunk ended at 80: no state was written there, whatever step 82 cached
+    ],
+)
+def test_the_given_split_decides_the_partial_tail(chunk_ends, boundary):
+    assert partial_tail_boundary(FINE64_MTP, 100, 100, chunk_ends) == boundary
