@@ -210,3 +210,21 @@ FINE64_MTP = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size":
 )
 def test_the_given_split_decides_the_partial_tail(chunk_ends, boundary):
     assert partial_tail_boundary(FINE64_MTP, 100, 100, chunk_ends) == boundary
+
+
+# H = 1 (a prefix match unit of one token) with partial tails: the checkpoint of a 2-token prompt is 1
+UNIT1 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"prefix_match_unit": 1}, "offload": {}})
+
+
+def test_a_one_token_hash_unit_keys_a_tail_at_token_1():
+    from kvgeom.handoff import partial_tail_max_boundary
+
+    assert partial_tail_boundary(UNIT1, 2, 2) == 1  # t = 1 > 0, off the span grid (16), prefill past it
+    # the highest boundary a lookup tries with limit 0 is rdown(0, 1) = 0, not 1
+    assert partial_tail_max_boundary(UNIT1, 2, 2, 0, 0) == 0
+    assert partial_tail_max_boundary(UNIT1, 2, 2, 0, 2) == 1  # min(prompt - 1 = 1, 0 + 16 - 1, 2) = 1
+
+
+def test_a_huge_prompt_keeps_its_exact_block_index():
+    # 2^60 tokens: the state block (2^60 - 16) / 16 - 1 = 2^56 - 2 is read as an int (a float would round it)
+    assert mamba_handoffs(SEED, 1, 2**60, 2**60) == (2**60 - 16,)
