@@ -228,3 +228,40 @@ def test_a_one_token_hash_unit_keys_a_tail_at_token_1():
 def test_a_huge_prompt_keeps_its_exact_block_index():
     # 2^60 tokens: the state block (2^60 - 16) / 16 - 1 = 2^56 - 2 is read as an int (a float would round it)
     assert mamba_handoffs(SEED, 1, 2**60, 2**60) == (2**60 - 16,)
+
+
+# ------------------------------------------------------------------------ batch twin: partial tails per request
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "loaded", "limit", "want"),
+    [
+        # FINE64 (span 64, H 16): 228 -> 224; stopped at 224 (not past it) -> none; 193 -> 192 on the span grid;
+        # an empty prompt -> none (the same rows as test_handoff.py's scalar table)
+        (FINE64, [228, 228, 193, 0], [228, 224, 193, 0], None, [False] * 4, None, [224, -1, -1, -1]),
+        # per-request limits: 224 > 200 -> none, 224 <= 224 -> 224
+        (FINE64, [228, 228], [228, 228], None, [False, False], [200, 224], [-1, 224]),
+        # per-request splits (-1 padded): no chunk ended at 224 in the first
+        (FINE64, [228, 228], [228, 228], [[64, 128, 192, 228], [224, 228, -1, -1]], [False, False], None, [-1, 224]),
+        # the eagle proof margin: only a request that loaded from the tier, from t + m = 56 computed tokens on
+        (EAGLE32, [60, 60, 60], [60, 60, 55], None, [False, True, True], None, [-1, 48, -1]),
+        # DCP 2: no partial tails at all
+        (SEED, [17, 100], [17, 100], None, [False, False], None, [-1, -1]),
+    ],
+)
+def test_batch_partial_tail_boundaries(geom, prompt, computed, chunk_ends, loaded, limit, want):
+    import numpy as np
+
+    from kvgeom.batch.handoff import partial_tail_boundaries
+
+    def arr(x, dtype=np.int64):
+        return None if x is None else np.array(x, dtype=dtype)
+
+    got = partial_tail_boundaries(geom, arr(prompt), arr(computed), arr(chunk_ends), arr(loaded, bool), arr(limit))
+    assert got.tolist() == want
+    # each entry is the scalar rule's answer (None as -1)
+    for i, p in enumerate(prompt):
+        ends = None if chunk_ends is None else tuple(e for e in chunk_ends[i] if e >= 0)
+        scalar = partial_tail_boundary(geom, p, computed[i], ends, loaded_from_offload=loaded[i],
+                                       max_offload_tokens=None if limit is None else limit[i])
+        assert want[i] == (-1 if scalar is None else scalar)
