@@ -265,3 +265,21 @@ def test_batch_partial_tail_boundaries(geom, prompt, computed, chunk_ends, loade
         scalar = partial_tail_boundary(geom, p, computed[i], ends, loaded_from_offload=loaded[i],
                                        max_offload_tokens=None if limit is None else limit[i])
         assert want[i] == (-1 if scalar is None else scalar)
+
+
+# ------------------------------------------------------------------------------ probes: the stored-list fast path
+
+
+def test_stored_lists_at_the_edges_of_the_fast_check():
+    from kvgeom.probes import as_probe, validated_stored
+
+    # an empty list is a group with nothing stored (not an error)
+    assert validated_stored(SEED, {1: []})[1] == frozenset()
+    # 2^60 + 1 is off the H = 16 grid; as a float it would round to 2^60, which is on it
+    with pytest.raises(kvgeom.QueryError) as info:
+        validated_stored(SEED, {1: [2**60 + 1]})
+    assert (info.value.code, info.value.values) == ("not_on_hash_grid", {"end_token": 2**60 + 1,
+                                                                          "hash_block_size": 16})
+    # a set of plain ints is sorted once, so below() jumps to the highest held chunk under j: chunks 0 (16) and
+    # 3 (64) held, below chunk 10 -> 3
+    assert as_probe(SEED, {1: {16, 64}}).below(1, 16, 10) == 3
