@@ -1,0 +1,285 @@
+"""Edge rows for the Mamba hand-off (``kvgeom.handoff``), the membership probes (``kvgeom.probes``) and their
+batch twin (``kvgeom.batch.handoff``), written for the mutation run of issue 19 (``docs/mutation.md``).
+
+Each row pins a rule the example tables (``test_handoff.py``, ``test_probes.py``) left implicit: the argument a
+problem names, the edge of a bound (0 and 1 tokens, a prompt one past a block), a branch only one form of input
+reaches. The expected values follow from the docstrings' formulas; the comment shows the arithmetic.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _drafter_rows import DRAFT16, FA16, M16, spec
+
+import kvgeom
+from kvgeom.handoff import (
+    mamba_cacheable_tokens,
+    mamba_handoffs,
+    partial_tail_boundary,
+    replay_boundaries,
+    state_ends,
+)
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # FA 16 + Mamba 16, DCP 2: L = 32, H = 16, partial hash hits
+FA_ONLY = kvgeom.resolve({"groups": [FA16]})  # no Mamba group at all
+# FA 16 + Mamba 16 under the GPU drop with no group flagged: every group has the eagle bit; L = H = 16
+DROP_ALL = kvgeom.resolve({"groups": [FA16, M16], "offload": {}, "speculative": spec()})
+DROP = kvgeom.resolve({"groups": [FA16, M16, DRAFT16], "offload": {}, "speculative": spec()})  # L = 16
+# the seed (partial hash hits) with multi-module MTP, K = 3 (P = 3) under the drop: every group has the eagle bit
+MTP_PARTIAL = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "speculative": spec("mtp", 3, mtp_modules=3)})
+# one Mamba group (the unitary coordinator) with multi-module MTP, K = 3: P - 1 = 2 tokens held back
+MTP_SINGLE = kvgeom.resolve({"groups": [M16], "speculative": spec("mtp", 3, mtp_modules=3)})
+FINE64 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+                         "cache": {"prefix_match_unit": 16}, "offload": {}})  # DCP 1, span 64, H 16: partial tails
+
+#: vLLM 0.33's split of 100 tokens with a 16-token budget
+B16 = (16, 32, 48, 64, 80, 96, 100)
+
+
+# ------------------------------------------------------------------------------ handoff: the argument a problem names
+
+HANDOFF_FIELDS = [
+    # every count argument is checked by name: the problem names it, with the value
+    (lambda: replay_boundaries(SEED, -1), "num_prompt_tokens"),
+    (lambda: state_ends(SEED, -1, 0), "num_prompt_tokens"),
+    (lambda: state_ends(SEED, 100, -1), "num_computed_tokens"),
+    (lambda: mamba_cacheable_tokens(SEED, 1, -1), "num_computed_tokens"),
+    (lambda: mamba_handoffs(SEED, 1, -1, 0), "num_prompt_tokens"),
+    (lambda: mamba_handoffs(SEED, 1, 100, -1), "num_computed_tokens"),
+    (lambda: partial_tail_boundary(FINE64, -1, 0), "num_prompt_tokens"),
+    (lambda: partial_tail_boundary(FINE64, 228, -1), "num_computed_tokens"),
+    # the checkpoint 224 is read before the limit is: a negative limit is refused, not compared
+    (lambda: partial_tail_boundary(FINE64, 228, 228, max_offload_tokens=-1), "max_offload_tokens"),
+]
+
+
+@pytest.mark.parametrize(("call", "field"), HANDOFF_FIELDS)
+def test_a_negative_count_names_its_argument(call, field):
+    with pytest.raises(kvgeom.QueryError) as info:
+        call()
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field, info.value.values) == ("negative", field, {field: -1})
+
+
+# ------------------------------------------------------------------------ handoff: the edges of the cacheable prefix
+
+
+@pytest.mark.parametrize(
+    ("geom", "group", "computed", "cacheable"),
+    [
+        # one group: c - (P - 1), never below 0 (c = 0, and c = 2 <= P - 1)
+        (MTP_SINGLE, 0, 0, 0),
+        (MTP_SINGLE, 0, 2, 0),
+        (MTP_SINGLE, 0, 3, 1),
+        # the eagle bit with nothing cached (rdown(10, L = 16) = 0): 0, not min(finalized, ...)
+        (DROP_ALL, 1, 10, 0),
+        # partial hash hits, MTP K = 3 under the drop: cached = c = 1 > 0, but finalized = max(0, 1 - 2) = 0
+        (MTP_PARTIAL, 1, 1, 0),
+        (MTP_PARTIAL, 1, 2, 0),
+        (MTP_PARTIAL, 1, 3, 1),  # finalized 1: min(1, 1 + span 16) = 1
+    ],
+)
+def test_mamba_cacheable_tokens_at_its_edges(geom, group, computed, cacheable):
+    assert mamba_cacheable_tokens(geom, group, computed) == cacheable
+
+
+# -------------------------------------------------------------------------------- handoff: replay and state ends
+
+
+def test_a_prompt_one_past_a_block_replays_from_one_block_below():
+    # the drop, L = 16, n = 97: {rdown(96, 16) - 16, rdown(97, 16) - 16} = {80}; n - 1 = 96 is on the grid,
+    # so rounding n - 2 = 95 instead would add 64
+    assert replay_boundaries(DROP, 97) == (80,)
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "window", "ends"),
+    [
+        # a chunk that ended after 1 token is a state end (only 0 is not)
+        (SEED, 100, 100, (1, 100), {}, (1, 100)),
+        # a prefill stopped after 1 token: 1 is itself a chunk end
+        (SEED, 100, 1, None, {}, (1,)),
+        # an upper bound does not lift the computed bound: min(computed 40, prompt, upto 64) = 40
+        (SEED, 100, 40, B16, {"upto": 64}, (16, 32, 40)),
+        # ... nor the prompt bound: min(computed 100, prompt 50, upto 100) = 50
+        (SEED, 50, 100, B16, {"upto": 100}, (16, 32, 48)),
+        # computed == prompt is not added as an end (only a prefill stopped below the prompt is)
+        (SEED, 100, 100, (96,), {}, (96,)),
+        # an empty prompt has no ends, even in a geometry without a Mamba group (no split is asked for)
+        (FA_ONLY, 0, 0, None, {}, ()),
+    ],
+)
+def test_state_ends_at_its_edges(geom, prompt, computed, chunk_ends, window, ends):
+    assert state_ends(geom, prompt, computed, chunk_ends, **window) == ends
+
+
+# ------------------------------------------------------------------ handoff: which step makes the checkpoint keyed
+
+MTP_PARTIAL20 = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "speculative": spec("mtp", 20, mtp_modules=20)})  # P = 20
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "keys"),
+    [
+        # P = 20, L = 32: the checkpoint 16 is cached exactly only by the step ending at 35 = 16 + (P - 1)
+        # (cacheable(35) = 35 - 19 = 16), which lies past 16 + L - P = 28: the read window must reach L + P past it
+        (MTP_PARTIAL20, 35, 35, None, (16,)),
+        # P = 3: a prefill stopped at 18 = 16 + (P - 1) caches exactly the checkpoint 16, which is keyed though the
+        # store mask (retention 0) does not keep its block
+        (MTP_PARTIAL, 36, 18, None, (16,)),
+        # ... but no step of the default split of 32 (chunks end at 16 and 32) caches exactly 16
+        # (cacheable(16) = 14, cacheable(32) = 30): the checkpoint is in the candidates, yet not keyed
+        (MTP_PARTIAL, 32, 32, None, ()),
+        # the explicit split decides whether the checkpoint was cached exactly: the step ending at 18 did it here
+        (MTP_PARTIAL, 43, 48, (16, 18, 35, 42), (16,)),
+        # ... and the step ending at 34 = 32 + 2 here (vLLM's own split of 53 has no such step)
+        (MTP_PARTIAL, 53, 52, (11, 21, 32, 34), (32,)),
+    ],
+)
+def test_the_checkpoint_is_keyed_only_when_a_step_cached_it_exactly(geom, prompt, computed, chunk_ends, keys):
+    assert mamba_handoffs(geom, 1, prompt, computed, chunk_ends) == keys
+
+
+def test_no_partial_tail_under_dcp_2_even_off_the_span_grid():
+    # DCP 2 (the seed): partial tails unsupported, so None although the checkpoint 16 is off the span grid (32)
+    assert partial_tail_boundary(SEED, 17, 17) is None
+
+
+# ---------------------------------------------------------- handoff: the highest partial-tail boundary a lookup tries
+
+EAGLE32 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                                     {"kind": "mamba", "block_size": 32}],
+                          "cache": {"prefix_match_unit": 8}, "offload": {}, "speculative": spec()})  # H 8, margin 8
+
+
+@pytest.mark.parametrize(
+    ("geom", "args", "top"),
+    [
+        (FINE64, (0, 0, 0, 0), 0),  # an empty prompt
+        # no margin, span 64, H 16: rdown(min(prompt - 1, done + 64 - 1, limit), 16)
+        (FINE64, (228, 228, 0, 228), 48),  # done + 63 = 63 -> 48
+        (FINE64, (228, 228, 1, 228), 64),  # done + 63 = 64 -> 64
+        (FINE64, (48, 48, 0, 100), 32),  # prompt - 1 = 47 -> 32
+        (FINE64, (49, 49, 0, 100), 48),  # prompt - 1 = 48 -> 48
+        (FINE64, (228, 228, 0, 20), 16),  # limit 20 -> 16
+        # margin 8, H 8: min(prompt - 1, done + 2 * 32 - 1, limit, rdown(num_tokens, H) - 8)
+        (EAGLE32, (100, 100, 32, 100), 88),  # min(99, 95, 100, 96 - 8) = 88
+        (EAGLE32, (60, 100, 32, 100), 48),  # min(99, 95, 100, 56 - 8) = 48
+        (EAGLE32, (61, 100, 32, 100), 48),  # rdown(61, 8) = 56: 56 - 8 = 48
+    ],
+)
+def test_partial_tail_max_boundary_rows(geom, args, top):
+    from kvgeom.handoff import partial_tail_max_boundary
+
+    got = partial_tail_max_boundary(geom, *args)
+    assert (got, type(got)) == (top, int)
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "kw", "boundary"),
+    [
+        # the limit is inclusive: t = 16 <= max_offload_tokens = 16
+        (FINE64, 17, 17, {"max_offload_tokens": 16}, 16),
+        # an eagle proof margin m = 8 (checkpoint t = 48 of a 60-token prompt): only a request that loaded from the
+        # tier stores the tail (the default is that it did not) ...
+        (EAGLE32, 60, 60, {}, None),
+        (EAGLE32, 60, 60, {"loaded_from_offload": True}, 48),
+        # ... and only once t + m = 56 prompt tokens are computed (56 is enough, 55 is not)
+        (EAGLE32, 60, 56, {"loaded_from_offload": True}, 48),
+        (EAGLE32, 60, 55, {"loaded_from_offload": True}, None),
+    ],
+)
+def test_partial_tail_boundary_limits_and_the_proof_margin(geom, prompt, computed, kw, boundary):
+    assert partial_tail_boundary(geom, prompt, computed, **kw) == boundary
+
+
+# FINE64 with multi-module MTP, K = 3 (P = 3): a step ending at e caches e - 2 tokens
+FINE64_MTP = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                             "cache": {"prefix_match_unit": 16}, "offload": {},
+                             "speculative": spec("mtp", 3, mtp_modules=3)})
+
+
+@pytest.mark.parametrize(
+    ("chunk_ends", "boundary"),
+    [
+        (None, None),  # vLLM's split of 100 (chunks end at 80, 100): no step caches exactly the checkpoint 80
+        ((80, 82, 100), 80),  # the given split: a chunk ended at 80 and the step ending at 82 cached exactly 80
+        ((82, 100), None),  # no chunk ended at 80: no state was written there, whatever step 82 cached
+    ],
+)
+def test_the_given_split_decides_the_partial_tail(chunk_ends, boundary):
+    assert partial_tail_boundary(FINE64_MTP, 100, 100, chunk_ends) == boundary
+
+
+# H = 1 (a prefix match unit of one token) with partial tails: the checkpoint of a 2-token prompt is 1
+UNIT1 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"prefix_match_unit": 1}, "offload": {}})
+
+
+def test_a_one_token_hash_unit_keys_a_tail_at_token_1():
+    from kvgeom.handoff import partial_tail_max_boundary
+
+    assert partial_tail_boundary(UNIT1, 2, 2) == 1  # t = 1 > 0, off the span grid (16), prefill past it
+    # the highest boundary a lookup tries with limit 0 is rdown(0, 1) = 0, not 1
+    assert partial_tail_max_boundary(UNIT1, 2, 2, 0, 0) == 0
+    assert partial_tail_max_boundary(UNIT1, 2, 2, 0, 2) == 1  # min(prompt - 1 = 1, 0 + 16 - 1, 2) = 1
+
+
+def test_a_huge_prompt_keeps_its_exact_block_index():
+    # 2^60 tokens: the state block (2^60 - 16) / 16 - 1 = 2^56 - 2 is read as an int (a float would round it)
+    assert mamba_handoffs(SEED, 1, 2**60, 2**60) == (2**60 - 16,)
+
+
+# ------------------------------------------------------------------------ batch twin: partial tails per request
+
+
+@pytest.mark.parametrize(
+    ("geom", "prompt", "computed", "chunk_ends", "loaded", "limit", "want"),
+    [
+        # FINE64 (span 64, H 16): 228 -> 224; stopped at 224 (not past it) -> none; 193 -> 192 on the span grid;
+        # an empty prompt -> none (the same rows as test_handoff.py's scalar table)
+        (FINE64, [228, 228, 193, 0], [228, 224, 193, 0], None, [False] * 4, None, [224, -1, -1, -1]),
+        # per-request limits: 224 > 200 -> none, 224 <= 224 -> 224
+        (FINE64, [228, 228], [228, 228], None, [False, False], [200, 224], [-1, 224]),
+        # per-request splits (-1 padded): no chunk ended at 224 in the first
+        (FINE64, [228, 228], [228, 228], [[64, 128, 192, 228], [224, 228, -1, -1]], [False, False], None, [-1, 224]),
+        # the eagle proof margin: only a request that loaded from the tier, from t + m = 56 computed tokens on
+        (EAGLE32, [60, 60, 60], [60, 60, 55], None, [False, True, True], None, [-1, 48, -1]),
+        # DCP 2: no partial tails at all
+        (SEED, [17, 100], [17, 100], None, [False, False], None, [-1, -1]),
+    ],
+)
+def test_batch_partial_tail_boundaries(geom, prompt, computed, chunk_ends, loaded, limit, want):
+    import numpy as np
+
+    from kvgeom.batch.handoff import partial_tail_boundaries
+
+    def arr(x, dtype=np.int64):
+        return None if x is None else np.array(x, dtype=dtype)
+
+    got = partial_tail_boundaries(geom, arr(prompt), arr(computed), arr(chunk_ends), arr(loaded, bool), arr(limit))
+    assert got.tolist() == want
+    # each entry is the scalar rule's answer (None as -1)
+    for i, p in enumerate(prompt):
+        ends = None if chunk_ends is None else tuple(e for e in chunk_ends[i] if e >= 0)
+        scalar = partial_tail_boundary(geom, p, computed[i], ends, loaded_from_offload=loaded[i],
+                                       max_offload_tokens=None if limit is None else limit[i])
+        assert want[i] == (-1 if scalar is None else scalar)
+
+
+# ------------------------------------------------------------------------------ probes: the stored-list fast path
+
+
+def test_stored_lists_at_the_edges_of_the_fast_check():
+    from kvgeom.probes import as_probe, validated_stored
+
+    # an empty list is a group with nothing stored (not an error)
+    assert validated_stored(SEED, {1: []})[1] == frozenset()
+    # 2^60 + 1 is off the H = 16 grid; as a float it would round to 2^60, which is on it
+    with pytest.raises(kvgeom.QueryError) as info:
+        validated_stored(SEED, {1: [2**60 + 1]})
+    assert (info.value.code, info.value.values) == ("not_on_hash_grid", {"end_token": 2**60 + 1,
+                                                                          "hash_block_size": 16})
+    # a set of plain ints is sorted once, so below() jumps to the highest held chunk under j: chunks 0 (16) and
+    # 3 (64) held, below chunk 10 -> 3
+    assert as_probe(SEED, {1: {16, 64}}).below(1, 16, 10) == 3
