@@ -1,0 +1,136 @@
+"""Edge rows for the prefill split (``kvgeom.prefill``), the simulator (``kvgeom.sim``) and ``kvgeom.geometry``.
+
+Found by mutation testing (issue 19, ``docs/mutation.md``): each row pins a rule the other tables left open --
+the field and numbers a bad argument is reported with, an edge of a bound, a branch only one geometry takes.
+Expected values are derived from the rule named in each row's comment; where a row states what vLLM does it
+restates a vLLM 0.33 run (``kvgeom.conformance.vllm_stores.run_prefill_split``), never a guess.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kvgeom
+from kvgeom import prefill
+from kvgeom.errors import QueryError
+
+FA16 = {"kind": "full_attention", "block_size": 16}
+M16 = {"kind": "mamba", "block_size": 16}
+DRAFT16 = {**FA16, "num_kv_heads": 4, "drafter": True}
+
+SEED = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # FA 16 (DCP 2: span 32) + align Mamba 16: L 32, H = A = 16
+# lookahead hashes, P = 3 (no drop): every checkpoint rule reads n - 3
+MTP3 = kvgeom.resolve({"groups": [FA16, M16, DRAFT16],
+                       "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}})
+# blocks of one token: the only geometry where a checkpoint at position 1 is on the Mamba block grid
+ONE = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}, {"kind": "mamba", "block_size": 1}]})
+# partial hash hits with H == L = 16 (FA 8 under DCP 2: span 16; Mamba 16 >= H under DCP)
+H_EQ_L = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 8}, M16], "parallel": {"tp": 2, "dcp": 2}})
+# H 16 < L 32 but no partial hash hits (no Mamba group)
+NO_PARTIAL = kvgeom.resolve({"groups": [FA16, {"kind": "full_attention", "block_size": 32}]})
+# multi-module MTP K 8 without the drop or lookahead hashes, H 8: the reserve P = 8 exceeds an H step
+MTP8_H8 = kvgeom.resolve({"groups": [{**FA16, "drafter": True}, M16],
+                          "cache": {"prefix_match_unit": 8, "retention_interval": 0},
+                          "speculative": {"method": "mtp", "num_speculative_tokens": 8, "mtp_modules": 8,
+                                          "eagle_block_drop": False, "lookahead_hashes": False}})
+F16 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"retention_interval": 0}, "offload": {}})
+
+
+def _problem(call):
+    with pytest.raises(QueryError) as e:
+        call()
+    (p,) = e.value.problems
+    return p.code, p.field, p.values
+
+
+# ------------------------------------------------------------------------------------------- prefill: bad input
+
+# (call, code, field, values): the field names the argument to fix, the values hold its number
+PREFILL_PROBLEMS = [
+    (lambda: prefill.mamba_checkpoint_position(-1, 16, False), "negative", "num_tokens", {"num_tokens": -1}),
+    (lambda: prefill.mamba_checkpoint_position(10, 0, False), "zero", "unit", {"unit": 0}),
+    (lambda: prefill.mamba_checkpoint_position(10, -16, False), "negative", "unit", {"unit": -16}),
+    # a string "false" is truthy and must not pass as the drop flag
+    (lambda: prefill.mamba_checkpoint_position(10, 16, "false"), "not_a_bool", "drop", {}),
+    (lambda: prefill.mamba_checkpoint_position(10, 16, False, -2), "negative", "lookahead_tokens",
+     {"lookahead_tokens": -2}),
+    (lambda: prefill.prompt_hash_checkpoint(SEED, -1), "negative", "num_prompt_tokens", {"num_prompt_tokens": -1}),
+    (lambda: prefill.mamba_checkpoint(SEED, -1), "negative", "num_tokens", {"num_tokens": -1}),
+    (lambda: prefill.prefill_chunk_ends(F16, -1), "negative", "num_prompt_tokens", {"num_prompt_tokens": -1}),
+    (lambda: prefill.prefill_chunk_ends(F16, 100, num_computed_tokens=-1), "negative", "num_computed_tokens",
+     {"num_computed_tokens": -1}),
+    # resuming past the prompt: both numbers are quoted
+    (lambda: prefill.prefill_chunk_ends(F16, 100, num_computed_tokens=101), "out_of_range", "num_computed_tokens",
+     {"num_computed_tokens": 101, "num_prompt_tokens": 100}),
+    # a budget of 0 names the argument (and, in a list, the step) and quotes the 0 under the argument's name
+    (lambda: prefill.prefill_chunk_ends(F16, 100, max_num_batched_tokens=0), "out_of_range", "max_num_batched_tokens",
+     {"max_num_batched_tokens": 0}),
+    (lambda: prefill.prefill_chunk_ends(F16, 100, max_num_batched_tokens=[16, 0]), "out_of_range",
+     "max_num_batched_tokens[1]", {"max_num_batched_tokens": 0}),
+    (lambda: prefill.prefill_chunk_ends(F16, 100, max_num_batched_tokens=[16, -3]), "negative",
+     "max_num_batched_tokens[1]", {"max_num_batched_tokens[1]": -3}),
+]
+
+
+@pytest.mark.parametrize(("call", "code", "field", "values"), PREFILL_PROBLEMS)
+def test_prefill_problems_name_the_argument_and_its_numbers(call, code, field, values):
+    assert _problem(call) == (code, field, values)
+
+
+# ------------------------------------------------------------------------------------------- prefill: rules
+
+
+@pytest.mark.parametrize(
+    ("geom", "n", "stop"),
+    [
+        # partial hash hits on but H == L: the prefill has no finer grid to stop on (0), though the H-grid
+        # checkpoint rdown(16, 16) = 16 exists
+        (H_EQ_L, 17, 0),
+        # H 16 below L 32 but no partial hash hits (no Mamba group): no tail stop either
+        (NO_PARTIAL, 17, 0),
+        (SEED, 17, 16),  # both: the stop is the prompt's H-grid checkpoint
+    ],
+)
+def test_prefill_tail_stop_needs_partial_hits_and_h_below_l(geom, n, stop):
+    assert prefill.prefill_tail_stop(geom, n) == stop
+
+
+def _checkpoint(geom, n, prompt=None):
+    c = prefill.mamba_checkpoint(geom, n, num_prompt_tokens=prompt)
+    return c.position, c.unit, c.shift, c.last_cacheable, c.prefill_chunks, c.state_block
+
+
+@pytest.mark.parametrize(
+    ("geom", "n", "prompt", "want"),
+    [
+        # an empty request: no checkpoint, no shift, nothing cacheable, no chunk, no state block
+        (SEED, 0, None, (0, 16, 0, 0, (), None)),
+        # unit = A = 16; last cacheable boundary on the engine block grid 16: rdown(100 - 1, 16) = 96
+        (SEED, 100, None, (96, 16, 0, 96, (96, 4), 5)),
+        # a request of 98 tokens with a 50-token prompt: the checkpoint reads the prefill end max(50, 98 - 1) = 97
+        # (rdown(96, 16) = 96, not rdown(95, 16) = 80), and the prefill chunks cover the prompt alone
+        (SEED, 98, 50, (96, 16, 0, 96, (50,), 5)),
+        # lookahead hashes P = 3: the last cacheable boundary also reads n - 3: rdown(95, 16) = 80
+        (MTP3, 98, None, (80, 16, 16, 80, (80, 18), 4)),
+        # blocks of one token: position 1 is on the Mamba grid, held by block 1 // 1 - 1 = 0
+        (ONE, 2, None, (1, 1, 0, 1, (1, 1), 0)),
+        # multi-module MTP P = 8 over H 8: the reserve trims the first chunk (to the H checkpoint 8) to 8 - 7 = 1,
+        # which still schedules a token; the next chunk would trim to nothing, so the total split keeps it
+        # (prefill_chunk_ends raises prefill_stalls at 1, below)
+        (MTP8_H8, 9, None, (8, 8, 0, 0, (1, 7, 1), None)),
+    ],
+)
+def test_mamba_checkpoint_fields(geom, n, prompt, want):
+    assert _checkpoint(geom, n, prompt) == want
+
+
+def test_mamba_checkpoint_state_block_is_an_int_block_index():
+    # position 16 on the Mamba block grid 16: block 16 // 16 - 1 = 0, an int (a block id, never 0.0)
+    c = prefill.mamba_checkpoint(SEED, 17)
+    assert (c.position, c.state_block) == (16, 0) and type(c.state_block) is int
+
+
+def test_the_reserve_stall_of_the_total_split_is_prefill_stalls_in_the_split():
+    # the same MTP 8 geometry: the first step schedules [0, 1), the second is trimmed to nothing
+    assert _problem(lambda: prefill.prefill_chunk_ends(MTP8_H8, 9)) == (
+        "prefill_stalls", "num_prompt_tokens", {"num_prompt_tokens": 9, "stalled_at": 1})
