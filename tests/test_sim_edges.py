@@ -8,10 +8,13 @@ restates a vLLM 0.33 run (``kvgeom.conformance.vllm_stores.run_prefill_split``),
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 
 import kvgeom
 from kvgeom import prefill
+from kvgeom import sim as S
 from kvgeom.errors import QueryError
 
 FA16 = {"kind": "full_attention", "block_size": 16}
@@ -124,6 +127,20 @@ def test_mamba_checkpoint_fields(geom, n, prompt, want):
     assert _checkpoint(geom, n, prompt) == want
 
 
+# H 32 above the engine block 16 (FA 16 under DCP 4: span 64; Mamba 32): the H-grid checkpoint rdown(48, 32) = 32
+# lies below the last cacheable boundary rdown(48, 16) = 48, so it does not stop the prefill
+H32_B16 = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 32}], "parallel": {"tp": 4, "dcp": 4},
+                          "offload": {}})
+
+
+@pytest.mark.parametrize(("n", "ends"), [(49, (48, 49)), (64, (48, 64)), (81, (80, 81))])
+def test_an_h_checkpoint_below_the_last_cacheable_boundary_is_no_stop(n, ends):
+    # vLLM 0.33 runs (kvgeom.conformance.vllm_stores.run_prefill_split, unbounded budget): [48, 49], [48, 64],
+    # [80, 81]; mamba_checkpoint's unbounded split is the same
+    assert prefill.prefill_chunk_ends(H32_B16, n) == ends
+    assert tuple(accumulate(prefill.mamba_checkpoint(H32_B16, n).prefill_chunks)) == ends
+
+
 def test_mamba_checkpoint_state_block_is_an_int_block_index():
     # position 16 on the Mamba block grid 16: block 16 // 16 - 1 = 0, an int (a block id, never 0.0)
     c = prefill.mamba_checkpoint(SEED, 17)
@@ -134,3 +151,63 @@ def test_the_reserve_stall_of_the_total_split_is_prefill_stalls_in_the_split():
     # the same MTP 8 geometry: the first step schedules [0, 1), the second is trimmed to nothing
     assert _problem(lambda: prefill.prefill_chunk_ends(MTP8_H8, 9)) == (
         "prefill_stalls", "num_prompt_tokens", {"num_prompt_tokens": 9, "stalled_at": 1})
+
+
+# ------------------------------------------------------------------------------------------- sim: bad input
+
+
+DENSE = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+_BIG = S.MAX_SIM_TOKENS + 1
+
+SIM_PROBLEMS = [
+    # past the simulator's size limit: the argument, its value and the limit
+    (lambda: S.run_scenario(DENSE, _BIG), "result_too_large", "num_tokens", {"num_tokens": _BIG, "limit": 1 << 16}),
+    (lambda: S.run_request(DENSE, 10, first_tokens=_BIG), "result_too_large", "first_tokens",
+     {"first_tokens": _BIG, "limit": 1 << 16}),
+    (lambda: S.Simulator(DENSE).prefill(_BIG), "result_too_large", "num_tokens",
+     {"num_tokens": _BIG, "limit": 1 << 16}),
+    (lambda: S.run_scenario(DENSE, -1), "negative", "num_tokens", {"num_tokens": -1}),
+    (lambda: S.run_scenario(DENSE, 10, local_computed_tokens=-1), "negative", "local_computed_tokens",
+     {"local_computed_tokens": -1}),
+    (lambda: S.run_request(DENSE, -2), "negative", "num_tokens", {"num_tokens": -2}),
+    (lambda: S.Simulator(DENSE).prefill(-1), "negative", "num_tokens", {"num_tokens": -1}),
+    (lambda: S.GPUPrefixCache(DENSE).cache_request(-5), "negative", "num_tokens", {"num_tokens": -5}),
+    # eviction lists: a string is no list of bools, an int is no bool, a list longer than any run is refused
+    (lambda: S.run_scenario(DENSE, 64, evict="abc"), "bad_evict", "evict", {}),
+    (lambda: S.run_scenario(DENSE, 64, evict=[1]), "not_a_bool", "evict[]", {}),
+    (lambda: S.run_scenario(DENSE, 64, evict=[False] * _BIG), "result_too_large", "evict", {}),
+    (lambda: S.run_request(DENSE, 64, evict_gpu="x"), "bad_evict_gpu", "evict_gpu", {}),
+    (lambda: S.run_request(DENSE, 64, evict_tier=[2]), "not_a_bool", "evict_tier[]", {}),
+    # chunk ends: not both ways at once; strictly increasing up to num_tokens
+    (lambda: S.GPUPrefixCache(DENSE).cache_request(64, chunk_ends=[64], max_num_batched_tokens=16),
+     "conflicting_arguments", "chunk_ends", {}),
+    (lambda: S.GPUPrefixCache(DENSE).cache_request(64, chunk_ends=[32]), "bad_chunk_ends", "chunk_ends",
+     {"num_tokens": 64}),
+    (lambda: S.GPUPrefixCache(DENSE).cache_request(64, chunk_ends=[32, 32, 64]), "bad_chunk_ends", "chunk_ends",
+     {"num_tokens": 64}),
+    (lambda: S.GPUPrefixCache(DENSE).cache_request(64, chunk_ends=[]), "bad_chunk_ends", "chunk_ends",
+     {"num_tokens": 64}),
+    # geometries the simulator does not model
+    (lambda: S.Simulator(kvgeom.resolve({"groups": [FA16]})), "no_offload", "offload", {}),
+    (lambda: S.Simulator(kvgeom.resolve({"groups": [FA16, M16], "cache": {"prefix_caching": False}, "offload": {}})),
+     "sim_unsupported_group", "group", {"group": 1}),
+    # the checks' own arguments
+    (lambda: S.Simulator(DENSE).check_restored({"end_token": -1, "hit_tokens": 0, "groups": []}, num_tokens=3),
+     "negative", "end_token", {"end_token": -1}),
+    (lambda: S.Simulator(DENSE).check_restored({"end_token": 1, "hit_tokens": 0, "groups": []}, num_tokens=-3),
+     "negative", "num_tokens", {"num_tokens": -3}),
+    (lambda: S.GPUPrefixCache(DENSE).check_adopted(kvgeom.prefix_hit(DENSE, 10, {}), end_token=-1),
+     "negative", "end_token", {"end_token": -1}),
+]
+
+
+@pytest.mark.parametrize(("call", "code", "field", "values"), SIM_PROBLEMS)
+def test_sim_problems_name_the_argument_and_its_numbers(call, code, field, values):
+    assert _problem(call) == (code, field, values)
+
+
+def test_the_sim_size_limit_is_inclusive():
+    # MAX_SIM_TOKENS itself is a request the simulator runs (cheap here: prefix caching off caches nothing)
+    cache = S.GPUPrefixCache(kvgeom.resolve({"groups": [FA16], "cache": {"prefix_caching": False}}))
+    cache.cache_request(S.MAX_SIM_TOKENS)
+    assert cache.entries == {} and cache.chunk_ends == frozenset()
