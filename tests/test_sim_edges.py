@@ -211,3 +211,63 @@ def test_the_sim_size_limit_is_inclusive():
     cache = S.GPUPrefixCache(kvgeom.resolve({"groups": [FA16], "cache": {"prefix_caching": False}}))
     cache.cache_request(S.MAX_SIM_TOKENS)
     assert cache.entries == {} and cache.chunk_ends == frozenset()
+
+
+# ------------------------------------------------------------------------------------------- sim: more geometries
+
+SW = {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}
+CL = {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 32}
+_D = {"retention_interval": None}
+SIM_GEOMETRIES = {
+    # DCP 1: one copy per position, pages keyed by no rank
+    "dcp1": {"groups": [FA16, M16], "offload": {}, "cache": _D},
+    # DCP 2 with a sliding-window group that is not dealt: two positional groups with different placements
+    "sw-dcp2": {"groups": [FA16, {**SW, "dcp_sharded": False}], "parallel": {"tp": 2, "dcp": 2}, "offload": {},
+                "cache": _D},
+    "sw": {"groups": [FA16, SW], "offload": {}, "cache": _D},
+    "chunked": {"groups": [FA16, CL], "offload": {}, "cache": _D},
+    # H 16 under L 64: partial hash hits, Mamba keys on the H grid
+    "fine64": {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+               "cache": {"prefix_match_unit": 16, "retention_interval": None}, "offload": {}},
+    "k2": {**kvgeom.DEFAULT_CONFIG, "cache": _D, "offload": {"blocks_per_chunk": 2}},
+    "interleave16": {**kvgeom.DEFAULT_CONFIG, "cache": _D, "parallel": {"tp": 2, "dcp": 2, "cp_interleave": 16}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIM_GEOMETRIES))
+@pytest.mark.parametrize(("n", "local"), [(65, 0), (100, 40), (130, 70)])
+def test_kvgeom_plans_pass_the_simulator_on_every_modelled_family(name, n, local):
+    """The simulator's contract: kvgeom's own store, hit and admission plans restore exactly what a cold run
+    holds (no tier, restore or adoption problem) -- on each positional family, DCP layout and chunk size."""
+    g = kvgeom.resolve(SIM_GEOMETRIES[name])
+    report = S.run_scenario(g, n, local_computed_tokens=local)
+    assert report.ok, (report.tier_problems, report.restore_problems)
+    request = S.run_request(g, n + 20, first_tokens=n, evict_gpu=lambda group, end: end > 48)
+    assert request.ok, (request.local_problems, request.tier_problems, request.restore_problems)
+
+
+def test_a_store_plan_naming_a_mamba_block_never_computed_is_reported():
+    # prefill 64 on Mamba 16 fills blocks 0-3; block 9 holds no state, so the key of 64 holds none
+    sim = S.Simulator(DENSE)
+    sim.prefill(64)
+    sim.store({"groups": [{"index": 1, "end_tokens": [64], "block_entries": [[9]]}]})
+    assert sim.check_tier() == ["group 1: Mamba key ending at 64 holds the state after None tokens"]
+
+
+def test_a_store_plan_naming_an_attention_entry_never_computed_is_reported():
+    # prefill 32 fills attention entry 0 (span 32); entry 5 was never allocated: the chunk key of 64 holds nothing
+    sim = S.Simulator(DENSE)
+    sim.prefill(32)
+    sim.store({"groups": [{"index": 0, "end_tokens": [64], "block_entries": [[5]]}]})
+    assert sim.check_tier() == ["group 0: key ending at 64 does not hold exactly [32, 64)"]
+
+
+def test_a_rank_page_never_written_is_stored_empty():
+    # cp_interleave 16 under DCP 2: positions 0-15 of entry 0 live on rank 0, 16-31 on rank 1; after 10 tokens
+    # rank 1 has no page yet, and a key stored from entry 0 holds empty slots there
+    g = kvgeom.resolve(SIM_GEOMETRIES["interleave16"])
+    sim = S.Simulator(g)
+    sim.prefill(10)
+    sim.store({"groups": [{"index": 0, "end_tokens": [32], "block_entries": [[0]]}]})
+    assert sim.tier[(1, 0)] == {0: [list(range(10)) + [-1] * 6], 1: [[-1] * 16]}
+    assert sim.check_tier() == ["group 0: key ending at 32 does not hold exactly [0, 32)"]
