@@ -271,3 +271,18 @@ def test_a_rank_page_never_written_is_stored_empty():
     sim.store({"groups": [{"index": 0, "end_tokens": [32], "block_entries": [[0]]}]})
     assert sim.tier[(1, 0)] == {0: [list(range(10)) + [-1] * 6], 1: [[-1] * 16]}
     assert sim.check_tier() == ["group 0: key ending at 32 does not hold exactly [0, 32)"]
+
+
+def test_check_tier_reads_every_key_past_a_good_mamba_key_and_an_off_grid_key():
+    # sorted by hash index: the good Mamba key 16, the attention key 48 off the chunk grid 32, then the key 64
+    # filled from entry 0 (positions [0, 32) where [32, 64) belongs): each is reported, none hides the next
+    sim = S.Simulator(DENSE)
+    sim.prefill(64)
+    sim.store({"groups": [{"index": 1, "end_tokens": [16], "block_entries": [[0]]},
+                          {"index": 0, "end_tokens": [48, 64], "block_entries": [[1], [0]]}]})
+    problems = sim.check_tier()
+    assert problems[0] == "group 0: key ending at 48 is not on the chunk grid 32"
+    # 32 positions of entry 0 each in the wrong entry (16 per rank), then the missing prefix
+    assert len(problems) == 34 and problems[-1] == "group 0: key ending at 64 does not hold exactly [32, 64)"
+    assert problems[1] == ("group 0: key ending at 64 holds position 0 at (entry 1, rank 0, offset 0), but it is "
+                           "dealt to Placement(column=0, rank=0, offset=0)")
