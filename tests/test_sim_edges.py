@@ -286,3 +286,52 @@ def test_check_tier_reads_every_key_past_a_good_mamba_key_and_an_off_grid_key():
     assert len(problems) == 34 and problems[-1] == "group 0: key ending at 64 does not hold exactly [32, 64)"
     assert problems[1] == ("group 0: key ending at 64 holds position 0 at (entry 1, rank 0, offset 0), but it is "
                            "dealt to Placement(column=0, rank=0, offset=0)")
+
+
+# ------------------------------------------------------------------------------------------- GPU prefix cache checks
+
+
+def test_check_adopted_reports_uncached_entries_missing_positions_and_wrong_states():
+    # a cold run of 64 caches attention 32, 48 (the partial H entry), 64 and Mamba 48, 64; a hit claiming 96
+    # adopts entries nobody cached
+    c = S.GPUPrefixCache(DENSE)
+    c.cache_request(64)
+    assert c.resident() == {"0": [32, 48, 64], "1": [48, 64]}
+    hit = kvgeom.prefix_hit(DENSE, 100, {"0": [32, 64, 96], "1": [96]})
+    uncached = ["group 0: adopts the entry ending at 96, which is not cached",
+                "group 0: resuming at 96 needs positions [0, 96); 32 are in no adopted entry (first 64)",
+                "group 1: adopts the entry ending at 96, which is not cached"]
+    assert c.check_adopted(hit) == [*uncached, "group 1: resuming at 96 adopts Mamba states [], not [96]"]
+    assert c.check_adopted(hit, states=False) == uncached  # states=False: the Mamba state is not asked
+    # the real hit (64), resumed 16 tokens later: positions 64-79 and the state after 80 are missing
+    real = kvgeom.prefix_hit(DENSE, 100, c.resident())
+    assert c.check_adopted(real) == []
+    assert c.check_adopted(real, end_token=80) == [
+        "group 0: resuming at 80 needs positions [0, 80); 16 are in no adopted entry (first 64)",
+        "group 1: resuming at 80 adopts Mamba states [64], not [80]"]
+
+
+def test_check_adopted_asks_a_sliding_window_for_its_last_window_only():
+    # window 32: resuming at 96 needs [96 - 31, 96) = [65, 96); entry 80 (64-79) evicted after the lookup
+    g = kvgeom.resolve({"groups": [FA16, SW], "cache": _D})
+    c = S.GPUPrefixCache(g)
+    c.cache_request(100)
+    hit = kvgeom.prefix_hit(g, 120, c.resident())
+    c.evict(lambda group, end: (group, end) != (1, 80))
+    assert c.check_adopted(hit) == ["group 1: adopts the entry ending at 80, which is not cached",
+                                    "group 1: resuming at 96 needs positions [65, 96); 15 are in no adopted entry "
+                                    "(first 65)"]
+
+
+def test_check_adopted_asks_a_chunked_local_group_for_its_current_chunk_only():
+    # chunk 32: resuming at 90 needs [90 // 32 * 32, 90) = [64, 90); at 100, [96, 100)
+    g = kvgeom.resolve({"groups": [FA16, CL], "cache": _D})
+    c = S.GPUPrefixCache(g)
+    c.cache_request(100)
+    resident = c.resident()
+    assert c.check_adopted(kvgeom.prefix_hit(g, 120, resident), end_token=100) == [
+        "group 0: resuming at 100 needs positions [0, 100); 4 are in no adopted entry (first 96)",
+        "group 1: resuming at 100 needs positions [96, 100); 4 are in no adopted entry (first 96)"]
+    hit = kvgeom.prefix_hit(g, 120, {"0": resident["0"], "1": [16, 32, 48, 64, 80]})
+    assert c.check_adopted(hit, end_token=90) == [
+        "group 1: resuming at 90 needs positions [64, 90); 26 are in no adopted entry (first 64)"]
