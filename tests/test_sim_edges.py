@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+import numpy as np
 import pytest
 
 import kvgeom
+import kvgeom.geometry
 from kvgeom import prefill
 from kvgeom import sim as S
 from kvgeom.errors import QueryError
@@ -335,3 +337,49 @@ def test_check_adopted_asks_a_chunked_local_group_for_its_current_chunk_only():
     hit = kvgeom.prefix_hit(g, 120, {"0": resident["0"], "1": [16, 32, 48, 64, 80]})
     assert c.check_adopted(hit, end_token=90) == [
         "group 1: resuming at 90 needs positions [64, 90); 26 are in no adopted entry (first 64)"]
+
+
+# ------------------------------------------------------------------------------------------- geometry
+
+
+def test_the_old_resolve_door_and_unknown_names_of_kvgeom_geometry():
+    # kvgeom.geometry.resolve is served at call time (PEP 562) and is kvgeom.resolve; any other name is unknown
+    assert kvgeom.geometry.resolve is kvgeom.resolve
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        kvgeom.geometry.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_geometry_group_answers_each_index_in_range(index):
+    assert SEED.group(index) is SEED.groups[index]
+
+
+# two groups: 0 and 1 are the indices; a bool, a string and a numpy integer are not group indices here
+@pytest.mark.parametrize("index", [2, -1, True, "0", np.int64(1)])
+def test_geometry_group_refuses_what_is_no_index_of_it(index):
+    code, field, values = _problem(lambda: SEED.group(index))
+    assert (code, field) == ("no_such_group", "group") and values == {"index": index}
+    assert type(values["index"]) is type(index)
+
+
+def test_offload_group_lookup():
+    # get: None for a non-int (True is no group index, though True == 1) or an index without offloading
+    assert SEED.offload.get(True) is None and SEED.offload.get("1") is None and SEED.offload.get(5) is None
+    assert SEED.offload.get(1) is SEED.offload.groups[1]
+    with pytest.raises(kvgeom.KVGeomError) as e:
+        SEED.offload.group(5)
+    (p,) = e.value.problems
+    assert (p.code, p.field, p.values) == ("group_not_offloaded", "group", {"index": 5})
+
+
+def test_geometry_methods_answer_as_their_functions():
+    """The Geometry methods are the documented dict doors to the rule functions (seed geometry)."""
+    assert SEED.key_map(64)["groups"][1]["keys"][0] == {"chunk": 0, "hash_index": 0, "end_token": 16, "state_block": 0}
+    assert SEED.prefix_hit({"num_tokens": 65, "resident": {"0": [32, 64], "1": [48]}}) == {
+        "hit_tokens": 48, "groups": [{"index": 0, "blocks": [32, 64]}, {"index": 1, "blocks": [48]}]}
+    assert SEED.plan_hit({"num_tokens": 64, "stored": {"0": [32, 64], "1": [16, 32, 48]}}) == {
+        "hit_tokens": 48, "end_token": 48,
+        "groups": [{"index": 0, "load_keys": [32, 64], "block_entries": [0, 1], "state_block": None},
+                   {"index": 1, "load_keys": [48], "block_entries": [2], "state_block": 2}]}
+    plain, named = SEED.to_report(), SEED.to_report(vllm_names=True)
+    assert set(named) - set(plain) == {"enable_partial_hash_hits", "cache_hit_alignment_tokens"}
