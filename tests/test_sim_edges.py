@@ -383,3 +383,82 @@ def test_geometry_methods_answer_as_their_functions():
                    {"index": 1, "load_keys": [48], "block_entries": [2], "state_block": 2}]}
     plain, named = SEED.to_report(), SEED.to_report(vllm_names=True)
     assert set(named) - set(plain) == {"enable_partial_hash_hits", "cache_hit_alignment_tokens"}
+
+
+# ------------------------------------------------------------------------------- sim: load and check_restored
+
+
+def _stored(geom, n):
+    """A tier filled from a cold prefill of n tokens split 16 a step (a Mamba state at every block), GPU reset."""
+    sim = S.Simulator(geom)
+    sim.prefill(n)
+    ends = kvgeom.prefill_chunk_ends(geom, n, max_num_batched_tokens=16)
+    sim.store(kvgeom.hits.plan_store(geom, num_tokens=n, num_computed_tokens=n, chunk_ends=ends))
+    sim.reset()
+    return sim
+
+
+_MISSING_0 = "group 0: position 0 is missing after the load (column 0, rank 0, offset 0 holds None; a cold run holds 0)"
+
+
+@pytest.mark.parametrize(
+    ("plan", "problems"),
+    [
+        # no hit (hit_tokens 0): nothing was restored, nothing to check, whatever the end token says
+        ({"end_token": 32, "hit_tokens": 0, "groups": []}, []),
+        # a hit of 32 (or of 1) with nothing loaded: position 0 and the Mamba state the resume reads are missing
+        ({"end_token": 32, "hit_tokens": 32, "groups": []},
+         [_MISSING_0, "group 1: a request resuming at 32 reads Mamba block 1, which holds the state after None tokens "
+                      "(a cold run holds 32)"]),
+        ({"end_token": 1, "hit_tokens": 1, "groups": []},
+         [_MISSING_0, "group 1: a request resuming at 1 reads Mamba block 0, which holds the state after None tokens "
+                      "(a cold run holds 1)"]),
+        # the Mamba state after 16 loaded into block 0, but a resume at 32 reads block 1 (past the row)
+        ({"end_token": 32, "hit_tokens": 32,
+          "groups": [{"index": 1, "load_keys": [16], "block_entries": [0], "state_block": 0}]},
+         [_MISSING_0, "group 1: a request resuming at 32 reads Mamba block 1, which holds the state after None tokens "
+                      "(a cold run holds 32)"]),
+    ],
+)
+def test_check_restored_reports_what_the_load_left_out(plan, problems):
+    sim = _stored(DENSE, 64)
+    sim.load(plan)
+    assert sim.check_restored(plan, num_tokens=64) == problems
+
+
+def test_check_restored_wants_the_mamba_hit_below_the_request():
+    # the hit of 48 is right for a 64-token request; for a 48-token one the last token would not be recomputed
+    sim = _stored(DENSE, 64)
+    plan = kvgeom.hits.plan_hit(DENSE, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
+    sim.load(plan)
+    assert plan.hit.end_token == 48 and sim.check_restored(plan, num_tokens=64) == []
+    assert sim.check_restored(plan, num_tokens=48) == ["group 1: Mamba restored at 48, not below num_tokens=48"]
+
+
+def test_check_restored_checks_the_groups_after_a_mamba_group():
+    # Mamba first, attention second (DCP 1): the Mamba state after 32 is right, attention was never loaded
+    g = kvgeom.resolve({"groups": [M16, FA16], "offload": {}, "cache": _D})
+    sim = _stored(g, 64)
+    plan = {"end_token": 32, "hit_tokens": 32,
+            "groups": [{"index": 0, "load_keys": [32], "block_entries": [1], "state_block": 1}]}
+    sim.load(plan)
+    assert sim.check_restored(plan, num_tokens=64) == [
+        "group 1: position 0 is missing after the load (column 0, rank None, offset 0 holds None; a cold run holds 0)"]
+
+
+def test_load_refuses_every_mamba_key_the_tier_lacks():
+    # Mamba key 64 is held, 80 is not: the load names the group and the end token
+    sim = _stored(DENSE, 64)
+    plan = {"end_token": 80, "hit_tokens": 80,
+            "groups": [{"index": 1, "load_keys": [64, 80], "block_entries": [4], "state_block": 4}]}
+    assert _problem(lambda: sim.load(plan)) == ("sim_missing_key", "load_keys", {"group": 1, "end_token": 80})
+
+
+def test_load_writes_only_the_entries_the_plan_names():
+    # k = 2: the attention chunk ending at 64 spans entries 0 and 1; a plan naming entry 1 alone writes entry 1
+    # (block id 2, after id 1 for entry 0), rank 0 the even and rank 1 the odd positions of [32, 64)
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": _D, "offload": {"blocks_per_chunk": 2}})
+    sim = _stored(g, 64)
+    sim.load({"end_token": 64, "hit_tokens": 64,
+              "groups": [{"index": 0, "load_keys": [64], "block_entries": [1], "state_block": None}]})
+    assert sim.pages == {(0, 2): list(range(32, 64, 2)), (1, 2): list(range(33, 64, 2))}
