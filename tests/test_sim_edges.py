@@ -249,18 +249,20 @@ def test_kvgeom_plans_pass_the_simulator_on_every_modelled_family(name, n, local
 
 
 def test_a_store_plan_naming_a_mamba_block_never_computed_is_reported():
-    # prefill 64 on Mamba 16 fills blocks 0-3; block 9 holds no state, so the key of 64 holds none
+    # prefill 64 on Mamba 16 fills blocks 0-3 (a row of 4); block 4, just past the row, holds no state
     sim = S.Simulator(DENSE)
     sim.prefill(64)
-    sim.store({"groups": [{"index": 1, "end_tokens": [64], "block_entries": [[9]]}]})
+    assert len(sim.groups[1].row) == 4
+    sim.store({"groups": [{"index": 1, "end_tokens": [64], "block_entries": [[4]]}]})
     assert sim.check_tier() == ["group 1: Mamba key ending at 64 holds the state after None tokens"]
 
 
 def test_a_store_plan_naming_an_attention_entry_never_computed_is_reported():
-    # prefill 32 fills attention entry 0 (span 32); entry 5 was never allocated: the chunk key of 64 holds nothing
+    # prefill 32 fills attention entry 0 (span 32, a row of 1); entry 1, just past the row, was never allocated
     sim = S.Simulator(DENSE)
     sim.prefill(32)
-    sim.store({"groups": [{"index": 0, "end_tokens": [64], "block_entries": [[5]]}]})
+    assert len(sim.groups[0].row) == 1
+    sim.store({"groups": [{"index": 0, "end_tokens": [64], "block_entries": [[1]]}]})
     assert sim.check_tier() == ["group 0: key ending at 64 does not hold exactly [32, 64)"]
 
 
@@ -462,3 +464,33 @@ def test_load_writes_only_the_entries_the_plan_names():
     sim.load({"end_token": 64, "hit_tokens": 64,
               "groups": [{"index": 0, "load_keys": [64], "block_entries": [1], "state_block": None}]})
     assert sim.pages == {(0, 2): list(range(32, 64, 2)), (1, 2): list(range(33, 64, 2))}
+
+
+def _by_column(sim):
+    """What the GPU holds per (group, column[, rank]), independent of the block ids the simulator handed out."""
+    out = {}
+    for gs in sim.groups.values():
+        for col, block in enumerate(gs.row):
+            if gs.mamba:
+                out[(gs.index, col)] = sim.states.get(block)
+            else:
+                out.update({(gs.index, col, r): page for (r, b), page in sim.pages.items() if b == block})
+    return out
+
+
+def test_a_prefill_in_two_steps_leaves_what_one_step_leaves():
+    # computing [0, 20) then [20, 64) writes the same positions and Mamba states as [0, 64) at once
+    two, one = S.Simulator(DENSE), S.Simulator(DENSE)
+    two.prefill(20)
+    two.prefill(64)
+    one.prefill(64)
+    assert two.computed == one.computed == 64
+    assert _by_column(two) == _by_column(one)
+
+
+def test_a_store_plan_with_fewer_block_entries_than_end_tokens_is_refused():
+    # each end token needs its block entries; a short list is a broken plan, not a shorter store
+    sim = S.Simulator(DENSE)
+    sim.prefill(64)
+    with pytest.raises(ValueError, match="shorter"):
+        sim.store({"groups": [{"index": 0, "end_tokens": [32, 64], "block_entries": [[0]]}]})
