@@ -494,3 +494,28 @@ def test_a_store_plan_with_fewer_block_entries_than_end_tokens_is_refused():
     sim.prefill(64)
     with pytest.raises(ValueError, match="shorter"):
         sim.store({"groups": [{"index": 0, "end_tokens": [32, 64], "block_entries": [[0]]}]})
+
+
+@pytest.mark.parametrize(
+    ("bits", "gone"),
+    [
+        # stored keys in (group, end_token) order: (0, 32), (0, 64), (1, 16), (1, 32), (1, 48), (1, 64)
+        ([False] * 5 + [True], {(1, 64)}),
+        ([False, True], {(0, 64)}),  # keys past the list stay
+        ([True, False, True], {(0, 32), (1, 16)}),
+    ],
+)
+def test_eviction_bits_apply_in_group_then_end_token_order(bits, gone):
+    """run_scenario's list form of ``evict`` is the predicate naming the same keys (16-token budget: a Mamba key at
+    every block boundary)."""
+    by_bits = S.run_scenario(DENSE, 65, evict=bits, max_num_batched_tokens=16)
+    by_keys = S.run_scenario(DENSE, 65, evict=lambda g, e: (g, e) in gone, max_num_batched_tokens=16)
+    assert by_bits.ok and by_keys.ok
+    assert by_bits.hit_plan.to_dict() == by_keys.hit_plan.to_dict()
+    assert by_bits.hit_plan.hit.end_token < 64  # every row evicts a key the full hit needs
+
+
+def test_a_token_budget_without_a_mamba_group_splits_nothing():
+    # the budget only decides where Mamba states exist; a geometry without Mamba runs as without a budget
+    g = kvgeom.resolve({"groups": [FA16], "offload": {}})
+    assert S.run_scenario(g, 64, max_num_batched_tokens=16) == S.run_scenario(g, 64)
