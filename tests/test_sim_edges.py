@@ -351,9 +351,13 @@ def test_the_old_resolve_door_and_unknown_names_of_kvgeom_geometry():
         kvgeom.geometry.no_such_name  # noqa: B018
 
 
-@pytest.mark.parametrize("index", [0, 1])
+class _Index(int):
+    """An int subclass (as an IntEnum member is): an index, though not of type int itself."""
+
+
+@pytest.mark.parametrize("index", [0, 1, _Index(0), _Index(1)])
 def test_geometry_group_answers_each_index_in_range(index):
-    assert SEED.group(index) is SEED.groups[index]
+    assert SEED.group(index) is SEED.groups[int(index)]
 
 
 # two groups: 0 and 1 are the indices; a bool, a string and a numpy integer are not group indices here
