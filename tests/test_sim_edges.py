@@ -523,3 +523,10 @@ def test_a_token_budget_without_a_mamba_group_splits_nothing():
     # the budget only decides where Mamba states exist; a geometry without Mamba runs as without a budget
     g = kvgeom.resolve({"groups": [FA16], "offload": {}})
     assert S.run_scenario(g, 64, max_num_batched_tokens=16) == S.run_scenario(g, 64)
+
+
+def test_run_scenario_reports_its_store_plan_and_empty_problem_tuples():
+    # the report carries the store plan it followed and the checks' problems as tuples (empty: all good)
+    report = S.run_scenario(DENSE, 65)
+    assert report.store_plan == kvgeom.hits.plan_store(DENSE, num_tokens=65, num_computed_tokens=65)
+    assert (report.tier_problems, report.restore_problems) == ((), ())
