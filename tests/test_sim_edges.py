@@ -530,3 +530,13 @@ def test_run_scenario_reports_its_store_plan_and_empty_problem_tuples():
     report = S.run_scenario(DENSE, 65)
     assert report.store_plan == kvgeom.hits.plan_store(DENSE, num_tokens=65, num_computed_tokens=65)
     assert (report.tier_problems, report.restore_problems) == ((), ())
+
+
+def test_gpu_prefix_cache_entries_hold_their_own_block_only():
+    # attention span 32: the entry ending at 64 holds block 1 = [32, 64), the partial entry at 48 [32, 48); a Mamba
+    # entry holds the state after its end token; before any request nothing is cached and no chunk ended
+    c = S.GPUPrefixCache(DENSE)
+    assert c.entries == {} and c.chunk_ends == frozenset()
+    c.cache_request(64)
+    assert c.entries == {(0, 32): tuple(range(32)), (0, 48): tuple(range(32, 48)), (0, 64): tuple(range(32, 64)),
+                         (1, 48): 48, (1, 64): 64}
