@@ -540,3 +540,25 @@ def test_gpu_prefix_cache_entries_hold_their_own_block_only():
     c.cache_request(64)
     assert c.entries == {(0, 32): tuple(range(32)), (0, 48): tuple(range(32, 48)), (0, 64): tuple(range(32, 64)),
                          (1, 48): 48, (1, 64): 64}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n", "entries"),
+    [
+        # prefix caching off: a cold run caches nothing
+        ({"groups": [FA16], "cache": {"prefix_caching": False}}, 64, {}),
+        # a cross-attention group is prefix-cacheable in its spec but has no prefix-cache entries; attention does
+        ({"groups": [FA16, {"kind": "cross_attention", "block_size": 16}]}, 17, {(0, 16): tuple(range(16))}),
+        # blocks of one token: a one-token prompt still caches its one attention block (no Mamba state: the
+        # Mamba group's cacheable prefix of a one-token prompt is empty)
+        ({"groups": [{"kind": "full_attention", "block_size": 1}, {"kind": "mamba", "block_size": 1}]}, 1,
+         {(0, 1): (0,)}),
+        # the partial H entry is the last H boundary below n: 65 -> 64, a full attention block, so no partial 48
+        ({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}}, 65,
+         {(0, 32): tuple(range(32)), (0, 64): tuple(range(32, 64)), (1, 64): 64}),
+    ],
+)
+def test_gpu_prefix_cache_entries_of_a_cold_run(cfg, n, entries):
+    c = S.GPUPrefixCache(kvgeom.resolve(cfg))
+    c.cache_request(n)
+    assert c.entries == entries
