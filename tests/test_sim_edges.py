@@ -15,6 +15,7 @@ import pytest
 
 import kvgeom
 import kvgeom.geometry
+import kvgeom.ranks
 from kvgeom import prefill
 from kvgeom import sim as S
 from kvgeom.errors import QueryError
@@ -562,3 +563,54 @@ def test_gpu_prefix_cache_entries_of_a_cold_run(cfg, n, entries):
     c = S.GPUPrefixCache(kvgeom.resolve(cfg))
     c.cache_request(n)
     assert c.entries == entries
+
+
+@pytest.mark.parametrize(("cfg", "rank"), [(kvgeom.DEFAULT_CONFIG, 0),
+                                           ({"groups": [FA16, M16], "offload": {}}, None)])
+def test_check_restored_reports_a_slot_holding_another_columns_position(cfg, rank):
+    # after a right load, column 0's page (of rank 0 under DCP 2, of no rank under DCP 1) is overwritten with
+    # column 1's page: its first slot holds a position dealt to column 1
+    g = kvgeom.resolve({**cfg, "cache": _D})
+    sim = _stored(g, 64)
+    plan = kvgeom.hits.plan_hit(g, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
+    sim.load(plan)
+    row = sim.groups[0].row
+    sim.pages[(rank, row[0])] = list(sim.pages[(rank, row[1])])
+    wrong = sim.pages[(rank, row[0])][0]
+    problems = sim.check_restored(plan, num_tokens=64)
+    dealt = kvgeom.ranks.dcp_placement(g, 0, wrong)
+    assert dealt.column == 1
+    want = f"group 0: slot (column 0, rank {rank}, offset 0) holds position {wrong}, which is dealt to {dealt}"
+    assert want in problems
+
+
+def test_run_request_first_budget_decides_the_gpu_mamba_states():
+    # vLLM run (the run_request doctest): budget 16, Mamba entries past 48 evicted from the GPU: GPU hit 32,
+    # connector 64 more
+    r = S.run_request(DENSE, 100, max_num_batched_tokens=16, evict_gpu=lambda g, e: g == 1 and e > 48)
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok) == (32, 64, True)
+
+
+@pytest.mark.parametrize(("bits", "gone"), [([False, True], {(0, 48)}),
+                                           ([True, False, False, False, True], {(0, 32), (1, 64)})])
+def test_run_request_eviction_bits_are_the_predicate_on_sorted_entries(bits, gone):
+    # GPU entries of a cold 64-token run, sorted: (0, 32), (0, 48), (0, 64), (1, 48), (1, 64)
+    by_bits = S.run_request(DENSE, 100, first_tokens=64, evict_gpu=bits)
+    by_keys = S.run_request(DENSE, 100, first_tokens=64, evict_gpu=lambda g, e: (g, e) in gone)
+    assert by_bits.plan.to_dict() == by_keys.plan.to_dict()
+    assert by_bits.ok and by_keys.ok
+
+
+def test_eviction_lists_are_read_up_to_the_limit_only():
+    import itertools
+
+    # an endless iterator is refused after MAX_SIM_TOKENS + 1 items; a list of exactly MAX_SIM_TOKENS is taken
+    assert _problem(lambda: S.run_scenario(DENSE, 64, evict=itertools.repeat(False)))[:2] == ("result_too_large",
+                                                                                              "evict")
+    assert S.run_scenario(DENSE, 64, evict=[False] * S.MAX_SIM_TOKENS).ok
+
+
+def test_a_group_without_prefix_cache_entries_does_not_stop_the_next_one():
+    c = S.GPUPrefixCache(kvgeom.resolve({"groups": [{"kind": "circular_buffer", "block_size": 16}, FA16]}))
+    c.cache_request(17)
+    assert c.entries == {(1, 16): tuple(range(16))}
