@@ -147,15 +147,16 @@ def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra:
         timed_out = True
         raise _TimeUp()
 
-    signal.signal(signal.SIGALRM, alarm)
+    signal.signal(signal.SIGVTALRM, alarm)
 
-    def one(name: str) -> tuple[str, int, float]:
+    def one(name: str, seconds: float = limit) -> tuple[str, int, float]:
         nonlocal timed_out
+        os.environ["MUTANT_UNDER_TEST"] = ""  # drop caches with the clean code: the last mutant may be a __getattr__
         _reset_caches()
         os.environ["MUTANT_UNDER_TEST"] = name
         timed_out = False
         t0 = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, limit)
+        signal.setitimer(signal.ITIMER_VIRTUAL, seconds)  # CPU seconds: a starved nice-19 run is no timeout
         try:
             with open(os.devnull, "w") as devnull:
                 old_out, old_err = sys.stdout, sys.stderr
@@ -167,7 +168,7 @@ def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra:
         except _TimeUp:
             code = 2
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         elapsed = time.monotonic() - t0
         if timed_out:
             return "timeout", code, elapsed
@@ -177,7 +178,7 @@ def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra:
             return "passed", code, elapsed
         return "error", code, elapsed
 
-    verdict, code, elapsed = one("")
+    verdict, code, elapsed = one("", max(limit, 180.0))  # the first run imports and compiles the mutated copies
     if verdict != "passed":
         print(f"the clean run of {tests} did not pass ({verdict}, pytest exit {code}): no mutant can be decided",
               file=sys.stderr)
@@ -208,7 +209,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("patterns", nargs="*", help="mutant name globs, e.g. 'kvgeom.hits.*'")
     p.add_argument("-t", "--test", action="append", default=[], help="a test file or node id to run (repeat)")
-    p.add_argument("--limit", type=float, default=20.0, help="seconds per mutant before it counts as a timeout")
+    p.add_argument("--limit", type=float, default=20.0, help="CPU seconds per mutant before it counts as a timeout")
     p.add_argument("--again", action="store_true", help="re-run mutants that already have a verdict")
     p.add_argument("--generate", action="store_true", help="build mutants/ from pyproject's [tool.mutmut]")
     p.add_argument("--summary", action="store_true", help="print counts and the undecided names, run nothing")
