@@ -112,18 +112,41 @@ def summary(patterns: list[str]) -> int:
     return 0
 
 
+_MEMOS: list[dict[object, object]] = []  # module-level dicts found empty right after import: memo tables
+
+
+def _find_memos() -> None:
+    """Import every kvgeom module of the mutated copy (not the engine harnesses) and keep the module-level
+    dicts that are empty then: the memo tables (``hits._ORDERS``, ``probes._CHUNKS``, ``router._SETUPS``...).
+    A table filled at import (a constant) is never cleared."""
+    import importlib
+    import pkgutil
+
+    import kvgeom
+
+    for info in pkgutil.walk_packages(kvgeom.__path__, "kvgeom."):
+        if info.name.startswith("kvgeom.conformance.") or info.name == "kvgeom.__main__":
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional engine import
+            continue
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kvgeom") and module is not None:
+            _MEMOS.extend(v for k, v in vars(module).items() if type(v) is dict and not v and k.startswith("_"))
+
+
 def _reset_caches() -> None:
-    """Drop what a mutant may have memoised (functools caches, the router's per-geometry setups), so one
-    mutant's wrong value is never read by the next mutant's tests (a false kill) or the clean run."""
+    """Drop what a mutant may have memoised (functools caches and the memo tables of :func:`_find_memos`), so
+    one mutant's wrong value is never read by the next mutant's tests (a false kill) or the clean run."""
     for name, module in list(sys.modules.items()):
         if not name.startswith("kvgeom") or module is None:
             continue
         for value in list(vars(module).values()):
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
-        setups = vars(module).get("_SETUPS")
-        if isinstance(setups, dict):
-            setups.clear()
+    for memo in _MEMOS:
+        memo.clear()
 
 
 def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra: list[str]) -> int:
@@ -148,6 +171,8 @@ def run(patterns: list[str], tests: list[str], limit: float, again: bool, extra:
         raise _TimeUp()
 
     signal.signal(signal.SIGVTALRM, alarm)
+    os.environ["MUTANT_UNDER_TEST"] = ""
+    _find_memos()
 
     def one(name: str, seconds: float = limit) -> tuple[str, int, float]:
         nonlocal timed_out
