@@ -3,7 +3,7 @@
 Each row pins one rule: the code, field and numbers of a refusal, the edge of a bound, one branch of a
 per-kind lookup. Hit rows carry vLLM 0.33's answer: the same geometry and residency were run through
 vLLM's own ``find_longest_cache_hit`` with ``kvgeom.conformance.vllm_prefix.vllm_prefix_answers`` (the
-``/work/vllm-venv`` install, 2026-12-02); the comment says what vLLM returned. The batch rows take the
+``scripts/install-vllm-cpu.sh`` install, 2026-12-02); the comment says what vLLM returned. The batch rows take the
 scalar ``prefix_hit`` on the same input as their oracle (the batch twin's contract). The whole file runs in
 about a second so that mutation testing can run it once per mutant.
 """
@@ -594,3 +594,25 @@ def test_a_chain_far_longer_than_the_matrices_is_answered_from_the_matrices(grou
             .hit_tokens for r in range(3)]
     assert got.tolist() == want
     assert prefix_hits(g, np.array([num_tokens]), {}).tolist() == [0]
+
+
+@pytest.mark.parametrize("chunk, block, num_tokens, resident, want", [
+    (2, 9, 11, [], 9),    # vLLM 0.33: 9 (the limit 10's chunk starts at 10: block 0 is counted unread)
+    (2, 9, 11, [9], 9),   # vLLM 0.33: 9, entry 9 not reused
+    (4, 8, 11, [], 8),    # vLLM 0.33: 8
+    (3, 8, 20, [8], 16),  # vLLM 0.33: 16
+    (16, 16, 40, [], 32),  # vLLM 0.33: 32 (chunk = block: the blocks before the chunk of 39)
+])
+def test_a_chunked_local_group_counts_the_blocks_before_the_limits_chunk_unread(chunk, block, num_tokens,
+                                                                                 resident, want):
+    """A lone chunked-local group hits the start of the attention chunk of n - 1, rounded down to its
+    block, without reading an entry (vLLM 0.33's ``ChunkedLocalAttentionManager`` pads the blocks before
+    that chunk with the null block). Answers from vLLM's own ``find_longest_cache_hit``
+    (``kvgeom.conformance.vllm_prefix``, 2026-12-02), found when the `thorough` profile broke a law that
+    read t's own chunk instead."""
+    g = kvgeom.resolve({"groups": [_ck(block, chunk)], "cache": {"max_model_len": 64}})
+    hit = prefix_hit(g, num_tokens, {"0": resident})
+    assert hit.hit_tokens == want
+    assert hit.groups[0].end_tokens == ()
+    held = np.array([[e in resident for e in range(block, 9 * block, block)]])
+    assert prefix_hits(g, np.array([num_tokens]), {0: held}).tolist() == [want]

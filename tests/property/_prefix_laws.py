@@ -97,11 +97,13 @@ def hit_or_unsupported(geom: Geometry, n: int, resident: Any) -> PrefixHit | Non
         return None
 
 
-def usable(geom: Geometry, group: int, held: set[int], t: int) -> bool:
+def usable(geom: Geometry, group: int, held: set[int], t: int, limit: int | None = None) -> bool:
     """Whether group ``group`` alone, holding entries ``held``, can serve a hit of ``t`` tokens:
     full attention every span below t and an entry covering t's block; sliding window the blocks of
-    the last ``sliding_window - 1`` positions; chunked local the current chunk's blocks; Mamba the
-    state at t."""
+    the last ``sliding_window - 1`` positions; Mamba the state at t; chunked local the blocks from the
+    start of the attention chunk of the lookup's limit (``limit``, default t: vLLM 0.33's
+    ``ChunkedLocalAttentionManager`` counts every block before that chunk as reused without reading
+    it, so with a chunk smaller than the block a hit below the limit's chunk needs no entry at all)."""
     g = geom.groups[group]
     S = g.span
     if t == 0:
@@ -121,7 +123,8 @@ def usable(geom: Geometry, group: int, held: set[int], t: int) -> bool:
         case "chunked":
             size = attention_chunk_size_of(g.spec)
             assert size is not None
-            return t % S == 0 and all((b + 1) * S in held for b in range(t // size * size // S, t // S))
+            top = t if limit is None else max(limit, t)
+            return t % S == 0 and all((b + 1) * S in held for b in range(top // size * size // S, t // S))
         case _:
             return True
 
