@@ -641,24 +641,9 @@ class KVEventReader:
         extra = self._extra
         twin = packed[medium]
         if op[0] == "stored":  # one call for the event's blocks; a hash held already is a duplicate
-            already = res.add_hashes(group, hashes, replica)
-            if already and self._count:
-                for h in already:
-                    key = (medium, group, h, replica)
-                    extra[key] = extra.get(key, 0) + 1
+            self._note_duplicates(medium, group, res.add_hashes(group, hashes, replica), replica)
         else:
-            gone = hashes
-            if extra:  # duplicates announced earlier: count down first
-                gone = []
-                for h in hashes:
-                    key = (medium, group, h, replica)
-                    n = extra.get(key)
-                    if n is None:
-                        gone.append(h)
-                    elif n == 1:
-                        del extra[key]
-                    else:
-                        extra[key] = n - 1
+            gone = self._count_down(medium, group, hashes, replica) if extra else hashes
             res.discard_hashes(group, gone, replica)
             hashes = tuple(gone)
         if twin is not None:  # the packed rows catch up on the next packed() call, all events at once
@@ -686,27 +671,35 @@ class KVEventReader:
             return
         self._hash_types.add(type(hashes[0]))
         p = self._packed[medium]
-        extra = self._extra
         if op[0] == "stored":  # one call for the event's blocks; a hash held already is a duplicate
-            already = p.add_hashes(group, hashes, replica)
-            if already and self._count:
-                for h in already:
-                    key = (medium, group, h, replica)
-                    extra[key] = extra.get(key, 0) + 1
+            self._note_duplicates(medium, group, p.add_hashes(group, hashes, replica), replica)
             return
-        gone = hashes
-        if extra:  # duplicates announced earlier: count down first
-            gone = []
-            for h in hashes:
+        p.discard_many(group, self._count_down(medium, group, hashes, replica) if self._extra else hashes, replica)
+
+    def _note_duplicates(self, medium: str, group: int, already: Sequence[Hashable], replica: int) -> None:
+        """Count the stores of hashes the replica held already (when duplicates are counted): each needs one
+        removal more before the entry goes."""
+        if already and self._count:
+            extra = self._extra
+            for h in already:
                 key = (medium, group, h, replica)
-                n = extra.get(key)
-                if n is None:
-                    gone.append(h)
-                elif n == 1:
-                    del extra[key]
-                else:
-                    extra[key] = n - 1
-        p.discard_many(group, gone, replica)
+                extra[key] = extra.get(key, 0) + 1
+
+    def _count_down(self, medium: str, group: int, hashes: Sequence[Hashable], replica: int) -> list[Hashable]:
+        """The removed hashes whose entries really go: a removal of a hash stored more than once only counts
+        one of its duplicate stores down."""
+        extra = self._extra
+        gone: list[Hashable] = []
+        for h in hashes:
+            key = (medium, group, h, replica)
+            n = extra.get(key)
+            if n is None:
+                gone.append(h)
+            elif n == 1:
+                del extra[key]
+            else:
+                extra[key] = n - 1
+        return gone
 
 
 class _Missing:

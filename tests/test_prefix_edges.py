@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _prefix_rows import geometry
+from _prefix_rows import _cl, _fa, _m, _sw, geometry
 
 import kvgeom
 from kvgeom.batch.prefix import prefix_hits
@@ -27,21 +27,6 @@ from kvgeom.prefix import (
 
 DEFAULT = kvgeom.resolve(kvgeom.DEFAULT_CONFIG)  # full attention span 32 + Mamba 16, H = A = 16
 
-
-def _fa(b):
-    return {"kind": "full_attention", "block_size": b}
-
-
-def _m(b):
-    return {"kind": "mamba", "block_size": b}
-
-
-def _sw(b, w):
-    return {"kind": "sliding_window", "block_size": b, "sliding_window": w}
-
-
-def _cl(b, c):
-    return {"kind": "chunked_local", "block_size": b, "attention_chunk_size": c}
 
 
 def _cb(b):
@@ -565,15 +550,11 @@ def test_batch_prefix_hits_at_the_last_column(cfg, n, resident):
     assert prefix_hits(geom, np.array([n]), held).tolist() == [prefix_hit(geom, n, resident).hit_tokens]
 
 
-def _ck(b, c):
-    return {"kind": "chunked_local", "block_size": b, "attention_chunk_size": c}
-
-
 @pytest.mark.parametrize("groups", [
     [_fa(16)],
     [_fa(32), _m(16)],
     [_fa(16), _sw(16, 40)],
-    [_fa(16), _ck(16, 64)],
+    [_fa(16), _cl(16, 64)],
 ], ids=["full", "full+mamba", "full+sliding", "full+chunked"])
 @pytest.mark.parametrize("num_tokens", [2**40, 2**20 + 7, 200])
 def test_a_chain_far_longer_than_the_matrices_is_answered_from_the_matrices(groups, num_tokens):
@@ -610,7 +591,7 @@ def test_a_chunked_local_group_counts_the_blocks_before_the_limits_chunk_unread(
     that chunk with the null block). Answers from vLLM's own ``find_longest_cache_hit``
     (``kvgeom.conformance.vllm_prefix``, 2026-12-02), found when the `thorough` profile broke a law that
     read t's own chunk instead."""
-    g = kvgeom.resolve({"groups": [_ck(block, chunk)], "cache": {"max_model_len": 64}})
+    g = kvgeom.resolve({"groups": [_cl(block, chunk)], "cache": {"max_model_len": 64}})
     hit = prefix_hit(g, num_tokens, {"0": resident})
     assert hit.hit_tokens == want
     assert hit.groups[0].end_tokens == ()
