@@ -629,9 +629,7 @@ class KVEventReader:
                         self._refresh(m)
                     packed[m].clear(replica)
                     self._synced[m] = self._res[m].version
-            if self._extra:
-                for key in [k for k in self._extra if k[3] == replica and k[0] in self._cleared]:
-                    del self._extra[key]
+            self._forget_duplicates(replica)
             return
         _, medium, group, hashes = op
         if not hashes:
@@ -656,15 +654,12 @@ class KVEventReader:
                     if self._dirty[m]:
                         self._refresh(m)
 
-
     def _run_packed(self, op: _Op, replica: int) -> None:
         """:meth:`_run` while the packed rows are the only index (no residency asked for yet)."""
         if op[0] == "cleared":
             for m in self._cleared:
                 self._packed[m].clear(replica)
-            if self._extra:
-                for key in [k for k in self._extra if k[3] == replica and k[0] in self._cleared]:
-                    del self._extra[key]
+            self._forget_duplicates(replica)
             return
         _, medium, group, hashes = op
         if not hashes:
@@ -675,6 +670,12 @@ class KVEventReader:
             self._note_duplicates(medium, group, p.add_hashes(group, hashes, replica), replica)
             return
         p.discard_many(group, self._count_down(medium, group, hashes, replica) if self._extra else hashes, replica)
+
+    def _forget_duplicates(self, replica: int) -> None:
+        """A replica's cleared media forget the duplicate stores counted for it there."""
+        if self._extra:
+            for key in [k for k in self._extra if k[3] == replica and k[0] in self._cleared]:
+                del self._extra[key]
 
     def _note_duplicates(self, medium: str, group: int, already: Sequence[Hashable], replica: int) -> None:
         """Count the stores of hashes the replica held already (when duplicates are counted): each needs one
