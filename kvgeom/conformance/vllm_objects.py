@@ -493,6 +493,27 @@ class VllmObjects:
     scheduler: OffloadingConnectorScheduler | None = None
 
 
+def build_coordinator(geom: Geometry, kcc: KVCacheConfig, *, max_model_len: int, scheduler_block_size: int,
+                      hash_block_size: int, use_eagle: bool = False, **lookahead: int) -> Any:
+    """vLLM's KV cache coordinator over ``kcc`` with ``geom``'s caching switch and DCP/PCP sizes (the one place
+    the harnesses build it). ``lookahead``: ``num_prefill_lookahead`` / ``num_hash_lookahead_tokens`` when
+    the geometry has them (vLLM's defaults otherwise)."""
+    p = geom.config.parallel
+    return get_kv_cache_coordinator(
+        kcc,
+        max_model_len=max_model_len,
+        max_in_flight_tokens=8192,
+        use_eagle=use_eagle,
+        enable_caching=geom.config.cache.prefix_caching,
+        enable_kv_cache_events=False,
+        dcp_world_size=p.dcp,
+        pcp_world_size=p.pcp,
+        scheduler_block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
+        **lookahead,
+    )
+
+
 def build(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) -> VllmObjects:
     """The vLLM objects of ``geom``: stand-in VllmConfig, scheduler-view KVCacheConfig, vLLM's KV cache
     coordinator (prefix caching as configured) and, when ``geom`` offloads, the
@@ -509,23 +530,13 @@ def build(geom: Geometry, *, scheduler_block_size: int, hash_block_size: int) ->
     """
     vc = build_vllm_config(geom)
     kcc = build_kv_cache_config(geom)
-    p = geom.config.parallel
     spec = vc.speculative_config
     # Scheduler.__init__: the drop unless lookahead hashes prove the boundary token
     use_eagle = spec is not None and spec.use_eagle_block_drop() and not vc.num_hash_lookahead_tokens
-    coordinator = get_kv_cache_coordinator(
-        kcc,
-        max_model_len=vc.model_config.max_model_len,
-        max_in_flight_tokens=8192,
-        use_eagle=use_eagle,
-        enable_caching=geom.config.cache.prefix_caching,
-        enable_kv_cache_events=False,
-        dcp_world_size=p.dcp,
-        pcp_world_size=p.pcp,
-        scheduler_block_size=scheduler_block_size,
-        hash_block_size=hash_block_size,
-        num_prefill_lookahead=vc.num_prefill_lookahead_tokens,
-        num_hash_lookahead_tokens=vc.num_hash_lookahead_tokens,
+    coordinator = build_coordinator(
+        geom, kcc, max_model_len=vc.model_config.max_model_len, use_eagle=use_eagle,
+        scheduler_block_size=scheduler_block_size, hash_block_size=hash_block_size,
+        num_prefill_lookahead=vc.num_prefill_lookahead_tokens, num_hash_lookahead_tokens=vc.num_hash_lookahead_tokens,
     )
     objs = VllmObjects(geom, vc, kcc, coordinator=coordinator)
     if geom.offload is not None:

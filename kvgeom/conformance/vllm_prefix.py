@@ -29,7 +29,6 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, make_block_hash_with_group_id
 from vllm.v1.request import Request
 
@@ -79,20 +78,10 @@ def vllm_prefix_answers(
     kcc = vo.build_kv_cache_config(geom)
     for spec_group, g in zip(kcc.kv_cache_groups, geom.groups[: len(kcc.kv_cache_groups)], strict=True):
         spec_group.is_eagle_group = g.eagle_group
-    p = geom.config.parallel
-    coordinator = get_kv_cache_coordinator(
-        kcc,
-        max_model_len=max(geom.config.cache.max_model_len or 0, n + 1),
-        max_in_flight_tokens=8192,
-        use_eagle=use_eagle,
-        enable_caching=geom.config.cache.prefix_caching,
-        enable_kv_cache_events=False,
-        dcp_world_size=p.dcp,
-        pcp_world_size=p.pcp,
-        scheduler_block_size=scheduler_block_size,
-        hash_block_size=H,
-        num_hash_lookahead_tokens=hash_lookahead,
-        num_prefill_lookahead=prefill_lookahead,
+    coordinator = vo.build_coordinator(
+        geom, kcc, max_model_len=max(geom.config.cache.max_model_len or 0, n + 1), use_eagle=use_eagle,
+        scheduler_block_size=scheduler_block_size, hash_block_size=H,
+        num_hash_lookahead_tokens=hash_lookahead, num_prefill_lookahead=prefill_lookahead,
     )
     request = _request(n, H, hash_lookahead)
     hashes = request.block_hashes

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
-
 from kvgeom.conformance import vllm_objects as vo
 from kvgeom.geometry import Geometry
 
@@ -38,18 +36,9 @@ def vllm_null_blocks(geom: Geometry, group: int, num_prompt_tokens: int, steps: 
     top = max([P, *steps]) + 1
     kcc = vo.build_kv_cache_config(geom)
     kcc.num_blocks = max(vo.NUM_GPU_BLOCKS, 4 * len(kcc.kv_cache_groups) * (top // geom.hash_block_size + 2))
-    p = geom.config.parallel
-    coordinator = get_kv_cache_coordinator(
-        kcc,
-        max_model_len=max(geom.config.cache.max_model_len or 0, top + 1),
-        max_in_flight_tokens=8192,
-        use_eagle=False,
-        enable_caching=geom.config.cache.prefix_caching,
-        enable_kv_cache_events=False,
-        dcp_world_size=p.dcp,
-        pcp_world_size=p.pcp,
-        scheduler_block_size=geom.scheduler_block_size,
-        hash_block_size=geom.hash_block_size,
+    coordinator = vo.build_coordinator(
+        geom, kcc, max_model_len=max(geom.config.cache.max_model_len or 0, top + 1),
+        scheduler_block_size=geom.scheduler_block_size, hash_block_size=geom.hash_block_size,
     )
     rid = "rswa"
     coordinator.allocate_new_blocks(rid, max(P, 1), max(P, 1))
