@@ -688,13 +688,40 @@ def _mamba_block(
 
 
 def _keeps_one_group(layers: list[_Layer]) -> bool:
-    """Whether every layer has one manager family and one block, so vLLM keeps one group.
+    """Whether vLLM 0.33 keeps every layer in one group: its "uniform type" test, on the blocks of steps 2-3.
+
+    The layers must share one block, one DCP sharding and one manager family, and, within the family, what
+    that family's manager needs to be one (vLLM 0.33 ``is_uniform_with_collection``, asked of the *first*
+    layer): sliding windows of one width (and, when the first layer is ``sliding_window_mla``, every layer of
+    that kind), chunked-local layers of one chunk, Mamba layers with one page, one count of speculative
+    blocks and one prefill checkpoint alignment. Two sliding layers with windows 64 and 512 are two groups
+    (found by the grouping law under the ``dev`` profile; rows in tests/test_grouping_conformance.py).
 
     Then the group is one spec (or a ``uniform`` container whose page is the sum of its layers') and the
     layers' pages need not agree: :func:`_unify_pages` leaves them alone and :func:`_group_layers` makes
-    the single group. Decided on the blocks of steps 2-3, before unification changes any.
+    the single group. Decided before unification changes any block.
+
+    Invariant: true exactly when every layer has the first layer's value of :func:`_uniform_type_key`.
     """
-    return len({_family(x.src.kind) for x in layers}) == 1 and len({x.block for x in layers}) == 1
+    first = _uniform_type_key(layers[0], layers[0])
+    return all(_uniform_type_key(x, layers[0]) == first for x in layers)
+
+
+def _uniform_type_key(x: _Layer, first: _Layer) -> tuple[Any, ...]:
+    """What must agree between ``x`` and the first layer for vLLM 0.33 to keep them in one group."""
+    s = x.src
+    family = _family(s.kind)
+    sharded = s.dcp_sharded if s.dcp_sharded is not None else not x.is_mamba  # specs.is_dcp_sharded's default
+    key: tuple[Any, ...] = (family, x.block, sharded)
+    if family == "sliding":
+        # a plain sliding-window first layer admits its MLA subclass; an MLA first layer admits only MLA
+        mla_only = first.src.kind == "sliding_window_mla"
+        return (*key, s.sliding_window, s.kind == "sliding_window_mla" if mla_only else None)
+    if family == "chunked":
+        return (*key, s.attention_chunk_size)
+    if family == "mamba":
+        return (*key, x.page(), s.num_speculative_blocks or 0, s.prefill_checkpoint_alignment)
+    return key
 
 
 def _refuse_empty_page(x: _Layer, block: int | None) -> None:

@@ -44,6 +44,14 @@ ERROR_TABLE = [
     # uniform mixing MLA and Mamba (different managers)
     ({"groups": [{"kind": "uniform", "block_size": 16, "layers": [{"kind": "mla"}, {"kind": "mamba"}]}]},
      GeometryError, "uniform_mixed_kinds", "groups[0].layers", ["full", "mamba"]),
+    # uniform sliding leaves of two windows: vLLM 0.33 makes a group per width (its uniform-type test)
+    ({"groups": [{"kind": "uniform", "block_size": 16, "layers": [
+        {"kind": "sliding_window", "sliding_window": 64}, {"kind": "sliding_window", "sliding_window": 512}]}]},
+     GeometryError, "uniform_mixed_windows", "groups[0].layers", ["64, 512", "one group per width"]),
+    ({"groups": [{"kind": "uniform", "block_size": 16, "layers": [
+        {"kind": "chunked_local", "attention_chunk_size": 256},
+        {"kind": "chunked_local", "attention_chunk_size": 512}]}]},
+     GeometryError, "uniform_mixed_windows", "groups[0].layers", ["256, 512"]),
     # uniform leaves that disagree on dcp_sharded
     ({"groups": [{"kind": "uniform", "block_size": 16,
                   "layers": [{"kind": "mla"}, {"kind": "mla", "dcp_sharded": False}]}]},

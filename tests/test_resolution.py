@@ -344,6 +344,28 @@ def test_grouping_keeps_one_group_per_bucket_below_one_and_a_half(swa_layers, fu
     assert [len(m) for m in r.group_layers] == group_sizes
 
 
+@pytest.mark.parametrize(
+    ("layers", "group_sizes"),
+    [
+        # one width: one group (vLLM's uniform type)
+        ([{"sliding_window": 64, "count": 2}, {"sliding_window": 64, "count": 1}], [3]),
+        # 64 and 512 at one block, heads and dtype: vLLM 0.33 makes two groups (run on vLLM 0.33 by
+        # tests/test_grouping_conformance.py; kvgeom 0.2 made one uniform group of both)
+        ([{"sliding_window": 64, "count": 1}, {"sliding_window": 512, "count": 1}], [1, 1]),
+        # 3 + 1: buckets of 3 and 1, 3 >= 1.5 x 1, so groups of one layer each
+        ([{"sliding_window": 64, "count": 3}, {"sliding_window": 512, "count": 1}], [1, 1, 1, 1]),
+        ([{"kind": "chunked_local", "attention_chunk_size": 256, "count": 2},
+          {"kind": "chunked_local", "attention_chunk_size": 512, "count": 1}], [1, 1, 1]),
+    ],
+)
+def test_local_layers_of_different_widths_are_different_groups(layers, group_sizes):
+    specs = [{**full(heads=2), "kind": "sliding_window", **x} for x in layers]
+    r = resolve_block_sizes(layered(specs))
+    assert [len(m) for m in r.group_layers] == group_sizes
+    assert all(g["kind"] != "uniform" for g in r.config["groups"])  # no group mixes two widths
+    kvgeom.resolve(r.config)  # and the geometry takes it
+
+
 def test_a_compressed_sliding_layer_whose_kernel_block_holds_no_state_is_refused_not_a_crash():
     # tokens_per_state 64 on a 16-token kernel block: a page of 0 bytes; kvgeom 0.3.0.dev0 raised
     # ZeroDivisionError while unifying page sizes (found by 8,000 random layered configs)

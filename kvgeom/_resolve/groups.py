@@ -96,6 +96,18 @@ def _check_uniform(i: int, spec: UniformSpec, out: Collector) -> None:
             f"{where}.layers",
             families=fams,
         )
+    widths = [w for layer in spec.layers if (w := _local_width(layer)) is not None]
+    if len(set(widths)) > 1:
+        # vLLM 0.33 keeps layers in one group only when its uniform-type test holds: one sliding window, one
+        # chunk (kv_cache_interface.py is_uniform_with_collection); a mixed container has no single window
+        out.add(
+            GeometryError,
+            "uniform_mixed_windows",
+            f"group {i} (uniform) mixes local-attention widths {widths}; vLLM keeps layers in one group only "
+            "when they share one sliding_window (or attention_chunk_size): make one group per width",
+            f"{where}.layers",
+            widths=widths,
+        )
     modes = {layer.mamba_cache_mode for layer in spec.layers if isinstance(layer, MambaSpec)}
     if len(modes) > 1:
         out.add(
@@ -114,6 +126,12 @@ def _check_uniform(i: int, spec: UniformSpec, out: Collector) -> None:
                 "must be cacheable: move the layer to its own group",
                 f"{where}.layers[{j}].prefix_cacheable",
             )
+
+
+def _local_width(layer: AnySpec) -> int | None:
+    """A local-attention layer's width (its sliding window or attention chunk), None for other kinds."""
+    window = sliding_window_of(layer)
+    return window[0] if window is not None else attention_chunk_size_of(layer)
 
 
 def _check_kind(i: int, spec: AnySpec, fam: Family, mode: MambaMode | None, cfg: KVGeomConfig, out: Collector) -> None:
