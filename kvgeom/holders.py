@@ -31,7 +31,8 @@ Invariants (``tests/property/test_router_laws.py::test_packed_holders_match_the_
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import chain, repeat, takewhile
+from itertools import chain, compress, count, repeat
+from operator import ne
 from struct import pack
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,10 @@ def _index(rows: list[int]) -> npt.NDArray[np.int64]:
     ``array('q')``, which appends item by item, and several times faster than numpy's element-by-element
     conversion of a list index or of an iterator, ``np.fromiter``). Rows are small non-negative ints."""
     return np.frombuffer(pack(f"={len(rows)}q", *rows), dtype=np.int64)
+
+
+_FREED = object()
+"""``back[row]`` of a row given back: equal to no hash, so :meth:`PackedHolders.leading_rows` never matches it."""
 
 
 class _RowIds(dict[Hashable, int]):
@@ -111,7 +116,7 @@ class _Group:
             ids, keys = self.ids, self.ids.back
             for row in idx[~self.bits[idx].any(axis=1)].tolist():
                 del ids[keys[row]]
-                keys[row] = None
+                keys[row] = _FREED
                 ids.free.append(row)
 
     def row_ids(self, hashes: Sequence[Hashable]) -> list[int]:
@@ -335,19 +340,58 @@ class PackedHolders:
         out: Words = g.bits.take(_index(ids), axis=0)
         return out
 
-    def leading_rows(self, group: int, block_hashes: Sequence[Hashable]) -> Words:
+    def leading_rows(self, group: int, block_hashes: Sequence[Hashable], *, sentinel: bool = False) -> Words:
         """The rows of the chain's leading hashes that have a row, stopping before the first hash that has
         none (no holder holds it, so no leading run passes it): ``rows(group, block_hashes)[:k]`` for that k,
-        without reading the hashes past it. Rows may still be empty (a hash whose last holder left).
+        without reading the hashes past it, and with ``sentinel`` one zero row after them (a leading run
+        always ends inside the array). Rows may still be empty (a hash whose last holder left). A new array.
+
+        Read by runs, not by a dict read per hash: the blocks of one event get consecutive rows when first
+        stored, so a chain's hashes mostly sit in a few runs of rows. The first hash of a run is looked up;
+        the hashes after it are compared (``==``, as the dict compares keys) with the hashes kept for the
+        next rows, in windows of 16, 64, 256, ... until one differs. A chain of 512 hashes in 5 runs costs 5
+        dict reads and sequential reads of the kept hashes: with the caches emptied between queries (a
+        router's case), about half the time of :meth:`rows` (benchmarks/README.md, issue 23).
+
+        Invariant (``tests/property/test_router_laws.py``): with ``sentinel`` the result is
+        ``rows(group, block_hashes)[:k]`` plus a zero row, and ``k == len(block_hashes)`` or the row of hash k
+        is empty; without it, the same less the zero row.
 
         >>> p = PackedHolders(); p.add_many(0, [b"a", b"c"], holder=1)
-        >>> p.leading_rows(0, [b"a", b"b", b"c"]).tolist()
-        [[2]]
+        >>> p.leading_rows(0, [b"a", b"b", b"c"]).tolist(), p.leading_rows(0, [b"a", b"c"], sentinel=True).tolist()
+        ([[2]], [[2], [2], [0]])
         """
         g = self._groups.get(group)
         if g is None:
-            return np.zeros((0, self._words), dtype=_WORD)
-        out: Words = g.bits.take(_index(list(takewhile(bool, map(g.ids.get, block_hashes, repeat(0))))), axis=0)
+            return np.zeros((int(sentinel), self._words), dtype=_WORD)
+        get, back = g.ids.get, g.ids.back
+        n, top = len(block_hashes), len(back)
+        runs: list[tuple[int, int]] = []
+        i = 0
+        while i < n:
+            first = get(block_hashes[i], 0)
+            if not first:
+                break
+            i += 1
+            r = first + 1
+            width = 16
+            while i < n and r < top:  # extend the run while the kept hashes are the chain's next ones
+                m = min(width, n - i, top - r)
+                j = next(compress(count(), map(ne, back[r : r + m], block_hashes[i : i + m])), m)
+                i += j
+                r += j
+                if j < m:
+                    break
+                width *= 4
+            runs.append((first, r))
+        bits = g.bits
+        out: Words = np.empty((i + sentinel, bits.shape[1]), dtype=_WORD)
+        at = 0
+        for a, b in runs:
+            out[at : at + b - a] = bits[a:b]
+            at += b - a
+        if sentinel:
+            out[i] = 0
         return out
 
     def holders(self, group: int, block_hash: Hashable) -> int:

@@ -599,10 +599,13 @@ def _packed_ok(plan: Sequence[LookupGroup], A: int) -> bool:
 
 
 def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], blocks: Sequence[Hashable],
-                  R: int) -> Words:
+                  R: int, leading: bool = False) -> Words:
     """``group``'s packed holder rows of ``blocks`` (hashes of ``chain``) and one zero row after them (the
     sentinel :func:`_packed_full_hits` reads), after checking the whole chain against ``R`` as
-    :func:`_chain_masks` does (only when some holder at or past R was ever added)."""
+    :func:`_chain_masks` does (only when some holder at or past R was ever added). With ``leading`` the rows
+    stop at the first block no holder has a row for (:meth:`PackedHolders.leading_rows`: the same leading
+    run, read by runs of rows); the blocks past it are still checked hashable, as a dict read per block
+    would (a block read inside a run was looked up or compared equal to a held hash)."""
     try:
         if packed.top_holder >= R:
             rows = packed.rows(group, chain)
@@ -614,8 +617,14 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
                         "replica_out_of_range",
                         f"replica {top} holds entries of group {group} but num_replicas={R}; pass num_replicas > "
                         f"{top}", "num_replicas", num_replicas=R, replica=top)
-        rows = packed.rows(group, blocks, sentinel=True)
-    except TypeError as e:  # an unhashable hash (a list from a careless decoder)
+        if leading:
+            rows = packed.leading_rows(group, blocks, sentinel=True)
+            hash(tuple(blocks[rows.shape[0] - 1 :]))  # the blocks past the run, unread: unhashable ones raise here
+        else:
+            rows = packed.rows(group, blocks, sentinel=True)
+    except QueryError:
+        raise
+    except (TypeError, ValueError) as e:  # an unhashable hash (a list from a careless decoder); an == not a bool
         raise QueryError.single("bad_block_hash", f"the hash chain holds an unhashable value: {e}", "chain") from e
     need = max(-(-R // WORD_BITS), 1)  # every tier's rows one width: no bits at or past R remain
     if rows.shape[1] > need:
@@ -864,7 +873,7 @@ def score_replicas(
                 if not cumulative:
                     if len(ids) == 1:  # the common case: one group, one tier alone
                         if p.has_group(ids[0]):
-                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R), S, A, R)
+                            out[q, t] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, A, R)
                         continue
                     if not all(p.has_group(g) for g in ids):
                         continue  # a tier with no entry of the group: every hit 0

@@ -288,3 +288,54 @@ def test_per_geometry_setup_is_cached_by_identity_and_refusals_are_not():
         with pytest.raises(kvgeom.QueryError):
             score_replicas(cross, kvgeom.Residency(), [[]], 0, num_replicas=1)
     assert id(cross) not in router._SETUPS or router._SETUPS[id(cross)][0] is not cross
+
+
+@pytest.mark.parametrize(
+    ("where", "bad", "code", "field"),
+    [
+        # the first block: its type is not the events' (int), refused before any read
+        (0, [1], "chain_encoding_mismatch", "chains[0]"),
+        # inside the held run: compared with the next held hash, not equal, then looked up: unhashable
+        (2, [3], "bad_block_hash", "chain"),
+        # past the run (blocks 0-3 held): never read by the run, still checked
+        (7, [8], "bad_block_hash", "chain"),
+        # an == that is not a bool (a numpy array of two elements)
+        (2, np.array([3, 3]), "bad_block_hash", "chain"),
+    ],
+)
+def test_packed_path_refuses_an_unhashable_block_anywhere_in_the_chain(where, bad, code, field):
+    # the packed path reads the chain by runs of rows (PackedHolders.leading_rows) and stops at the first block no
+    # replica holds; a malformed block past that point is still refused, as a dict read per block refused it
+    geom, reader, chain = _reader_with_runs([4, 2])
+    chain = [*chain]
+    chain[where] = bad
+    with pytest.raises(kvgeom.QueryError) as e:
+        score_replicas(geom, reader, [chain], len(chain) * 16 + 1, num_replicas=2, tiers=["GPU"])
+    assert e.value.code == code and e.value.field == field
+
+
+def test_packed_path_reads_a_chain_whose_blocks_sit_in_many_runs_of_rows():
+    # the blocks of one chain stored by events in a shuffled order and with rows given back and reused, so the
+    # chain's rows are many short runs; the scores are the residency's (the bit path's) all the same
+    geom = kvgeom.resolve({"groups": [FA16]})
+    reader = kvgeom.events.KVEventReader(geom)
+    reader.packed()
+    chain = list(range(100, 160))
+    rng = np.random.default_rng(7)
+    for r in range(5):
+        for lo in rng.permutation(np.arange(0, 60, 6)).tolist():
+            reader.apply({"type": "BlockStored", "block_hashes": chain[lo : lo + 6], "block_size": 16}, r)
+        gone = rng.choice(60, size=3 * r, replace=False).tolist()
+        if gone:
+            reader.apply({"type": "BlockRemoved", "block_hashes": [chain[i] for i in gone]}, r)
+        reader.apply({"type": "BlockStored", "block_hashes": [10**6 + r, 10**6 + r + 1], "block_size": 16}, r)
+    for r in range(5):  # block 30 leaves every replica: its row is given back, then reused by another hash
+        reader.apply({"type": "BlockRemoved", "block_hashes": [chain[30]]}, r)
+    assert len(reader.packed()) == 6 + 59  # 10**6 .. 10**6 + 5 and the chain less block 30 (a sweep)
+    reader.apply({"type": "BlockStored", "block_hashes": [-1], "block_size": 16}, 0)
+    reader.apply({"type": "BlockStored", "block_hashes": [chain[30]], "block_size": 16}, 1)  # a new row
+    n = len(chain) * 16 + 1
+    packed = score_replicas(geom, reader, [chain], n, num_replicas=5, tiers=["GPU"]).hit_tokens[0, 0]
+    bits = score_replicas(geom, reader.residency(), [chain], n, num_replicas=5).hit_tokens[0, 0]
+    assert packed.tolist() == bits.tolist()
+    assert packed[0] == 30 * 16 and packed.min() < packed.max()  # replica 0 holds blocks 0-29, not 30

@@ -15,7 +15,8 @@
   were kept current event by event (the packed path for one attention group, the bit path for hybrids)
   equal the scalar ``prefix_hit`` on the reader's residency, per replica and tier, cumulative or not;
 * ``test_packed_holders_match_the_residency``: ``PackedHolders`` under any sequence of bulk adds,
-  discards and clears holds exactly the holder bits a ``Residency`` holds under the same updates;
+  discards and clears holds exactly the holder bits a ``Residency`` holds under the same updates, and its
+  ``leading_rows`` (read by runs of rows) are the leading part of ``rows``, ending where no run can pass;
 * ``test_fast_event_check_agrees_with_the_full_check``: an event read through the reader's fast check
   (a plain dict) and through the full one (the same event behind a read-only mapping) leaves the same
   residency, or raises the same error code;
@@ -294,8 +295,9 @@ def test_packed_rows_read_between_events_match_the_residency(case, reads):
 
 @given(st.lists(st.tuples(st.sampled_from(["add", "add", "hashes", "batch", "discard", "clear", "clear_all"]),
                           st.integers(0, 2), st.lists(st.integers(0, 12), max_size=6),
-                          st.sampled_from([0, 1, 63, 64, 130]))))
-def test_packed_holders_match_the_residency(ops):
+                          st.sampled_from([0, 1, 63, 64, 130]))),
+       st.lists(st.integers(0, 13), max_size=16))
+def test_packed_holders_match_the_residency(ops, query):
     packed, res = PackedHolders(), kvgeom.Residency()
     for op, group, hashes, holder in ops:
         if op == "add":
@@ -321,6 +323,12 @@ def test_packed_holders_match_the_residency(ops):
             want = res.chain_masks(g, chain)
             got = [int.from_bytes(row.tobytes(), "little") for row in packed.rows(g, chain)]
             assert got == want == [packed.holders(g, h) for h in chain]
+            for c in (chain, chain[::-1], query):  # leading_rows: rows' leading part, read by runs of rows
+                rows, lead = packed.rows(g, c), packed.leading_rows(g, c, sentinel=True)
+                k = lead.shape[0] - 1
+                assert not lead[k].any() and (lead[:k] == rows[:k]).all()
+                assert k == len(c) or not rows[k].any()  # it stops only where no leading run can pass
+                assert (packed.leading_rows(g, c) == lead[:k]).all()
     assert len(packed) == len(res)
     rebuilt = kvgeom.Residency()  # the rows handed over (how a reader builds its residency on first ask)
     for g in packed.groups():
