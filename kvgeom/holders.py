@@ -71,6 +71,23 @@ _FREED = object()
 """``back[row]`` of a row given back: equal to no hash, so :meth:`PackedHolders.leading_rows` never matches it."""
 
 
+def _run_length(back: list[Hashable], row: int, hashes: Sequence[Hashable], i: int, width: int = 16) -> int:
+    """How many of ``hashes[i:]`` are, in order, the hashes kept for rows ``row, row + 1, ...`` (``back``):
+    compared with ``==`` as the dict compares keys, in windows of ``width``, 4x that, 16x, ... rows, so a run
+    costs sequential reads and a short run stops after one small window."""
+    n, top = len(hashes), len(back)
+    start = i
+    while i < n and row < top:
+        m = min(width, n - i, top - row)
+        j = next(compress(count(), map(ne, back[row : row + m], hashes[i : i + m])), m)
+        i += j
+        row += j
+        if j < m:
+            break
+        width *= 4
+    return i - start
+
+
 class _RowIds(dict[Hashable, int]):
     """Hash -> row. Reading a hash that has no row gives it one (a freed row first, else the next new one):
     ``map(ids.__getitem__, hashes)`` reads known hashes in C and steps into Python only for new ones."""
@@ -119,15 +136,60 @@ class _Group:
                 keys[row] = _FREED
                 ids.free.append(row)
 
+    def row_runs(self, hashes: Sequence[Hashable]) -> list[tuple[int, int]]:
+        """The rows of ``hashes`` as runs ``(start, stop)`` of consecutive rows, in order, giving new hashes
+        rows (freed ones first, else on the end): :meth:`row_ids` read by runs. An event's blocks get
+        consecutive rows when first stored, so a later event naming them costs one dict read per run (the
+        rest compared with the hashes kept for the rows, :func:`_run_length`); a stretch of new hashes, named
+        once each, is given the next new rows in one dict update when no freed row waits.
+
+        Invariant: the runs' rows, flattened, are ``row_ids(hashes)`` (the same rows given out)."""
+        ids = self.ids
+        back = ids.back
+        get = ids.get
+        n = len(hashes)
+        runs: list[tuple[int, int]] = []
+        i = 0
+        while i < n:
+            h = hashes[i]
+            first = get(h, 0)
+            if first:  # an event has at most a few hundred blocks: one or two windows
+                stop = first + 1 + _run_length(back, first + 1, hashes, i + 1, 128)
+            elif ids.free:
+                first = ids[h]  # a freed row: one at a time
+                stop = first + 1
+            else:  # new hashes on the end: the stretch of hashes without a row, if none is named twice
+                j = next(compress(count(), map(ids.__contains__, hashes[i:])), n - i)
+                first = len(back)
+                fresh = dict(zip(hashes[i : i + j], range(first, first + j), strict=True))
+                if len(fresh) == j:
+                    ids.update(fresh)
+                    back.extend(hashes[i : i + j])
+                    stop = first + j
+                else:
+                    first = ids[h]
+                    stop = first + 1
+            if runs and runs[-1][1] == first:
+                runs[-1] = (runs[-1][0], stop)
+            else:
+                runs.append((first, stop))
+            i += stop - first
+        if len(back) > self.bits.shape[0]:
+            self._grow(len(back))
+        return runs
+
+    def _grow(self, top: int) -> None:
+        grown = np.zeros((max(2 * self.bits.shape[0], top), self.bits.shape[1]), dtype=_WORD)
+        grown[: self.bits.shape[0]] = self.bits
+        self.bits = grown
+
     def row_ids(self, hashes: Sequence[Hashable]) -> list[int]:
         """Rows of ``hashes``, giving new hashes a row (freed ones first): one dict read per hash in C, a
         Python step only for a hash seen for the first time."""
         rows = list(map(self.ids.__getitem__, hashes))
         top = len(self.ids.back)
         if top > self.bits.shape[0]:
-            grown = np.zeros((max(2 * self.bits.shape[0], top), self.bits.shape[1]), dtype=_WORD)
-            grown[: self.bits.shape[0]] = self.bits
-            self.bits = grown
+            self._grow(top)
         return rows
 
 
@@ -189,8 +251,10 @@ class PackedHolders:
     def add_hashes(self, group: int, block_hashes: Sequence[Hashable], holder: int = 0) -> list[Hashable]:
         """:meth:`add_many`, returning the hashes ``holder`` already held, in order (a hash named twice counts as
         held the second time): the contract of :meth:`Residency.add_hashes <kvgeom.Residency.add_hashes>`, so a
-        reader that counts duplicate announcements can keep these rows as its only index. One dict read per
-        hash and a fixed number of numpy calls per event.
+        reader that counts duplicate announcements can keep these rows as its only index. The rows are read by
+        runs (:meth:`_Group.row_runs`: one dict read per run of consecutive rows, the event's first store
+        giving its new blocks consecutive rows), and an event whose rows are one run is set with slices; a
+        fixed number of numpy calls per event either way.
 
         >>> p = PackedHolders(); p.add_many(0, [b"a"], holder=70)
         >>> p.add_hashes(0, [b"a", b"b", b"b"], holder=70), p.holders(0, b"b") == 1 << 70
@@ -204,15 +268,23 @@ class PackedHolders:
             if bit >= WORD_BITS * self._words:
                 self._widen(bit)
         g = self._groups.get(group) or self._group(group)
-        rows = g.row_ids(block_hashes)
-        col = g.bits[:, bit // WORD_BITS]
         one = np.uint64(1 << bit % WORD_BITS)
-        if len(rows) == 1:
-            old = col[rows[0]]
-            if old & one:
-                return [block_hashes[0]]
-            col[rows[0]] = old | one
-            return []
+        runs = g.row_runs(block_hashes)
+        col = g.bits[:, bit // WORD_BITS]
+        # the common event: its blocks' rows are one run or a few, set with slices, no index array; runs are
+        # set one after another, so a row a later run names again reads as held (a hash named twice)
+        if len(runs) <= 4:
+            already: list[Hashable] = []
+            at = 0
+            for a, b in runs:
+                run = col[a:b]
+                held = run & one
+                run |= one
+                if held.any():
+                    already.extend(compress(block_hashes[at : at + b - a], held.tolist()))
+                at += b - a
+            return already
+        rows = list(chain.from_iterable(map(range, *zip(*runs, strict=True))))  # many runs: one index
         idx = _index(rows)
         old = col[idx]
         held = old & one
@@ -365,25 +437,16 @@ class PackedHolders:
         if g is None:
             return np.zeros((int(sentinel), self._words), dtype=_WORD)
         get, back = g.ids.get, g.ids.back
-        n, top = len(block_hashes), len(back)
+        n = len(block_hashes)
         runs: list[tuple[int, int]] = []
         i = 0
         while i < n:
             first = get(block_hashes[i], 0)
             if not first:
                 break
-            i += 1
-            r = first + 1
-            width = 16
-            while i < n and r < top:  # extend the run while the kept hashes are the chain's next ones
-                m = min(width, n - i, top - r)
-                j = next(compress(count(), map(ne, back[r : r + m], block_hashes[i : i + m])), m)
-                i += j
-                r += j
-                if j < m:
-                    break
-                width *= 4
-            runs.append((first, r))
+            j = _run_length(back, first + 1, block_hashes, i + 1)
+            runs.append((first, first + 1 + j))
+            i += 1 + j
         bits = g.bits
         out: Words = np.empty((i + sentinel, bits.shape[1]), dtype=_WORD)
         at = 0

@@ -65,3 +65,34 @@ def test_add_hashes_reports_what_the_holder_held_and_hands_over_its_masks():
     hashes, masks = p.held_masks(0)
     assert sorted(zip(hashes, masks, strict=True)) == sorted((h, r.holders(0, h)) for h in r.entries(0))
     assert p.held_masks(9) == ([], []) and p.groups() == (0,)
+
+
+def test_add_hashes_reuses_freed_rows_before_new_ones():
+    # rows given back (a hash no holder holds, after a sweep) are given out again before the matrix grows: the
+    # held_masks order (row order) shows where each hash went
+    p = PackedHolders()
+    assert p.add_hashes(0, ["a", "b", "c"], holder=0) == []  # three new hashes: rows 1-3, one run
+    p.discard_many(0, ["b"], holder=0)
+    assert len(p) == 2  # the sweep gives b's row back
+    assert p.add_hashes(0, ["d", "e"], holder=1) == []  # d takes b's row, e goes on the end
+    assert p.held_masks(0) == (["a", "d", "c", "e"], [1, 2, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("event", "already"),
+    [
+        (["a", "b", "c", "d"], ["a", "b", "c", "d"]),  # one run of known rows, all held
+        (["b", "c", "x", "y"], ["b", "c"]),  # a known run, then new hashes on the end
+        (["c", "a", "b"], ["c", "a", "b"]),  # two runs out of row order
+        (["a", "b", "a"], ["a", "b", "a"]),  # a row named again in a later run: held the second time too
+        (["x", "x", "a"], ["x", "a"]),  # a new hash named twice: held the second time
+        (["x", "y", "x", "y"], ["x", "y"]),
+    ],
+)
+def test_add_hashes_reads_rows_by_runs_with_the_residency_contract(event, already):
+    # holder 5 holds a, b, c, d (rows 1-4, stored as one event); the event's hashes are read by runs of rows
+    p, res = PackedHolders(), kvgeom.Residency()
+    for store in (p, res):
+        store.add_hashes(0, ["a", "b", "c", "d"], holder=5)
+    assert p.add_hashes(0, event, holder=5) == res.add_hashes(0, event, holder=5) == already
+    assert sorted(zip(*p.held_masks(0), strict=True)) == sorted((h, res.holders(0, h)) for h in res.entries(0))

@@ -293,7 +293,8 @@ def test_packed_rows_read_between_events_match_the_residency(case, reads):
         assert len(p) == len(res)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["add", "add", "hashes", "batch", "discard", "clear", "clear_all"]),
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "hashes", "hashes", "batch", "discard", "clear", "clear_all",
+                                            "sweep"]),
                           st.integers(0, 2), st.lists(st.integers(0, 12), max_size=6),
                           st.sampled_from([0, 1, 63, 64, 130]))),
        st.lists(st.integers(0, 13), max_size=16))
@@ -315,6 +316,8 @@ def test_packed_holders_match_the_residency(ops, query):
         elif op == "clear":
             packed.clear(holder)
             res.clear(holder)
+        elif op == "sweep":  # rows no holder holds are given back, to be reused by the next new hashes
+            assert len(packed) == len(res)
         else:
             packed.clear()
             res.clear()
