@@ -307,7 +307,11 @@ class BlockSizeResolution:
     """``model.kv_cache_layout`` as given (``None``: a layer-outermost layout); not part of :meth:`to_dict`."""
     packed: bool = False
     """Whether vLLM 0.33's packed grouping made the groups (step 5b: a block-outermost layout and layers of
-    different pages); then the pages are not unified. Not part of :meth:`to_dict` (a note says it)."""
+    different pages); then the pages are not unified. Not part of :meth:`to_dict` (a note says it).
+
+    Invariant: ``packed`` implies a block-outermost ``kv_cache_layout``, ``page_bytes is None``, every layer in
+    exactly one group, and every layer's block (:meth:`layer_block_sizes`) is ``attention_block_size`` or
+    ``mamba_block_size``; not ``packed``, the answer is the one the same config gets without a layout."""
 
     def resolve(self) -> Geometry:
         """``kvgeom.resolve(self.config)``: the full geometry of the resolved config."""

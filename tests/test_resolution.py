@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom.errors import ConfigError, GeometryError
@@ -519,3 +521,44 @@ def test_an_unknown_layout_is_refused():
     with pytest.raises(ConfigError) as info:
         packed([full()], layout="BNLHC")
     assert info.value.field == "model.kv_cache_layout"
+
+
+@st.composite
+def _layouts_models(draw):
+    """Small layered models (attention of 1-4 heads, sliding windows, MLA, Mamba) under a drawn layout."""
+    layers = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["full_attention", "sliding_window", "mla", "mamba"]))
+        count = draw(st.integers(1, 8))
+        if kind == "mamba":
+            layers.append(mamba([[16, 64, 64]], ["float32"], count=count))
+        elif kind == "mla":
+            layers.append({**draw(st.sampled_from([MLA, IDX])), "count": count})
+        else:
+            layer = full(heads=draw(st.sampled_from([1, 2, 4])), count=count)
+            if kind == "sliding_window":
+                layer = {**layer, "kind": kind, "sliding_window": draw(st.sampled_from([64, 512]))}
+            layers.append(layer)
+    layout = draw(st.sampled_from([None, "LBNHC", "BLHNC", "BLNHC", "BHLNC"]))
+    return layers, layout
+
+
+@given(_layouts_models())
+def test_packed_groups_keep_step_2_3_blocks_and_every_layer_once(model):
+    # BlockSizeResolution.packed's invariant (vLLM's rows are in tests/test_grouping_conformance.py)
+    layers, layout = model
+    cfg = {"model": {"block_size": 16, "layers": layers, **({"kv_cache_layout": layout} if layout else {})}}
+    try:
+        r = resolve_block_sizes(cfg)
+    except kvgeom.KVGeomError:
+        assume(False)
+    labels = [label for group in r.group_layers for label in group]
+    assert sorted(labels) == sorted(r.layer_labels)  # every layer in exactly one group
+    if r.packed:
+        assert layout in ("BLHNC", "BLNHC", "BHLNC") and r.page_bytes is None
+        assert {b for _, b in r.layer_block_sizes()} <= {r.attention_block_size, r.mamba_block_size}
+        assert not any(p.kind != "mamba" for p in r.padding)  # no attention page padded
+        kvgeom.resolve(r.config)
+    else:
+        without = resolve_block_sizes({"model": {"block_size": 16, "layers": layers}})
+        assert (r.config, r.group_layers, r.notes) == (without.config, without.group_layers, without.notes)
