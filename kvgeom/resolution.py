@@ -39,6 +39,12 @@ The steps, in vLLM's order (``docs/resolution.md`` has the arithmetic):
 5. Grouping: one group when every layer has the same manager family and block
    (a ``uniform`` container when their specs differ); otherwise one bucket per
    distinct spec, split into groups of equal layer count.
+5b. Packed grouping, instead of steps 4-5, when ``model.kv_cache_layout`` is
+   block-outermost (``BLHNC``, ``BLNHC``, ``BHLNC``) and the layers' pages
+   differ (`_get_packed_kv_cache_groups`): greedy uniform-type buckets, balanced
+   buckets split by an approximate gcd of their pattern repeats, state buckets
+   split to fit the block, and no page unified. Unset (the default) or
+   layer-outermost, the answer is the one kvgeom gave before the field existed.
 6. Engine-core minimum (`v1/engine/core.py`): ``cache_config.block_size`` becomes the smallest
    prefix-cacheable group block; reported as ``engine_block_size``.
 
@@ -72,8 +78,10 @@ from kvgeom.prefill import engine_block_size_of
 from kvgeom.specs import KINDS, DType
 
 __all__ = [
+    "BLOCK_OUTERMOST_LAYOUTS",
     "MLA_MIN_HYBRID_BLOCK",
     "BlockSizeResolution",
+    "KVCacheLayoutName",
     "LayerKind",
     "LayerSpec",
     "LayeredConfig",
@@ -87,6 +95,12 @@ __all__ = [
 MLA_MIN_HYBRID_BLOCK = 128
 
 LayerKind = Literal["full_attention", "mla", "sliding_window", "sliding_window_mla", "chunked_local", "mamba"]
+
+#: vLLM 0.33's KV cache layout names (`v1/kv_cache_layout.py::KVCacheLayout`, with the legacy aliases ``NHD`` =
+#: ``LBNHC`` and ``HND`` = ``LBHNC`` of `config/cache.py`).
+KVCacheLayoutName = Literal["LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND"]
+#: The layouts whose outermost physical axis is the block (`KVCacheLayout.is_block_outermost`).
+BLOCK_OUTERMOST_LAYOUTS = frozenset({"BLHNC", "BLNHC", "BHLNC"})
 
 _ATTENTION_ONLY = (
     "num_kv_heads",
@@ -214,6 +228,11 @@ class ModelLayers(FrozenModel):
     mamba_cache_mode: Literal["align", "none"] | None = Field(
         default=None, description="Requested Mamba mode; vLLM promotes none to align with prefix caching on."
     )
+    kv_cache_layout: KVCacheLayoutName | None = Field(
+        default=None,
+        description="vLLM's resolved KV cache layout (VLLM_KV_CACHE_LAYOUT's values); default: a layer-outermost "
+        "layout. A block-outermost one (BLHNC, BLNHC, BHLNC) packs layers of different pages (step 5b).",
+    )
 
 
 class LayeredConfig(FrozenModel):
@@ -284,6 +303,15 @@ class BlockSizeResolution:
     notes: tuple[str, ...]
     layer_labels: tuple[str, ...] = ()
     """Every layer's label in model order (``count`` expanded); not part of :meth:`to_dict`."""
+    kv_cache_layout: str | None = None
+    """``model.kv_cache_layout`` as given (``None``: a layer-outermost layout); not part of :meth:`to_dict`."""
+    packed: bool = False
+    """Whether vLLM 0.33's packed grouping made the groups (step 5b: a block-outermost layout and layers of
+    different pages); then the pages are not unified. Not part of :meth:`to_dict` (a note says it).
+
+    Invariant: ``packed`` implies a block-outermost ``kv_cache_layout``, ``page_bytes is None``, every layer in
+    exactly one group, and every layer's block (:meth:`layer_block_sizes`) is ``attention_block_size`` or
+    ``mamba_block_size``; not ``packed``, the answer is the one the same config gets without a layout."""
 
     def resolve(self) -> Geometry:
         """``kvgeom.resolve(self.config)``: the full geometry of the resolved config."""
@@ -528,7 +556,9 @@ def resolve_block_sizes(
     Contract: the returned ``config`` is a kvgeom config dict that
     :func:`kvgeom.resolve` accepts whenever the resolved layout is legal (the
     usual geometry rules still apply to it, e.g. the interleave). Postconditions:
-    every layer's page bytes equal ``page_bytes``; in align mode the Mamba block
+    every layer's page bytes equal ``page_bytes`` (``None`` when one uniform group
+    or packed groups keep the pages mixed; packed groups, step 5b, keep every
+    layer's block of steps 2-3); in align mode the Mamba block
     equals the main attention layer's per-rank block; the attention page at the
     resolved block is at least the largest Mamba state; all pipeline stages get
     the same block sizes. Bad input raises :class:`kvgeom.ConfigError`; an MLA
@@ -555,9 +585,14 @@ def resolve_block_sizes(
     attention_block = _attention_block(cfg.model, main, attention, mamba, mode, notes)  # step 2
     mamba_block = _mamba_block(cfg, main, attention_block, mamba, mode)  # step 3
     one_group = _keeps_one_group(layers)
-    _unify_pages(cfg.model, layers, one_group)  # step 4
-    padding = _padding_rows(cfg.model, layers, notes)
-    groups, members = _group_layers(layers, mode, one_group, notes)  # step 5
+    packed = _packs(cfg.model, layers, one_group)
+    if packed:  # a block-outermost layout with layers of different pages: no unification, packed groups
+        padding = _padding_rows(cfg.model, layers, notes)
+        groups, members = _pack_groups(cfg.model, layers, mode, notes)  # step 5b
+    else:
+        _unify_pages(cfg.model, layers, one_group)  # step 4
+        padding = _padding_rows(cfg.model, layers, notes)
+        groups, members = _group_layers(layers, mode, one_group, notes)  # step 5
     engine_block = _engine_block(groups, cfg.parallel, notes)  # step 6
     return _result(
         cfg,
@@ -570,6 +605,7 @@ def resolve_block_sizes(
         engine_block=engine_block,
         padding=padding,
         notes=notes,
+        packed=packed,
     )
 
 
@@ -846,6 +882,153 @@ def _group_layers(
     return groups, members
 
 
+def _packs(model: ModelLayers, layers: list[_Layer], one_group: bool) -> bool:
+    """Whether vLLM 0.33 packs the groups (`v1/core/kv_cache_planning.py::get_kv_cache_groups`): the layers do
+    not keep one group, ``model.kv_cache_layout`` is block-outermost (`KVCacheLayout.is_block_outermost`), and
+    the layers' pages after steps 2-3 differ (`_get_packed_kv_cache_groups` returns ``None`` otherwise).
+
+    Invariant: false whenever ``model.kv_cache_layout`` is unset or layer-outermost (today's answers)."""
+    if one_group or model.kv_cache_layout not in BLOCK_OUTERMOST_LAYOUTS:
+        return False
+    for x in layers:
+        if not x.is_mamba:
+            _refuse_empty_page(x, x.block)
+    return len({x.page() for x in layers}) > 1
+
+
+def _approximate_gcd(values: list[int], lower_bound: int) -> int:
+    """The repeats per packed group (vLLM 0.33 `v1/core/kv_cache_planning.py::_approximate_gcd`): the ``d`` in
+    ``[lower_bound, max(values)]`` that rounds the values up to multiples of ``d`` with the least total padding,
+    the larger ``d`` on a tie; ``lower_bound`` itself when it exceeds every value.
+
+    >>> _approximate_gcd([4, 12], 4), _approximate_gcd([6, 9], 6), _approximate_gcd([2], 4)
+    (4, 9, 4)
+    """
+    best, best_pad = lower_bound, None
+    for d in range(lower_bound, max(values) + 1):
+        pad = sum(-x % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+@dataclass
+class _Bucket:
+    """One bucket of the packed grouping: its layers (model order) and their layers by page (first page first)."""
+
+    layers: list[_Layer]
+    by_page: dict[int, list[_Layer]]
+
+    @property
+    def balanced(self) -> bool:
+        """One layer of every page per repeat of the pattern: every page has the same layer count."""
+        return len({len(v) for v in self.by_page.values()}) == 1
+
+    @property
+    def repeats(self) -> int:
+        """The most layers of one page (`UniformTypeKVCacheSpecs.get_max_layers_per_page_size`)."""
+        return max(len(v) for v in self.by_page.values())
+
+    def widest_group_bytes(self, num_groups: int) -> int:
+        """Page bytes of the largest of ``num_groups`` groups the bucket splits into."""
+        return sum(cdiv(len(v), num_groups) * page for page, v in self.by_page.items())
+
+
+def _pack_groups(
+    model: ModelLayers, layers: list[_Layer], mode: Literal["align", "none"] | None, notes: list[str]
+) -> tuple[list[dict[str, Any]], list[list[_Layer]]]:
+    """Step 5b: the packed grouping of a block-outermost layout (vLLM 0.33
+    `v1/core/kv_cache_planning.py::_get_packed_kv_cache_groups`); pages keep their step 2-3 sizes.
+
+    1. Buckets, greedily: each layer (model order) joins the first bucket it passes vLLM's uniform-type test
+       with (:func:`_uniform_type_key` against the bucket's first layer), else opens one.
+    2. A bucket is *balanced* when every page in it has the same layer count (a 1:1 pattern repeated ``r``
+       times, ``r`` its largest per-page count). The largest ``r`` of a balanced bucket mixing pages is a
+       floor; the repeats per group are :func:`_approximate_gcd` of every balanced bucket's ``r`` above that
+       floor (none when no balanced bucket mixes pages, and then every bucket is one group). A balanced
+       bucket makes ``cdiv(r, repeats per group)`` groups, any other one.
+    3. State buckets (Mamba; sliding-window when no repeats per group were chosen) are split further so a
+       group holds no more states than the widest group's bytes fit: ``cdiv(n, max(anchor // page, 1))``
+       groups, ``anchor`` the largest bytes any bucket's widest group needs (a state bucket counted at one
+       state per group).
+    4. A bucket split into ``k`` groups deals its pattern repeats round-robin: group ``i`` holds repeats
+       ``i, i + k, ...``, each repeat its layers in page order; a whole bucket keeps model order.
+
+    vLLM forms the repeats with ``zip`` over the pages, so an unbalanced bucket split in more than one group
+    loses the layers past the shortest page (0.33 leaves them in no group, or raises ``StopIteration`` on an
+    empty one): refused as :class:`kvgeom.GeometryError` ``packed_bucket_unbalanced``.
+
+    Invariant: every layer is in exactly one group; a group's layers pass the uniform-type test (one block,
+    one sharding, one manager family); every layer keeps the block of steps 2-3 (nothing is unified).
+    """
+    buckets: list[_Bucket] = []
+    for x in layers:
+        for b in buckets:
+            if _uniform_type_key(x, b.layers[0]) == _uniform_type_key(b.layers[0], b.layers[0]):
+                b.layers.append(x)
+                b.by_page.setdefault(x.page(), []).append(x)
+                break
+        else:
+            buckets.append(_Bucket([x], {x.page(): [x]}))
+    floor = max((b.repeats for b in buckets if b.balanced and len(b.by_page) > 1), default=0)
+    per_group = _approximate_gcd([b.repeats for b in buckets if b.balanced], floor) if floor else None
+
+    def num_groups_for(b: _Bucket) -> int:
+        return cdiv(b.repeats, per_group) if b.balanced and per_group is not None else 1
+
+    def is_state(b: _Bucket) -> bool:
+        family = _family(b.layers[0].src.kind)
+        return family == "mamba" or (per_group is None and family == "sliding")
+
+    anchor = max(b.widest_group_bytes(len(b.layers) if is_state(b) else num_groups_for(b)) for b in buckets)
+    groups: list[dict[str, Any]] = []
+    members: list[list[_Layer]] = []
+    for b in buckets:
+        num_groups = num_groups_for(b)
+        if anchor and is_state(b):
+            num_groups = max(num_groups, cdiv(len(b.layers), max(anchor // b.layers[0].page(), 1)))
+        if num_groups == 1:
+            parts = [b.layers]
+        else:
+            if not b.balanced:
+                _refuse_unbalanced(b, num_groups)
+            repeats = list(zip(*b.by_page.values(), strict=True))
+            parts = [[x for rep in repeats[i::num_groups] for x in rep] for i in range(num_groups)]
+        for part in parts:
+            leaves = [_leaf(x, mode) for x in part]
+            if len({json.dumps(leaf, sort_keys=True) for leaf in leaves}) == 1:
+                groups.append(leaves[0])
+            else:
+                groups.append({"kind": "uniform", "block_size": part[0].block, "layers": leaves})
+            members.append(part)
+    notes.append(
+        f"kv_cache_layout={model.kv_cache_layout} is block-outermost and the layers' pages differ "
+        f"({sorted({x.page() for x in layers})} bytes): vLLM 0.33 packs them into {len(groups)} groups "
+        f"({len(buckets)} buckets, "
+        + (f"{per_group} pattern repeats per group" if per_group is not None else "no repeating pattern")
+        + ") and does not unify the pages"
+    )
+    return groups, members
+
+
+def _refuse_unbalanced(b: _Bucket, num_groups: int) -> None:
+    """An unbalanced bucket split in several groups: vLLM 0.33 drops layers (step 5b), so kvgeom refuses."""
+    counts = {page: len(v) for page, v in b.by_page.items()}
+    first = b.layers[0]
+    dropped = len(b.layers) - min(counts.values()) * len(counts)
+    raise GeometryError.single(
+        "packed_bucket_unbalanced",
+        f"with a block-outermost kv_cache_layout vLLM 0.33 splits the {first.src.kind} bucket of {len(b.layers)} "
+        f"layers ({first.label}, ...) into {num_groups} groups by pattern repeats, but its pages have unequal layer "
+        f"counts {counts} (bytes: layers); it pairs them with zip, so {dropped} "
+        "layers end in no group (an empty group raises StopIteration): give those layers one page size "
+        "(heads, head size, dtype) or use a layer-outermost layout",
+        "model.kv_cache_layout",
+        num_groups=num_groups,
+        layers=len(b.layers),
+    )
+
+
 def _engine_block(groups: list[dict[str, Any]], par: ParallelConfig, notes: list[str]) -> int:
     """Step 6: the engine-core minimum (vLLM 0.33 `v1/engine/core.py`): ``cache_config.block_size``.
 
@@ -874,6 +1057,7 @@ def _result(
     engine_block: int,
     padding: list[PagePadding],
     notes: list[str],
+    packed: bool,
 ) -> BlockSizeResolution:
     """The :class:`BlockSizeResolution`: the resolved groups as a kvgeom config dict plus the facts.
 
@@ -901,4 +1085,6 @@ def _result(
         group_stages=tuple(tuple(sorted({x.src.pp_stage for x in mem})) for mem in members),
         notes=tuple(notes),
         layer_labels=tuple(x.label for x in layers),
+        kv_cache_layout=cfg.model.kv_cache_layout,
+        packed=packed,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom.errors import ConfigError, GeometryError
@@ -379,3 +381,184 @@ def test_a_compressed_sliding_layer_whose_kernel_block_holds_no_state_is_refused
     p = e.value.problems[0]
     assert (p.code, p.field) == ("block_smaller_than_state", "model.layers[1].tokens_per_state")
     assert "tokens_per_state=64" in p.message and "16-token block" in p.message and "multiple of 64" in p.message
+
+
+# -- block-outermost layouts: vLLM 0.33's packed grouping (step 5b) ---------------------------------------------
+# The same numbers as the vLLM rows in tests/test_grouping_conformance.py (run on vLLM 0.33's
+# get_kv_cache_groups), pinned here so the main suite catches a regression without vLLM.
+
+
+def swa(window, **kw):
+    return {**full(**kw), "kind": "sliding_window", "sliding_window": window}
+
+
+def packed(layers, layout="BLHNC", **sections):
+    return resolve_block_sizes({"model": {"block_size": 16, "kv_cache_layout": layout, "layers": layers}, **sections})
+
+
+IDX = {"kind": "mla", "head_size": 132, "dtype": "bfloat16", "cache_role": "indexer"}
+
+
+@pytest.mark.parametrize(
+    ("layers", "group_layers", "kinds"),
+    [
+        # 1:1 full 2 heads (8 KiB) / sliding 4 heads (16 KiB): no repeating pattern; a block holds the 4 full
+        # pages = 2 sliding pages, so the sliding state bucket splits in two, its layers dealt round-robin
+        (
+            [full(), swa(512, heads=4)] * 4,
+            (
+                ("layers[0]", "layers[2]", "layers[4]", "layers[6]"),
+                ("layers[1]", "layers[5]"),
+                ("layers[3]", "layers[7]"),
+            ),
+            ["full_attention", "sliding_window", "sliding_window"],
+        ),
+        # full 2 / 4 heads 1:1 (one bucket of two pages, 4 repeats) + 4 sliding: both buckets whole, the full one
+        # in model order (a uniform container of both pages)
+        (
+            [full(), full(heads=4), swa(64)] * 4,
+            (
+                ("layers[0]", "layers[1]", "layers[3]", "layers[4]",
+                 "layers[6]", "layers[7]", "layers[9]", "layers[10]"),
+                ("layers[2]", "layers[5]", "layers[8]", "layers[11]"),
+            ),
+            ["uniform", "sliding_window"],
+        ),
+        # hybrid: full 2 / 4 heads 1:1 x2 + 8 Mamba (block 256): 2 repeats per group, so 4 Mamba groups dealt
+        # round-robin (m0, m4), (m1, m5), ...
+        (
+            [full(), full(heads=4)] * 2 + [mamba([[16, 64, 64]], ["float32"], count=8)],
+            (
+                ("layers[0]", "layers[1]", "layers[2]", "layers[3]"),
+                ("layers[4]#0", "layers[4]#4"), ("layers[4]#1", "layers[4]#5"),
+                ("layers[4]#2", "layers[4]#6"), ("layers[4]#3", "layers[4]#7"),
+            ),
+            ["uniform", "mamba", "mamba", "mamba", "mamba"],
+        ),
+        # hybrid without a pattern: 2 full + 2 sliding 4 heads + 6 Mamba: the widest group (2 full pages)
+        # holds 1 sliding page or 2 Mamba states -> 2 sliding groups of one, 3 Mamba pairs
+        (
+            [full(count=2), swa(64, heads=4, count=2), mamba([[16, 64, 64]], ["float32"], count=6)],
+            (
+                ("layers[0]#0", "layers[0]#1"), ("layers[1]#0",), ("layers[1]#1",),
+                ("layers[2]#0", "layers[2]#3"), ("layers[2]#1", "layers[2]#4"), ("layers[2]#2", "layers[2]#5"),
+            ),
+            ["full_attention", "sliding_window", "sliding_window", "mamba", "mamba", "mamba"],
+        ),
+        # MLA + indexer 1:1 x3 + 6 Mamba (MLA hybrid block 256, Mamba padded 12.5 % to the MLA page):
+        # 3 repeats per group, the Mamba bucket in two groups of 3
+        (
+            [MLA, IDX] * 3 + [mamba([[16, 64, 64]], ["float32"], count=6)],
+            (
+                tuple(f"layers[{i}]" for i in range(6)),
+                ("layers[6]#0", "layers[6]#2", "layers[6]#4"), ("layers[6]#1", "layers[6]#3", "layers[6]#5"),
+            ),
+            ["uniform", "mamba", "mamba"],
+        ),
+    ],
+)
+def test_block_outermost_layout_packs_groups_as_vllm(layers, group_layers, kinds):
+    r = packed(layers)
+    assert r.packed and r.kv_cache_layout == "BLHNC"
+    assert r.group_layers == group_layers
+    assert [g["kind"] for g in r.config["groups"]] == kinds
+    # pages are not unified: every layer keeps the block of steps 2-3, and the pages stay mixed
+    assert {b for _, b in r.layer_block_sizes()} == {r.attention_block_size}
+    assert r.page_bytes is None
+    assert not any(p.kind != "mamba" for p in r.padding)
+    assert "vLLM 0.33 packs them" in r.notes[-1]
+    kvgeom.resolve(r.config)  # an ordinary kvgeom config
+    for layout in ("BLNHC", "BHLNC"):  # every block-outermost layout packs alike
+        assert packed(layers, layout).group_layers == group_layers
+
+
+def test_layer_outermost_or_no_layout_keeps_todays_grouping():
+    # the first row above without a layout, or with a layer-outermost one: unified pages (full block 32), 2 groups
+    layers = [full(), swa(512, heads=4)] * 4
+    default = resolve_block_sizes(layered(layers))
+    assert not default.packed and default.kv_cache_layout is None
+    assert [len(m) for m in default.group_layers] == [4, 4]
+    assert {b for _, b in default.layer_block_sizes()} == {16, 32}
+    for layout in ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND"):
+        r = packed(layers, layout)
+        assert (r.group_layers, r.config, r.notes) == (default.group_layers, default.config, default.notes)
+
+
+def test_block_outermost_layout_with_one_page_or_one_group_changes_nothing():
+    # one page size: vLLM's packed grouping returns None and the usual grouping runs (12 sliding + 18 full)
+    same_page = [swa(512, count=12), full(count=18)]
+    assert packed(same_page).group_layers == resolve_block_sizes(layered(same_page)).group_layers
+    assert not packed(same_page).packed
+    # one uniform type (full 2 and 4 heads): one group before any packing, as under every layout
+    one_type = [full(), full(heads=4)]
+    assert packed(one_type).config == resolve_block_sizes(layered(one_type)).config
+
+
+def test_packing_rescues_a_model_page_unification_refuses():
+    # MLA + indexer 1:1 + 6 sliding 1 head: layer-outermost, the indexer page does not divide the sliding one
+    # (mla_page_not_divisible); block-outermost, vLLM packs it: (MLA, indexer) x3 and two sliding groups of 3
+    layers = [MLA, IDX] * 3 + [swa(128, heads=1, count=6)]
+    with pytest.raises(GeometryError):
+        resolve_block_sizes(layered(layers))
+    assert [len(m) for m in packed(layers).group_layers] == [6, 3, 3]
+
+
+@pytest.mark.parametrize(("small", "big"), [(4, 2), (3, 1)])
+def test_an_unbalanced_state_bucket_split_by_packing_is_refused(small, big):
+    # sliding layers of one window with 2 and 4 heads next to one 1-head full layer: the sliding state bucket
+    # must split, but its pages have unequal counts; vLLM 0.33 drops s2, s3 (4 + 2) or raises StopIteration
+    # (3 + 1) -- run in tests/test_grouping_conformance.py
+    layers = [full(heads=1), swa(64, count=small), swa(64, heads=4, count=big)]
+    with pytest.raises(GeometryError) as info:
+        packed(layers)
+    p = info.value.problems[0]
+    assert (p.code, p.field) == ("packed_bucket_unbalanced", "model.kv_cache_layout")
+    assert p.values == {"num_groups": 2, "layers": small + big}
+    assert "layer-outermost" in p.message and "2 layers end in no group" in p.message
+
+
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(ConfigError) as info:
+        packed([full()], layout="BNLHC")
+    assert info.value.field == "model.kv_cache_layout"
+
+
+@st.composite
+def _layouts_models(draw):
+    """Small layered models (attention of 1-4 heads, sliding windows, MLA, Mamba) under a drawn layout."""
+    layers = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["full_attention", "sliding_window", "mla", "mamba"]))
+        count = draw(st.integers(1, 8))
+        if kind == "mamba":
+            layers.append(mamba([[16, 64, 64]], ["float32"], count=count))
+        elif kind == "mla":
+            layers.append({**draw(st.sampled_from([MLA, IDX])), "count": count})
+        else:
+            layer = full(heads=draw(st.sampled_from([1, 2, 4])), count=count)
+            if kind == "sliding_window":
+                layer = {**layer, "kind": kind, "sliding_window": draw(st.sampled_from([64, 512]))}
+            layers.append(layer)
+    layout = draw(st.sampled_from([None, "LBNHC", "BLHNC", "BLNHC", "BHLNC"]))
+    return layers, layout
+
+
+@given(_layouts_models())
+def test_packed_groups_keep_step_2_3_blocks_and_every_layer_once(model):
+    # BlockSizeResolution.packed's invariant (vLLM's rows are in tests/test_grouping_conformance.py)
+    layers, layout = model
+    cfg = {"model": {"block_size": 16, "layers": layers, **({"kv_cache_layout": layout} if layout else {})}}
+    try:
+        r = resolve_block_sizes(cfg)
+    except kvgeom.KVGeomError:
+        assume(False)
+    labels = [label for group in r.group_layers for label in group]
+    assert sorted(labels) == sorted(r.layer_labels)  # every layer in exactly one group
+    if r.packed:
+        assert layout in ("BLHNC", "BLNHC", "BHLNC") and r.page_bytes is None
+        assert {b for _, b in r.layer_block_sizes()} <= {r.attention_block_size, r.mamba_block_size}
+        assert not any(p.kind != "mamba" for p in r.padding)  # no attention page padded
+        kvgeom.resolve(r.config)
+    else:
+        without = resolve_block_sizes({"model": {"block_size": 16, "layers": layers}})
+        assert (r.config, r.group_layers, r.notes) == (without.config, without.group_layers, without.notes)
