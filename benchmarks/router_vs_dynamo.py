@@ -470,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if RadixTree is not None:
             print(f"  scores identical on {r['pairs_checked_after stores']} (request, worker) pairs after the "
                   f"stores and {r['pairs_checked_after removals']} after the removals")
-    results["growth"] = growth(repeat=5 if quick else 9, replicas=400 if quick else 2000)
+    results["growth"] = growth(repeat=5 if quick else 25, replicas=400 if quick else 2000)
     print("growth (one request; the replicas and the chain fixed, their hits D distinct values; 4x D: linear "
           "<= 4x the time, a quadratic step 16x; fails above 8x):")
     for g in results["growth"]:

@@ -126,6 +126,19 @@ _ALL = (
         "A restored Mamba state must be the state after exactly the hit's end token (the bug family of vLLM "
         "#49964 and #44599); vLLM's own split comment states the invariant its keying breaks here.",
     ),
+    Deviation(
+        "packed-bucket-unbalanced",
+        "A packed bucket with unequal layer counts per page is refused",
+        "Under a block-outermost KV cache layout (BLHNC, BLNHC, BHLNC) the packed grouping "
+        "(v1/core/kv_cache_planning.py, _get_packed_kv_cache_groups) splits a bucket without a repeating "
+        "pattern to fit the block and pairs its pages' layers with zip: when the pages have unequal layer "
+        "counts (4 sliding layers of one page, 2 of another) the extra layers end up in no group at all, "
+        "and with 3 + 1 the split raises StopIteration.",
+        "Refuses the layered config with the GeometryError packed_bucket_unbalanced on "
+        "model.kv_cache_layout (kvgeom.resolution.resolve_block_sizes).",
+        "A layer in no group has no KV cache: there is no geometry to answer with, and an answer that "
+        "placed the layers would describe an engine that does not exist.",
+    ),
 )
 
 DEVIATIONS: dict[str, Deviation] = {d.id: d for d in _ALL}

@@ -13,6 +13,7 @@ import kvgeom
 from kvgeom.deviations import DEVIATIONS, deviation
 from kvgeom.errors import GeometryError, ParallelismError
 from kvgeom.hits import lookup_hit, plan_store
+from kvgeom.resolution import resolve_block_sizes
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "deviations.md"
 
@@ -107,6 +108,22 @@ def test_chunked_local_mixed_blocks():
     assert (g.scheduler_block_size, g.hash_block_size, g.hit_alignment_tokens) == (32, 16, 32)
     assert "chunked_local_block_mismatch" in [w.code for w in g.warnings]
     assert g.offload is not None and g.offload.group(1).window_chunks == 64 // 16
+
+
+def test_packed_bucket_unbalanced():
+    # vLLM 0.33 (run, tests/test_grouping_conformance.py): under BLHNC the sliding bucket of 4 + 2 layers of two
+    # pages is zipped into (s0, t0), (s1, t1) and s2, s3 get no group; kvgeom refuses the config
+    def attn(count, heads, **kw):
+        return {"kind": kw.pop("kind", "sliding_window"), "num_kv_heads": heads, "head_size": 128,
+                "dtype": "bfloat16", "count": count, **kw}
+
+    layers = [attn(1, 1, kind="full_attention"), attn(4, 2, sliding_window=64), attn(2, 4, sliding_window=64)]
+    with pytest.raises(GeometryError) as e:
+        resolve_block_sizes({"model": {"block_size": 16, "kv_cache_layout": "BLHNC", "layers": layers}})
+    assert (e.value.problems[0].code, e.value.problems[0].field) == ("packed_bucket_unbalanced",
+                                                                     "model.kv_cache_layout")
+    # the same model under the default layout is grouped (pages unified), not refused
+    assert resolve_block_sizes({"model": {"block_size": 16, "layers": layers}}).group_layers
 
 
 def test_mamba_state_keyed_past_chunk_end():
