@@ -227,8 +227,8 @@ class KVEventReader:
             raise KVEventError(problems)
         self._cleared: tuple[str, ...] = tuple(dict.fromkeys(cleared))
         self._count = bool(count_duplicates)
-        # One index while nobody asks for a Residency: the packed rows are the truth (one dict read per hash and
-        # a few numpy calls per event). The first residency() / residencies() call builds the residencies from
+        # One index while nobody asks for a Residency: the packed rows are the truth (one dict read per run of
+        # consecutive rows and a few numpy calls per event). The first residency() / residencies() call builds the residencies from
         # them (O(entries held), once) and from then on both are kept current ("live"), the rows from the
         # residency through the notes below, as packed() describes.
         self._live = False
@@ -313,7 +313,7 @@ class KVEventReader:
         """``medium``'s residency as :class:`~kvgeom.holders.PackedHolders` (packed uint64 holder rows), the
         form :func:`kvgeom.router.score_replicas` scores attention from. Until a residency is asked for
         (:meth:`residency`), these rows are the reader's only index: every event updates them directly (one
-        dict read per hash and a fixed number of numpy calls per event). Afterwards they are kept current from
+        dict read per run of consecutive rows and a fixed number of numpy calls per event). Afterwards they are kept current from
         the residency: each event the reader applies notes its hashes (O(1) per event); the next call sets the
         bits of every noted store in one batch (one numpy pass, however many events) and rewrites the rows a
         removal named from the residency, once per distinct hash (also when the notes reach four times the
