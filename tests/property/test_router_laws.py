@@ -266,6 +266,9 @@ def test_reader_scores_equal_scalar_prefix_hit(case, packed_first, cumulative):
             union[m] = tier
             tier = merged
         assert scores[t].tolist() == [_scalar(geom, n, chain, tier, r) for r in range(R)], m
+        if not cumulative:  # one chain on one tier (the router's hot call, a shorter path): the same row
+            one = score_replicas(geom, reader, [chain], n, num_replicas=R, tiers=[m.lower()])
+            assert one.tiers == (m,) and one.hit_tokens[0, 0].tolist() == scores[t].tolist(), m
 
 
 @given(event_streams(), st.lists(st.booleans(), max_size=40))
