@@ -769,7 +769,8 @@ def _one_packed(geom: Geometry, reader: KVEventReader, chains: Sequence[Sequence
         return None
     lg = setup.plan[0]
     S, ids = lg.span, lg.group_ids
-    if len(ids) != 1 or len(chain) != n // setup.H:
+    m = len(chain)
+    if len(ids) != 1 or (m != n // setup.H and m != max(n - geom.hash_lookahead_tokens, 0) // setup.H):
         return None
     seen = reader.hash_types
     if seen and chain and type(chain[0]) not in seen:
@@ -800,7 +801,8 @@ def score_replicas(
     ``residency``: one :class:`~kvgeom.Residency` (a single tier, named ``"GPU"``), a mapping tier name
     -> Residency, or a :class:`~kvgeom.events.KVEventReader` (its media). Holder bit r is replica r.
     ``chains[q]`` is request q's hash chain at H (hash i ends at token ``(i+1)*H``: exactly
-    ``num_tokens[q] // H`` hashes), in the encoding the residency's keys use. ``num_tokens`` is one
+    ``num_tokens[q] // H`` hashes, or ``(num_tokens[q] - P) // H`` as vLLM hashes under lookahead hashes,
+    P = ``geom.hash_lookahead_tokens``), in the encoding the residency's keys use. ``num_tokens`` is one
     count for every request or one per request. ``tiers`` picks and orders the tiers (default: all).
     With ``cumulative`` a tier is scored on the union of itself and the tiers before it (GPU, then
     GPU + CPU, ...): what a replica could serve by loading from its lower tiers, under the prefix
@@ -868,6 +870,7 @@ def score_replicas(
                 "num_tokens")
     setup = _setup(geom)
     plan, groups, H, A, drop = setup.plan, setup.groups, setup.H, setup.A, setup.drop
+    P = geom.hash_lookahead_tokens  # vLLM hashes a block once P tokens past it exist: (n - P) // H hashes
     bit_path = setup.bit_ok if matrix_path is None else not matrix_path
     if bit_path and not setup.bit_ok:
         raise QueryError.single(
@@ -887,10 +890,11 @@ def score_replicas(
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
         if type(n) is not int or not 0 <= n <= INT64_MAX:  # ints in range pass without a call
             n = nonneg(f"num_tokens[{q}]", n)
-        if len(chain) != n // H:
+        if len(chain) != n // H and len(chain) != max(n - P, 0) // H:
+            hashed = f"{n // H}" if not P else f"{n // H} (or {max(n - P, 0) // H}, hashed P={P} tokens ahead)"
             raise QueryError.single(
                 "chain_length_mismatch",
-                f"chain {q} has {len(chain)} hashes but a {n}-token request has {n // H} complete blocks of the hash "
+                f"chain {q} has {len(chain)} hashes but a {n}-token request has {hashed} complete blocks of the hash "
                 f"unit H={H}; hash the request every H tokens (a chain at another block size would be read at the "
                 "wrong end tokens)", f"chains[{q}]", num_hashes=len(chain), num_tokens=n, hash_block_size=H)
         if seen_types and chain and type(chain[0]) not in seen_types:

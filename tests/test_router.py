@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kvgeom
+from kvgeom.events import KVEventReader
 from kvgeom.router import chain_matrix, lookup_groups, replica_hits, score_replicas
 
 FA16 = {"kind": "full_attention", "block_size": 16}
@@ -339,3 +340,35 @@ def test_packed_path_reads_a_chain_whose_blocks_sit_in_many_runs_of_rows():
     bits = score_replicas(geom, reader.residency(), [chain], n, num_replicas=5).hit_tokens[0, 0]
     assert packed.tolist() == bits.tolist()
     assert packed[0] == 30 * 16 and packed.min() < packed.max()  # replica 0 holds blocks 0-29, not 30
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"groups": [FA16], "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+        {"groups": [FA16, {"kind": "mamba", "block_size": 16}], "speculative": {"method": "mtp",
+                                                                              "num_speculative_tokens": 1}},
+    ],
+)
+@pytest.mark.parametrize("via_reader", [False, True])
+def test_a_chain_hashed_with_lookahead_is_read_like_the_full_one(cfg, via_reader):
+    # under lookahead hashes (EAGLE/MTP without a connector: P = 1) vLLM hashes a block once P tokens past it
+    # exist, so a 96-token request has (96 - 1) // 16 = 5 hashes, not 96 // 16 = 6: both lengths are accepted and
+    # score the same (the sixth block ends at token 96, past the last token a hit may cover); the scalar
+    # prefix_hit agrees
+    geom = kvgeom.resolve(cfg)
+    assert geom.hash_lookahead_tokens == 1
+    n, scores = 96, []
+    for m in (5, 6):
+        chain = list(range(m))
+        res, reader = kvgeom.Residency(), KVEventReader(geom)
+        for g in geom.groups:
+            res.add_hashes(g.index, chain, 0)
+            reader.apply({"type": "BlockStored", "block_hashes": chain, "block_size": g.span, "group_idx": g.index}, 0)
+        source = reader if via_reader else res
+        scores.append(score_replicas(geom, source, [chain], n, num_replicas=1, tiers=["GPU"]).hit_tokens.tolist())
+        assert kvgeom.prefix.prefix_hit(geom, n, res.probe(geom, chain, holder=0)).hit_tokens == 80
+    assert scores == [[[[80]]], [[[80]]]]
+    with pytest.raises(kvgeom.QueryError) as e:  # any other length is still refused, naming both counts
+        score_replicas(geom, source, [list(range(4))], n, num_replicas=1, tiers=["GPU"])
+    assert e.value.code == "chain_length_mismatch" and "6 (or 5, hashed P=1 tokens ahead)" in str(e.value)
