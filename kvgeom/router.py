@@ -769,16 +769,18 @@ def _one_packed(geom: Geometry, reader: KVEventReader, chains: Sequence[Sequence
         return None
     lg = setup.plan[0]
     S, ids = lg.span, lg.group_ids
-    m = len(chain)
-    if len(ids) != 1 or (m != n // setup.H and m != max(n - geom.hash_lookahead_tokens, 0) // setup.H):
+    m, H, P = len(chain), setup.H, geom.hash_lookahead_tokens
+    if len(ids) != 1 or (m != n // H and m != max(n - P, 0) // H):
         return None
     seen = reader.hash_types
     if seen and chain and type(chain[0]) not in seen:
         return None
+    if P and m * H > n - P:  # as score_replicas: vLLM has not hashed the chain's last block yet
+        chain = chain[: max(n - P, 0) // H]
     out = np.zeros((1, 1, R), dtype=np.int64)
     p = reader.packed(name)
     if p.has_group(ids[0]):
-        s = S // setup.H
+        s = S // H
         blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]
         out[0, 0] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, setup.A, R)
     return RouterScores(tiers=(name,), hit_tokens=out)
@@ -904,6 +906,8 @@ def score_replicas(
                 f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
                 "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
                 f"chains[{q}]", chain_type=type(chain[0]).__name__)
+        if P and len(chain) * H > n - P:  # a router's n // H chain: vLLM has not hashed its last block yet
+            chain = chain[: max(n - P, 0) // H]
         if packed is not None:
             blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]  # what may hit
             below: dict[int, Words] = {}

@@ -372,3 +372,27 @@ def test_a_chain_hashed_with_lookahead_is_read_like_the_full_one(cfg, via_reader
     with pytest.raises(kvgeom.QueryError) as e:  # any other length is still refused, naming both counts
         score_replicas(geom, source, [list(range(4))], n, num_replicas=1, tiers=["GPU"])
     assert e.value.code == "chain_length_mismatch" and "6 (or 5, hashed P=1 tokens ahead)" in str(e.value)
+
+
+@pytest.mark.parametrize("groups", [[FA16], [FA16, {"kind": "mamba", "block_size": 16}]])
+@pytest.mark.parametrize("via_reader", [False, True])
+def test_multi_module_mtp_scores_no_block_vllm_has_not_hashed(groups, via_reader):
+    # MTP with 3 modules: P = 3, so vLLM hashes a block once 3 tokens past it exist. A 98-token request has
+    # (98 - 3) // 16 = 5 hashes; with all 6 blocks resident vLLM 0.33's coordinator hits 80 (run through
+    # kvgeom.conformance.vllm_prefix: {'0': [16, ..., 80]}, Mamba '1': [80]). A router's 98 // 16 = 6-hash chain
+    # made kvgeom score 96, a block vLLM cannot look up yet; the chain is now read only as far as vLLM hashes it
+    geom = kvgeom.resolve({"groups": groups, "speculative": {"method": "mtp", "num_speculative_tokens": 3,
+                                                             "mtp_modules": 3}})
+    assert geom.hash_lookahead_tokens == 3
+    for m in (5, 6):
+        chain = list(range(m))
+        res, reader = kvgeom.Residency(), KVEventReader(geom)
+        for g in geom.groups:
+            res.add_hashes(g.index, list(range(6)), 0)
+            reader.apply({"type": "BlockStored", "block_hashes": list(range(6)), "block_size": g.span,
+                          "group_idx": g.index}, 0)
+        source = reader if via_reader else res
+        assert score_replicas(geom, source, [chain], 98, num_replicas=1, tiers=["GPU"]).hit_tokens.tolist() == \
+            [[[80]]]
+        assert score_replicas(geom, source, [chain, chain], 98, num_replicas=1, tiers=["GPU"]).hit_tokens.tolist() == \
+            [[[80]], [[80]]]

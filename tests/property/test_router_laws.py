@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from types import MappingProxyType
 from typing import Any
@@ -38,6 +39,7 @@ from hypothesis import strategies as st
 import kvgeom
 from kvgeom import router
 from kvgeom.events import MEDIA, KVEventError, KVEventReader
+from kvgeom.geometry import SpeculativeGeometry
 from kvgeom.holders import PackedHolders
 from kvgeom.prefix import prefix_hit
 from kvgeom.router import score_replicas
@@ -46,6 +48,12 @@ from kvgeom.strategies import configs
 # cross attention has no vLLM prefix lookup at all (both paths refuse it the same way)
 KINDS = ["full_attention", "mla", "mamba", "sliding_window", "chunked_local", "uniform", "circular_buffer"]
 MAX_HASHES = 24
+
+
+def with_lookahead(geom: kvgeom.Geometry, P: int) -> kvgeom.Geometry:
+    """``geom`` under lookahead hashes with ``P`` tokens (MTP of P modules without a connector): vLLM hashes a block
+    once P tokens past it exist, so a request of n tokens has ``(n - P) // H`` hashes; no GPU drop."""
+    return dataclasses.replace(geom, speculative=SpeculativeGeometry("mtp", P, True, True, False, P))
 
 
 @st.composite
@@ -57,6 +65,8 @@ def router_cases(draw: st.DrawFn) -> tuple[kvgeom.Geometry, int, list[str], int,
     if draw(st.integers(0, 3)) == 3:  # a drafter: some attention groups take the speculative drop
         drafters = {g.index for g in geom.groups if g.family in ("full", "sliding") and draw(st.booleans())}
         geom = with_drop(geom, drafters)
+    elif draw(st.integers(0, 4)) == 4:  # lookahead hashes: the chain's last blocks may not be hashed yet
+        geom = with_lookahead(geom, draw(st.integers(1, 3)))
     H = geom.hash_block_size
     n_h = draw(st.integers(0, MAX_HASHES))
     n = n_h * H + draw(st.integers(0, H - 1))
@@ -130,6 +140,8 @@ def event_streams(draw: st.DrawFn, max_groups: int = 3,
     cfg = draw(configs(kinds=["full_attention", "mamba", "sliding_window", "mla"], max_block_size=8,
                        max_groups=max_groups, max_dcp=4, prefix_caching=True))
     geom = kvgeom.resolve(cfg)
+    if geom.speculative is None and draw(st.integers(0, 4)) == 4:
+        geom = with_lookahead(geom, draw(st.integers(1, 3)))
     H = geom.hash_block_size
     n_h = draw(st.integers(1, MAX_HASHES))
     chain = [f"h{i}" for i in range(n_h)]
