@@ -10,7 +10,10 @@ calls it), ``validate_dcp_support``, then the scheduler-side connector construct
 prompts around one and two chunks, the relocation window, the hit unit:
 :func:`kvgeom.conformance.lmcache_transfer.connector_answers`), ``slice_block_ids_per_group`` over every
 chunk of a request (the chunk-size rule: a chunk off a group's span grid raises there), and the worker's
-registration and staging (:func:`kvgeom.conformance.lmcache_transfer.lmcache_staged`). Each case also
+registration and staging (:func:`kvgeom.conformance.lmcache_transfer.lmcache_staged`; LMCache's own
+``create_engine_group_infos_from_vllm`` when no group reaches the worker). LMCache's connectors get vLLM's
+config before its model runner appends an encoder-only group, so their groups are vLLM's first ones: the
+encoder-only group (always the last) is given span 0 and no block ids on LMCache's side of the sheet. Each case also
 checks the chunk hash chain (:func:`hash_chain_differences`). The spec objects and the
 config stand-in are :mod:`kvgeom.conformance.vllm_objects`'s (vLLM's real classes); the transfer config
 names LMCache's multiprocess connector.
@@ -137,6 +140,8 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
             return _refused("lmcache_unsupported_group", e)
         step = "spans"
         spans = list(mp.get_group_tokens_per_block(vc, kcc))
+        # LMCache's groups are vLLM's first ones: an encoder-only group (always the last) never reaches it
+        spans += [0] * (len(geom.groups) - len(spans))
         capture = _Capture()
         handlers, propagate = mp.logger.handlers[:], mp.logger.propagate
         mp.logger.handlers[:], mp.logger.propagate = [capture], False  # the warning is an answer, not noise
@@ -171,6 +176,9 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
         except ValueError as e:
             return _refused("lmcache_chunk_size", e) | derived
         step = "registration"  # the worker's groups, checked and staged (lmcache_transfer)
+        worker = transfer.lmcache_worker_registration(geom)
+        if worker["refused"]:
+            return worker | derived
         staged = transfer.lmcache_staged(geom, scenario, 2)
         if staged["refused"]:
             return staged | derived
@@ -292,7 +300,8 @@ def windowed_configs() -> st.SearchStrategy[dict[str, Any]]:
 def cases() -> st.SearchStrategy[Case]:
     """``(config, lmcache settings)`` pairs: configs of :func:`kvgeom.strategies.configs` (1-3 groups of
     every kind: full attention, MLA, sink, sliding windows, chunked local, cross attention, ring-buffer
-    scratch groups, Mamba in every mode, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
+    scratch groups, Mamba in every mode, reference sliding windows (``rswa``), HiSparse hot and resident
+    groups, an encoder-only last group, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
     or off), hybrids
     (:func:`kvgeom.conformance.run.hybrid_configs`), drafter configs and windowed groups
     (:func:`windowed_configs`); settings: chunk sizes around
@@ -303,9 +312,7 @@ def cases() -> st.SearchStrategy[Case]:
     >>> minimal(cases())[1]
     {'chunk_size': 256, 'servers': 1, 'max_num_batched_tokens': 8192}
     """
-    # the kinds of issue 19 (rswa, HiSparse, encoder-only) are checked against vLLM only so far
-    kinds = tuple(k for k in ALL_KINDS if k not in ("rswa", "hisparse_hot", "hisparse_resident", "encoder_only"))
-    general = configs(kinds=kinds, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
+    general = configs(kinds=ALL_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
     cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs(), windowed_configs())
 
     @st.composite

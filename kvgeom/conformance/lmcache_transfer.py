@@ -66,7 +66,7 @@ from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
 
 __all__ = ["connector_answers", "lmcache_chunks", "lmcache_connector", "lmcache_lookup_end", "lmcache_staged",
-           "stand_in_context"]
+           "lmcache_worker_registration", "stand_in_context", "worker_kv_cache_config"]
 
 
 def _settings(s: Mapping[str, Any]) -> model.LMCacheSettings:
@@ -76,10 +76,21 @@ def _settings(s: Mapping[str, Any]) -> model.LMCacheSettings:
 # --------------------------------------------------------------------------- staging
 
 
+def worker_kv_cache_config(geom: Geometry) -> Any:
+    """The ``KVCacheConfig`` LMCache's worker-side connector is built with: every layer of each group (uniform
+    groups not collapsed), without an encoder-only group. vLLM's worker initialises the connector before its
+    model runner appends the encoder-only group to its own copy of the config (``Worker.initialize_from_config``,
+    ``GPUModelRunner.may_add_encoder_only_layers_to_kv_cache_config``)."""
+    kcc = vo.build_kv_cache_config(geom, scheduler_view=False)
+    kcc.kv_cache_groups = [g for g, gg in zip(kcc.kv_cache_groups, geom.groups, strict=True)
+                           if model.reaches_lmcache(gg)]
+    return kcc
+
+
 def _engine_group_infos(geom: Geometry) -> tuple[list[EngineGroupInfo], list[int]]:
     """LMCache's engine group infos for ``geom`` (one per prefix-cacheable vLLM group, as its
     ``create_engine_group_infos_from_vllm`` derives them) and each group's physical slots per block."""
-    kcc = vo.build_kv_cache_config(geom, scheduler_view=False)  # the worker's view: every layer
+    kcc = worker_kv_cache_config(geom)  # the worker's view: every layer, no encoder-only group
     groups = kcc.kv_cache_groups
     names = [n for g in groups for n in g.layer_names]
     index = {n: i for i, n in enumerate(names)}
@@ -149,16 +160,33 @@ def lmcache_staged(geom: Geometry, scenario: Mapping[str, Any], num_chunks: int)
     except ValueError as e:
         return {"refused": True, "refused_code": "lmcache_window_grid", "refused_message": str(e)}
     spans = [kcg.get_tokens_per_block(g.kv_cache_spec, geom.parallel.dcp)
-             for g in vo.build_kv_cache_config(geom, scheduler_view=False).kv_cache_groups]
+             for g in worker_kv_cache_config(geom).kv_cache_groups]
     end = num_chunks * C
     ids = {g: list(range(end // sp)) for g, sp in enumerate(spans) if sp}
     sliced = slice_block_ids_per_group(ids, spans, 0, end)
     per_kernel = [list(sliced[info.engine_group_id]) for info in infos]
     staged = downsample_and_stage_block_ids(ctx, per_kernel)
-    out: list[list[int]] = [[] for _ in spans]
+    out: list[list[int]] = [[] for _ in geom.groups]  # LMCache's groups are vLLM's first ones; the rest get none
     for info, t in zip(infos, staged, strict=True):
         out[info.engine_group_id] = [int(x) for x in t.tolist()]
     return {"refused": False, "staged": out}
+
+
+def lmcache_worker_registration(geom: Geometry) -> dict[str, Any]:
+    """LMCache's own ``create_engine_group_infos_from_vllm`` on the worker's config when no group reaches it
+    (an encoder-only model) and the KV caches vLLM registers then (none: vLLM allocates no cache tensor for
+    such a config). ``refused`` with the code ``lmcache_worker_no_kv_cache`` and LMCache's exception when it
+    raises; else ``{"refused": False}`` (also whenever a group reaches LMCache: the stand-in context of
+    :func:`lmcache_staged` covers those)."""
+    kcc = worker_kv_cache_config(geom)
+    if kcc.kv_cache_groups:
+        return {"refused": False}
+    try:
+        kcg.create_engine_group_infos_from_vllm(kcc, {}, None, geom.parallel.dcp)
+    except Exception as e:  # LMCache 0.5.6 raises StopIteration here: an uncaught failure, not a ValueError
+        return {"refused": True, "refused_code": "lmcache_worker_no_kv_cache",
+                "refused_message": f"{type(e).__name__}: {e}"}
+    return {"refused": False}
 
 
 # --------------------------------------------------------------------------- the connector and its lookup

@@ -12,6 +12,12 @@ The rules (established by running LMCache 0.5.6's functions on vLLM 0.33's real 
   prefix-cache ("scratch"); ``block_size * dcp`` for every group whose vLLM spec class derives from
   attention (full, MLA, sink, sliding window, chunked local, cross attention), *whether or not vLLM
   shards it over DCP*; ``block_size`` for Mamba. A uniform group counts as its first layer.
+* **the groups it sees** (:func:`lmcache_spans`): vLLM builds LMCache's connectors (scheduler and worker) before
+  its model runner appends the encoder-only group, so an ``encoder_only`` group never reaches LMCache (kvgeom
+  gives it span 0, like a scratch group); with no other group LMCache falls back to one group of
+  ``cache block_size * dcp`` tokens and its worker fails to register (:data:`FINDINGS` ``encoder-only-model``).
+  ``rswa`` is an attention class and keeps every block of a chunk, as full attention; HiSparse hot and
+  resident groups are scratch groups (span 0).
 * **scheduler block** (:func:`scheduler_block`): the lcm of the non-zero spans, which LMCache's adapters
   use as vLLM's block size and to which it rounds vLLM's prefix-cache hits; LMCache warns when it is
   more than :data:`COARSE_FACTOR` times the largest span (:func:`is_coarse`).
@@ -79,6 +85,7 @@ from kvgeom.errors import KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
 from kvgeom.keys import OffloadKey, boundary_hash_index, chunk_for_end_token, offload_group
 from kvgeom.masks import reachable_block_mask
+from kvgeom.prefill import engine_block_size
 from kvgeom.specs import sliding_window_of
 
 __all__ = [
@@ -103,10 +110,12 @@ __all__ = [
     "is_coarse",
     "lmcache_geometry",
     "lmcache_span",
+    "lmcache_spans",
     "lmcache_chunk_of_block",
     "lookup_end",
     "partings",
     "partings_of",
+    "reaches_lmcache",
     "relocation_window",
     "scheduler_block",
     "sheet",
@@ -211,6 +220,34 @@ def lmcache_span(g: GroupGeometry, dcp: int) -> int:
     if dcp > 1 and is_attention_class(g):
         return g.block_size * dcp
     return g.block_size
+
+
+def reaches_lmcache(g: GroupGeometry) -> bool:
+    """Whether LMCache's connectors see group ``g``: every group but an encoder-only one, which vLLM 0.33's
+    model runner appends to its own copy of the KV-cache config after the connectors are built (the worker's
+    connector is initialised first, and the scheduler's config never has the group)."""
+    return g.family != "encoder"
+
+
+def lmcache_spans(geom: Geometry) -> tuple[int, ...]:
+    """LMCache 0.5.6's span of every vLLM group of ``geom`` (:func:`lmcache_span`; 0 for an encoder-only group,
+    which LMCache never sees). When no group reaches LMCache (an encoder-only model), LMCache falls back to its
+    single-group rule: one group of vLLM's cache block size times DCP
+    (:func:`kvgeom.prefill.engine_block_size`), reported at the position of the encoder-only group.
+    Invariant: one entry per vLLM group; every entry 0 or a multiple of the group's block size.
+
+    >>> import kvgeom
+    >>> lmcache_spans(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "encoder_only", "block_size": 16}], "parallel": {"tp": 2, "dcp": 2}}))
+    (32, 0)
+    >>> lmcache_spans(kvgeom.resolve({"groups": [{"kind": "encoder_only", "block_size": 16}],
+    ...     "parallel": {"tp": 2, "dcp": 2}}))
+    (32,)
+    """
+    dcp = geom.parallel.dcp
+    if not any(reaches_lmcache(g) for g in geom.groups):
+        return tuple(engine_block_size(geom) * dcp for _ in geom.groups)
+    return tuple(lmcache_span(g, dcp) if reaches_lmcache(g) else 0 for g in geom.groups)
 
 
 #: Most spans :func:`scheduler_block` and :func:`is_coarse` read (one per group; a config has at most
@@ -440,6 +477,17 @@ def _check_windows(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> 
                           group=g.index, window=w, span=span, chunk_size=s.chunk_size)
 
 
+def _check_worker_groups(geom: Geometry) -> None:
+    if any(reaches_lmcache(g) for g in geom.groups):
+        return
+    raise _refuse("lmcache_worker_no_kv_cache",
+                  "LMCache's workers cannot register an encoder-only model: vLLM hands its connectors no KV-cache "
+                  "group and no KV cache (the model runner appends the encoder-only group afterwards), and "
+                  "LMCache's registration fails on the empty set (StopIteration); run an encoder-only model "
+                  "without LMCache (it keeps no KV cache to store)", "groups",
+                  groups=[g.kind for g in geom.groups])
+
+
 def relocation_window(geom: Geometry) -> int:
     """Tail block slots LMCache's request tracker checks for a block vLLM moved: the number of speculative
     tokens when the cache's Mamba mode is ``align`` and speculative decoding is on, else 0 (LMCache #5004:
@@ -462,7 +510,8 @@ def relocation_window(geom: Geometry) -> int:
 def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) -> LMCacheGeometry:
     """LMCache 0.5.6's geometry of the deployment ``geom`` under ``settings`` (defaults:
     :class:`LMCacheSettings`), or :class:`LMCacheRefusal` with the first check its connector fails, in
-    its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size.
+    its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size, then the workers'
+    registration (an encoder-only model; a window off the span grid).
 
     >>> import kvgeom
     >>> lm = lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
@@ -481,11 +530,12 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     p = geom.parallel
     _check_mamba_step(geom, s)
     _check_groups(geom)
-    spans = tuple(lmcache_span(g, p.dcp) for g in geom.groups)
+    spans = lmcache_spans(geom)
     block = scheduler_block(spans)
     _check_dcp(geom, s)
     _check_servers(geom, s)
     _check_chunk(spans, s)
+    _check_worker_groups(geom)
     _check_windows(geom, spans, s)
     return LMCacheGeometry(
         spans=spans,
@@ -859,6 +909,19 @@ _ALL_FINDINGS = (
                     {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]},
     ),
     LMCacheFinding(
+        "encoder-only-model",
+        "LMCache's workers fail on an encoder-only model",
+        "LMCache's connectors are built from vLLM's KV-cache config before vLLM's model runner appends the "
+        "encoder-only group; given no group, its scheduler side falls back to one group of the cache block size "
+        "times DCP, and its workers' registration raises StopIteration on the empty set of KV caches.",
+        "vLLM keeps no KV cache of an encoder-only group (no scheduler manager, no cache tensor) and runs the "
+        "model.",
+        "The workers fail when they register their KV caches (an uncaught StopIteration, not a refusal message); "
+        "nothing is stored. Beside any other group the encoder-only group is simply not seen, with no finding.",
+        "Run an encoder-only model without LMCache: it keeps no KV cache LMCache could store.",
+        {"groups": [{"kind": "encoder_only", "block_size": 16}]},
+    ),
+    LMCacheFinding(
         "refuses",
         "LMCache refuses a deployment vLLM runs",
         "LMCache's start-up checks: Mamba step alignment, the groups it serves (no cross attention; Mamba only "
@@ -909,7 +972,8 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
     if sheet.get("refused"):
         code = sheet.get("refused_code")
         fid = ("interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(geom)
-               else "window-grid" if code == "lmcache_window_grid" else "refuses")
+               else "window-grid" if code == "lmcache_window_grid"
+               else "encoder-only-model" if code == "lmcache_worker_no_kv_cache" else "refuses")
         msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
         out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
         if "spans" not in sheet:
@@ -1001,7 +1065,8 @@ def staging_partings(
 
 
 _LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size",
-                            "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp"})
+                            "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp",
+                            "lmcache_worker_no_kv_cache"})
 
 
 def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, Any]:
@@ -1016,7 +1081,7 @@ def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, 
         if e.code in _LATE_REFUSALS:  # refused after the spans, the scheduler block and the identity
             s = settings if settings is not None else LMCacheSettings()
             p = geom.parallel
-            out["spans"] = [lmcache_span(g, p.dcp) for g in geom.groups]
+            out["spans"] = list(lmcache_spans(geom))
             out["scheduler_block"] = scheduler_block(out["spans"])
             out["identity"] = cache_identity(s.model, p.dcp, p.cp_interleave)
         return out
