@@ -88,7 +88,7 @@ def test_every_finding_reproducer_hits_it(fid):
 
 
 @pytest.mark.parametrize("bad", [{"chunk_size": 0}, {"servers": -1}, {"chunk_size": 2.5}, {"model": ""},
-                                 {"max_num_batched_tokens": True}])
+                                 {"max_num_batched_tokens": True}, {"save_decode_cache": 1}])
 def test_bad_settings_are_kvgeom_errors_naming_the_field(bad):
     with pytest.raises(lm.LMCacheSettingsError) as e:
         lm.LMCacheSettings(**bad)
@@ -336,3 +336,31 @@ def test_lmcache_spans_are_one_per_group_and_an_encoder_group_changes_nothing(cf
     assert spans[-1] == 0 and list(spans[:-1]) == list(lm.lmcache_spans(without))
     a, b = lm.sheet(geom), lm.sheet(without)
     assert a.get("refused_code") == b.get("refused_code") and a.get("scheduler_block") == b.get("scheduler_block")
+
+
+#: (rswa_window, LMCache settings, entries LMCache stores that vLLM has freed) for full attention + rswa, 16-token
+#: blocks, as LMCache 0.5.6's store metadata and vLLM 0.33's coordinator answered them
+DECODE_ROWS = [
+    (40, {}, []),  # LMCache's default stores prompt chunks only: nothing vLLM frees
+    (40, {"save_decode_cache": True}, [*range(16, 29), *range(32, 45)]),  # 13 of 16 entries of each decode chunk
+    (40, {"save_decode_cache": True, "chunk_size": 64}, [4, 8]),  # one entry of each 64-token decode chunk
+    (40, {"save_decode_cache": True, "chunk_size": 48}, []),  # chunk <= window + span: freed only after storing
+    (300, {"save_decode_cache": True}, []),  # a window wider than the chunk
+]
+
+
+@pytest.mark.parametrize(("window", "opts", "freed"), DECODE_ROWS)
+def test_decode_store_rows_from_lmcache_runs(window, opts, freed):
+    geom = kvgeom.resolve({"groups": [_FA, {"kind": "rswa", "block_size": 16, "rswa_window": window}]})
+    settings = lm.LMCacheSettings(**opts)
+    assert lm.decode_stored_freed(geom, settings) == {1: freed}
+    assert [p.finding for p in lm.partings(geom, settings)] == (["rswa-decode-store"] if freed else [])
+
+
+@given(st.sampled_from([1, 2, 4, 8, 16]), st.integers(0, 200), st.integers(1, 8), st.booleans())
+def test_decode_store_frees_iff_saving_and_the_chunk_outgrows_window_plus_span(block, window, k, save):
+    geom = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": block, "rswa_window": window}]})
+    chunk = k * 16
+    freed = lm.decode_stored_freed(geom, lm.LMCacheSettings(chunk_size=chunk, save_decode_cache=save))[0]
+    assert bool(freed) == (save and window + block < chunk)
+    assert all(chunk // block <= b < (1 + lm.DECODE_PROBE_CHUNKS) * chunk // block for b in freed)  # decode chunks

@@ -50,7 +50,9 @@ Where it parts from vLLM (:data:`FINDINGS`, :func:`partings`): LMCache does not 
 replicated group, a drafter) gets a span DCP times too wide; its scheduler block and hit alignment follow;
 its interleave check counts replicated groups vLLM does not deal; its staging reads the spec's
 ``sliding_window``, not vLLM's window need widened by ``extra_retained_tokens``; its workers refuse a
-sub-chunk window off the span grid; its scheduler block leaves out scratch groups.
+sub-chunk window off the span grid; its scheduler block leaves out scratch groups; with ``save_decode_cache``
+it stores decode chunks of a reference sliding-window group from blocks vLLM has freed
+(:func:`decode_stored_freed`); its workers fail on an encoder-only model.
 
 Invariants (``tests/test_engines_lmcache.py``, property tests):
 
@@ -83,10 +85,11 @@ from kvgeom._check import bounded_ints
 from kvgeom._format import show
 from kvgeom.errors import KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
+from kvgeom.hits import rswa_gap_blocks
 from kvgeom.keys import OffloadKey, boundary_hash_index, chunk_for_end_token, offload_group
 from kvgeom.masks import reachable_block_mask
 from kvgeom.prefill import engine_block_size
-from kvgeom.specs import sliding_window_of
+from kvgeom.specs import rswa_window_of, sliding_window_of
 
 __all__ = [
     "COARSE_FACTOR",
@@ -105,6 +108,8 @@ __all__ = [
     "cache_identity",
     "chunk_map",
     "chunks_of_key",
+    "decode_store_partings",
+    "decode_stored_freed",
     "identities_collide",
     "is_attention_class",
     "is_coarse",
@@ -170,6 +175,7 @@ class LMCacheSettings:
     ``chunk_size``: tokens per stored object (LMCache's default 256). ``servers``: LMCache servers the
     deployment's ranks are split over. ``model``: the model name LMCache's identity starts from.
     ``max_num_batched_tokens``: vLLM's per-step token budget (LMCache checks it against the Mamba block).
+    ``save_decode_cache``: store chunks of generated tokens too (LMCache's default: prompt chunks only).
 
     >>> LMCacheSettings(chunk_size=0)
     Traceback (most recent call last):
@@ -181,11 +187,20 @@ class LMCacheSettings:
     servers: int = 1
     model: str = "model"
     max_num_batched_tokens: int = 8192
+    save_decode_cache: bool = False
+    """LMCache's ``lmcache.mp.save_decode_cache``: store chunks holding generated tokens too (default: only
+    whole chunks of the prompt)."""
 
     def __post_init__(self) -> None:
         _positive("chunk_size", self.chunk_size, "use a multiple of every group's span (LMCache's default is 256)")
         _positive("servers", self.servers, "use 1 or the number of LMCache servers of the deployment")
         _positive("max_num_batched_tokens", self.max_num_batched_tokens, "use vLLM's --max-num-batched-tokens")
+        if type(self.save_decode_cache) is not bool:
+            raise LMCacheSettingsError.single(
+                "bad_lmcache_save_decode_cache",
+                f"LMCache save_decode_cache must be true or false, got {show(self.save_decode_cache, 60)}",
+                "lmcache.save_decode_cache", save_decode_cache=self.save_decode_cache,
+            )
         if not isinstance(self.model, str) or not self.model:
             raise LMCacheSettingsError.single(
                 "bad_lmcache_model", f"LMCache model must be a non-empty string, got {show(self.model, 60)}",
@@ -752,6 +767,77 @@ def lookup_end(lm: LMCacheGeometry, num_tokens: int) -> int:
     return n // lm.chunk_size * lm.chunk_size
 
 
+DECODE_PROBE_CHUNKS = 2
+"""Chunks of generated tokens :func:`decode_stored_freed` follows after a one-chunk prompt."""
+
+
+def decode_stored_freed(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[int, list[int]]:
+    """For each reference sliding-window (``rswa``) group, the block-table entries LMCache stores that vLLM has
+    already freed, on a probe request: a prompt of one chunk ``C`` decoded one token per step for
+    :data:`DECODE_PROBE_CHUNKS` more chunks. With ``save_decode_cache`` LMCache stores chunk c (tokens
+    ``[c*C, (c+1)*C)``) in the step that computes its last token, from the block ids it tracked when they were
+    allocated; vLLM has by then freed the generated tokens' blocks older than ``rswa_window``
+    (:func:`kvgeom.hits.rswa_gap_blocks` after ``(c+1)*C - 1`` tokens). Empty lists without
+    ``save_decode_cache`` (LMCache stores prompt chunks only, which vLLM never frees) and for a window of at
+    least ``C - span`` tokens; no entry for a group whose span LMCache and vLLM disagree on (a span finding),
+    ``{}`` without an ``rswa`` group or when LMCache refuses the deployment.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> decode_stored_freed(geom, LMCacheSettings(save_decode_cache=True))[1][:3]
+    [16, 17, 18]
+    >>> decode_stored_freed(geom)
+    {1: []}
+    """
+    try:
+        lm = lmcache_geometry(geom, settings)
+    except LMCacheRefusal:
+        return {}
+    s = settings if settings is not None else LMCacheSettings()
+    C = lm.chunk_size
+    out: dict[int, list[int]] = {}
+    for g in geom.groups:
+        if rswa_window_of(g.spec) is None or not lm.spans[g.index]:
+            continue
+        span = lm.spans[g.index]
+        if span != g.span:
+            continue  # LMCache and vLLM index the group's blocks differently: a span finding, not this one
+        freed: list[int] = []
+        if s.save_decode_cache:
+            for c in range(1, 1 + DECODE_PROBE_CHUNKS):
+                gap = rswa_gap_blocks(geom, g.index, C, (c + 1) * C - 1)
+                freed += [b for b in range(c * C // span, (c + 1) * C // span) if b in gap]
+        out[g.index] = freed
+    return out
+
+
+def decode_store_partings(
+    geom: Geometry, settings: LMCacheSettings | None = None, stored_freed: Mapping[int, Sequence[int]] | None = None
+) -> list[Parting]:
+    """The ``rswa-decode-store`` partings: an ``rswa`` group some of whose freed blocks LMCache stores
+    (:func:`decode_stored_freed`, or ``stored_freed`` as the installed LMCache and vLLM answered it).
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> [(p.finding, p.lmcache, p.vllm) for p in decode_store_partings(geom, LMCacheSettings(save_decode_cache=True))]
+    [('rswa-decode-store', 26, 0)]
+    """
+    found = decode_stored_freed(geom, settings) if stored_freed is None else stored_freed
+    s = settings if settings is not None else LMCacheSettings()
+    out = []
+    for gi, blocks in sorted(found.items()):
+        if not blocks:
+            continue
+        g = geom.group(gi)
+        base = (f"group {gi} ({g.kind}, rswa_window {rswa_window_of(g.spec)}): with "
+                f"save_decode_cache LMCache stores {len(blocks)} block(s) vLLM has already freed over "
+                f"{DECODE_PROBE_CHUNKS} decode chunks of {s.chunk_size} tokens (entries {show(list(blocks))})")
+        out.append(Parting("rswa-decode-store", "decode_stored_freed", gi, len(blocks), 0,
+                           _explain("rswa-decode-store", base)))
+    return out
+
+
 # --------------------------------------------------------------------------- where LMCache parts from vLLM
 
 
@@ -907,6 +993,21 @@ _ALL_FINDINGS = (
         "Use a chunk_size no larger than the window, or a window that is a multiple of the span.",
         {"groups": [{"kind": "full_attention", "block_size": 16},
                     {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]},
+    ),
+    LMCacheFinding(
+        "rswa-decode-store",
+        "With save_decode_cache LMCache stores reference sliding-window blocks vLLM has freed",
+        "With lmcache.mp.save_decode_cache LMCache stores each chunk of generated tokens when its last token is "
+        "computed, from the block ids it tracked at allocation; it treats an rswa group as full attention.",
+        "vLLM frees the blocks of an rswa group's generated tokens older than rswa_window while the request "
+        "decodes (its row holds the null block there; kvgeom.hits.rswa_gap_blocks).",
+        "The stored chunk holds, for those entries, blocks vLLM has returned to its free pool (another request "
+        "can be given them); a later request sharing the prefix loads that KV as its own.",
+        "Leave save_decode_cache off (LMCache's default) on models with an rswa group, or use a chunk_size no "
+        "larger than rswa_window + the group's span.",
+        {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "rswa", "block_size": 16,
+                                                                    "rswa_window": 40}],
+         "lmcache": {"save_decode_cache": True}},
     ),
     LMCacheFinding(
         "encoder-only-model",
@@ -1105,4 +1206,5 @@ def partings(geom: Geometry, settings: LMCacheSettings | None = None) -> list[Pa
     >>> partings(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
     []
     """
-    return partings_of(geom, sheet(geom, settings)) + staging_partings(geom, settings)
+    return (partings_of(geom, sheet(geom, settings)) + staging_partings(geom, settings)
+            + decode_store_partings(geom, settings))
