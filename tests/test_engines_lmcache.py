@@ -88,7 +88,7 @@ def test_every_finding_reproducer_hits_it(fid):
 
 
 @pytest.mark.parametrize("bad", [{"chunk_size": 0}, {"servers": -1}, {"chunk_size": 2.5}, {"model": ""},
-                                 {"max_num_batched_tokens": True}])
+                                 {"max_num_batched_tokens": True}, {"save_decode_cache": 1}])
 def test_bad_settings_are_kvgeom_errors_naming_the_field(bad):
     with pytest.raises(lm.LMCacheSettingsError) as e:
         lm.LMCacheSettings(**bad)
@@ -268,3 +268,99 @@ def test_chunk_map_errors_name_the_field():
     with pytest.raises(KVGeomError) as e:
         lm.stage_block_ids(lm.lmcache_geometry(geom), {}, -1)
     assert e.value.field == "num_chunks"
+
+
+# --------------------------------------------------------------------------- vLLM 0.33's newer spec kinds (issue 19)
+
+_FA = {"kind": "full_attention", "block_size": 16}
+_MB = {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}
+_RSWA = {"kind": "rswa", "block_size": 16, "rswa_window": 40}
+_HOT = {"kind": "hisparse_hot", "block_size": 16, "blocks_per_request": 4}
+_RES = {"kind": "hisparse_resident", "block_size": 16}
+_ENC = {"kind": "encoder_only", "block_size": 16}
+_DCP2 = {"tp": 2, "dcp": 2}
+
+#: (config, LMCache's refusal code or None, spans, scheduler block, staged block ids per 256-token chunk), each
+#: row as LMCache 0.5.6 answered it on vLLM 0.33's spec objects (tests/test_lmcache_conformance.py reruns them)
+KIND_ROWS = [
+    # rswa alone: an attention class, span = block, every block of a chunk staged (no window for LMCache)
+    ({"groups": [_RSWA]}, None, [16], 16, [16]),
+    # rswa before full attention: both full-attention-like
+    ({"groups": [_RSWA, _FA]}, None, [16, 16], 16, [16, 16]),
+    # beside full attention and align-mode Mamba: the Mamba group stages its last block only
+    ({"groups": [_FA, _MB, _RSWA]}, None, [16, 32, 16], 32, [16, 1, 16]),
+    # under DCP rswa is sharded like full attention: span block * dcp on both sides
+    ({"groups": [_FA, _RSWA], "parallel": _DCP2}, None, [32, 32], 32, [8, 8]),
+    # HiSparse hot alone: a scratch group, nothing to store; LMCache refuses (max() of no span)
+    ({"groups": [_HOT]}, "lmcache_no_cacheable_group", None, None, None),
+    # HiSparse hot beside full attention: span 0, no block staged
+    ({"groups": [_HOT, _FA]}, None, [0, 16], 16, [0, 16]),
+    ({"groups": [_FA, _MB, _HOT]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _HOT], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+    # HiSparse resident: the same as hot
+    ({"groups": [_RES]}, "lmcache_no_cacheable_group", None, None, None),
+    ({"groups": [_RES, _FA]}, None, [0, 16], 16, [0, 16]),
+    ({"groups": [_FA, _MB, _RES]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _RES], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+    # an encoder-only model: LMCache's scheduler assumes one group of block * dcp, its worker fails to register
+    ({"groups": [_ENC]}, "lmcache_worker_no_kv_cache", [16], 16, None),
+    ({"groups": [_ENC], "parallel": _DCP2}, "lmcache_worker_no_kv_cache", [32], 32, None),
+    # the encoder-only group beside others never reaches LMCache: span 0, nothing staged
+    ({"groups": [_FA, _ENC]}, None, [16, 0], 16, [16, 0]),
+    ({"groups": [_FA, _MB, _ENC]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _ENC], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+]
+
+
+@pytest.mark.parametrize(("cfg", "refused", "spans", "block", "staged"), KIND_ROWS)
+def test_new_kinds_rows_from_lmcache_runs(cfg, refused, spans, block, staged):
+    geom = kvgeom.resolve(cfg)
+    sheet = lm.sheet(geom)
+    assert sheet.get("refused_code") == refused
+    assert sheet.get("spans") == spans and sheet.get("scheduler_block") == block
+    if refused is None:
+        assert list(lm.lmcache_geometry(geom).staged_blocks) == staged
+    assert all(p.finding in lm.FINDINGS for p in lm.partings(geom))  # every difference from vLLM is registered
+
+
+@given(configs(max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False))
+def test_lmcache_spans_are_one_per_group_and_an_encoder_group_changes_nothing(cfg):
+    geom = kvgeom.resolve(cfg)
+    spans = lm.lmcache_spans(geom)
+    assert len(spans) == len(geom.groups)
+    assert all(s % g.block_size == 0 for g, s in zip(geom.groups, spans, strict=True))
+    others = [g for g in cfg["groups"] if g["kind"] != "encoder_only"]
+    if len(others) == len(cfg["groups"]) or not others:
+        return
+    without = kvgeom.resolve({**cfg, "groups": others})
+    assert spans[-1] == 0 and list(spans[:-1]) == list(lm.lmcache_spans(without))
+    a, b = lm.sheet(geom), lm.sheet(without)
+    assert a.get("refused_code") == b.get("refused_code") and a.get("scheduler_block") == b.get("scheduler_block")
+
+
+#: (rswa_window, LMCache settings, entries LMCache stores that vLLM has freed) for full attention + rswa, 16-token
+#: blocks, as LMCache 0.5.6's store metadata and vLLM 0.33's coordinator answered them
+DECODE_ROWS = [
+    (40, {}, []),  # LMCache's default stores prompt chunks only: nothing vLLM frees
+    (40, {"save_decode_cache": True}, [*range(16, 29), *range(32, 45)]),  # 13 of 16 entries of each decode chunk
+    (40, {"save_decode_cache": True, "chunk_size": 64}, [4, 8]),  # one entry of each 64-token decode chunk
+    (40, {"save_decode_cache": True, "chunk_size": 48}, []),  # chunk <= window + span: freed only after storing
+    (300, {"save_decode_cache": True}, []),  # a window wider than the chunk
+]
+
+
+@pytest.mark.parametrize(("window", "opts", "freed"), DECODE_ROWS)
+def test_decode_store_rows_from_lmcache_runs(window, opts, freed):
+    geom = kvgeom.resolve({"groups": [_FA, {"kind": "rswa", "block_size": 16, "rswa_window": window}]})
+    settings = lm.LMCacheSettings(**opts)
+    assert lm.decode_stored_freed(geom, settings) == {1: freed}
+    assert [p.finding for p in lm.partings(geom, settings)] == (["rswa-decode-store"] if freed else [])
+
+
+@given(st.sampled_from([1, 2, 4, 8, 16]), st.integers(0, 200), st.integers(1, 8), st.booleans())
+def test_decode_store_frees_iff_saving_and_the_chunk_outgrows_window_plus_span(block, window, k, save):
+    geom = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": block, "rswa_window": window}]})
+    chunk = k * 16
+    freed = lm.decode_stored_freed(geom, lm.LMCacheSettings(chunk_size=chunk, save_decode_cache=save))[0]
+    assert bool(freed) == (save and window + block < chunk)
+    assert all(chunk // block <= b < (1 + lm.DECODE_PROBE_CHUNKS) * chunk // block for b in freed)  # decode chunks

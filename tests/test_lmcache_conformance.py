@@ -34,14 +34,16 @@ def test_every_registered_finding_is_reproduced_by_lmcache_itself(fid):
 
 
 def test_the_model_agrees_with_lmcache_on_generated_cases():
-    # seed 2: of seeds 0-7 at 60 examples (draws as of the issue-19 kinds filter), the one whose cases reach
-    # both span findings and the window findings; every seed gave no unregistered difference
+    # seed 2: of seeds 0-7 at 60 examples (draws with every kind, the issue-19 ones included, and
+    # save_decode_cache: 448 cases, no unregistered difference), one whose cases reach both span findings, a
+    # window finding and an encoder-only model
     report = harness.run(examples=60, seed=2)
     assert report.findings == [], report.render()
     assert report.cases_checked > 30
     assert "refuses" in report.registered
     assert {"replicated-attention-span", "pcp-sharded-span"} & set(report.registered)  # a span finding, by itself
     assert {"window-grid", "window-staging-short", "window-staging-extra"} & set(report.registered)
+    assert "encoder-only-model" in report.registered
 
 
 def test_conform_command_runs_lmcache():
@@ -115,3 +117,72 @@ def test_the_hash_chain_agrees_and_its_check_can_fail(monkeypatch):
     monkeypatch.setattr(model, "chunk_map", off_by_one)
     diffs = harness.hash_chain_differences(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), {"chunk_size": 64})
     assert diffs and diffs[0][0] == "chunk_ranges"
+
+
+_FA = {"kind": "full_attention", "block_size": 16}
+_MB = {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}
+_RSWA = {"kind": "rswa", "block_size": 16, "rswa_window": 40}
+_HOT = {"kind": "hisparse_hot", "block_size": 16, "blocks_per_request": 4}
+_RES = {"kind": "hisparse_resident", "block_size": 16}
+_ENC = {"kind": "encoder_only", "block_size": 16}
+_DCP2 = {"tp": 2, "dcp": 2}
+
+
+@pytest.mark.parametrize(("cfg", "refused", "spans", "block", "staged"), [
+    # vLLM 0.33's newer kinds alone, beside full attention, beside full attention and Mamba, under DCP: what
+    # LMCache itself answers (tests/test_engines_lmcache.py KIND_ROWS holds the same rows for the model)
+    ({"groups": [_RSWA]}, None, [16], 16, [16]),  # rswa: full attention to LMCache
+    ({"groups": [_RSWA, _FA]}, None, [16, 16], 16, [16, 16]),
+    ({"groups": [_FA, _MB, _RSWA]}, None, [16, 32, 16], 32, [16, 1, 16]),
+    ({"groups": [_FA, _RSWA], "parallel": _DCP2}, None, [32, 32], 32, [8, 8]),  # sharded like full attention
+    ({"groups": [_HOT]}, "lmcache_no_cacheable_group", None, None, None),  # a scratch group only
+    ({"groups": [_HOT, _FA]}, None, [0, 16], 16, [0, 16]),
+    ({"groups": [_FA, _MB, _HOT]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _HOT], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+    ({"groups": [_RES]}, "lmcache_no_cacheable_group", None, None, None),
+    ({"groups": [_RES, _FA]}, None, [0, 16], 16, [0, 16]),
+    ({"groups": [_FA, _MB, _RES]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _RES], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+    ({"groups": [_ENC]}, "lmcache_worker_no_kv_cache", [16], 16, None),  # the worker's StopIteration
+    ({"groups": [_ENC], "parallel": _DCP2}, "lmcache_worker_no_kv_cache", [32], 32, None),
+    ({"groups": [_FA, _ENC]}, None, [16, 0], 16, [16, 0]),  # the encoder-only group never reaches LMCache
+    ({"groups": [_FA, _MB, _ENC]}, None, [16, 32, 0], 32, [16, 1, 0]),
+    ({"groups": [_FA, _ENC], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
+])
+def test_new_kinds_as_lmcache_answers_them(cfg, refused, spans, block, staged):
+    geom = kvgeom.resolve(cfg)
+    theirs = harness.lmcache_answers(geom, {})
+    assert theirs.get("refused_code") == refused
+    assert theirs.get("spans") == spans and theirs.get("scheduler_block") == block
+    if refused is None:
+        assert [len(ids) // 2 for ids in theirs["staged"]] == staged  # two chunks staged
+    found = harness.check_case(cfg, {})
+    assert found is not None and [f for f in found if f.kind != "parting" or f.finding is None] == []
+
+
+def test_the_encoder_only_worker_failure_is_lmcaches_own_stop_iteration():
+    geom = kvgeom.resolve({"groups": [_ENC]})
+    assert transfer.worker_kv_cache_config(geom).kv_cache_groups == []
+    out = transfer.lmcache_worker_registration(geom)
+    assert out["refused"] and out["refused_message"].startswith("StopIteration")
+    # beside another group the worker's config has only that group and registers
+    two = kvgeom.resolve({"groups": [_FA, _ENC]})
+    assert len(transfer.worker_kv_cache_config(two).kv_cache_groups) == 1
+    assert transfer.lmcache_worker_registration(two) == {"refused": False}
+
+
+@pytest.mark.parametrize(("window", "opts", "freed"), [
+    # full attention + rswa (16-token blocks): entries LMCache's store metadata stores while vLLM's coordinator
+    # holds the null block there (tests/test_engines_lmcache.py DECODE_ROWS holds the same rows for the model)
+    (40, {}, []),
+    (40, {"save_decode_cache": True}, [*range(16, 29), *range(32, 45)]),
+    (40, {"save_decode_cache": True, "chunk_size": 64}, [4, 8]),
+    (40, {"save_decode_cache": True, "chunk_size": 48}, []),
+    (300, {"save_decode_cache": True}, []),
+])
+def test_decode_stores_beside_vllms_rswa_frees(window, opts, freed):
+    cfg = {"groups": [_FA, {"kind": "rswa", "block_size": 16, "rswa_window": window}]}
+    assert transfer.lmcache_decode_stored_freed(kvgeom.resolve(cfg), opts) == {1: freed}
+    found = harness.check_case(cfg, opts)
+    assert found is not None and [f for f in found if f.kind != "parting" or f.finding is None] == []
+    assert ("rswa-decode-store" in {f.finding for f in found}) == bool(freed)

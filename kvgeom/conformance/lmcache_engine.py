@@ -10,8 +10,13 @@ calls it), ``validate_dcp_support``, then the scheduler-side connector construct
 prompts around one and two chunks, the relocation window, the hit unit:
 :func:`kvgeom.conformance.lmcache_transfer.connector_answers`), ``slice_block_ids_per_group`` over every
 chunk of a request (the chunk-size rule: a chunk off a group's span grid raises there), and the worker's
-registration and staging (:func:`kvgeom.conformance.lmcache_transfer.lmcache_staged`). Each case also
-checks the chunk hash chain (:func:`hash_chain_differences`). The spec objects and the
+registration and staging (:func:`kvgeom.conformance.lmcache_transfer.lmcache_staged`; LMCache's own
+``create_engine_group_infos_from_vllm`` when no group reaches the worker). LMCache's connectors get vLLM's
+config before its model runner appends an encoder-only group, so their groups are vLLM's first ones: the
+encoder-only group (always the last) is given span 0 and no block ids on LMCache's side of the sheet. Each case also
+checks the chunk hash chain (:func:`hash_chain_differences`) and, for a reference sliding-window group, which
+blocks LMCache stores while decoding that vLLM has freed
+(:func:`kvgeom.conformance.lmcache_transfer.lmcache_decode_stored_freed`). The spec objects and the
 config stand-in are :mod:`kvgeom.conformance.vllm_objects`'s (vLLM's real classes); the transfer config
 names LMCache's multiprocess connector.
 
@@ -77,7 +82,7 @@ DEFAULT_EXAMPLES = 200
 """Generated cases per round of a default ``kvgeom conform --engine lmcache`` run."""
 
 COMPARED = ("refused", "refused_code", "spans", "scheduler_block", "coarse", "identity", "chunk_block_ids", "staged",
-            "holds_back_last_token", "lookup_ends", "relocation_window", "hit_alignment")
+            "holds_back_last_token", "lookup_ends", "relocation_window", "hit_alignment", "decode_stored_freed")
 """The questions on which kvgeom's model and LMCache are compared."""
 
 
@@ -137,6 +142,8 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
             return _refused("lmcache_unsupported_group", e)
         step = "spans"
         spans = list(mp.get_group_tokens_per_block(vc, kcc))
+        # LMCache's groups are vLLM's first ones: an encoder-only group (always the last) never reaches it
+        spans += [0] * (len(geom.groups) - len(spans))
         capture = _Capture()
         handlers, propagate = mp.logger.handlers[:], mp.logger.propagate
         mp.logger.handlers[:], mp.logger.propagate = [capture], False  # the warning is an answer, not noise
@@ -171,9 +178,16 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
         except ValueError as e:
             return _refused("lmcache_chunk_size", e) | derived
         step = "registration"  # the worker's groups, checked and staged (lmcache_transfer)
+        worker = transfer.lmcache_worker_registration(geom)
+        if worker["refused"]:
+            return worker | derived
         staged = transfer.lmcache_staged(geom, scenario, 2)
         if staged["refused"]:
             return staged | derived
+        step = "decode_store"  # its decode-time stores beside vLLM's rswa frees
+        decode_freed = transfer.lmcache_decode_stored_freed(geom, scenario)
+    except transfer.VLLMRejects as e:
+        return {"skip": f"vLLM rejects the objects: {e}"}
     except Exception as e:
         return {"crash": f"{step}: {type(e).__name__}: {e}"}
     out = {
@@ -184,6 +198,7 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
         "identity": identity,
         "chunk_block_ids": chunk_ids,
         "staged": staged["staged"],
+        "decode_stored_freed": decode_freed,
     }
     return out | {k: conn[k] for k in ("holds_back_last_token", "lookup_ends", "relocation_window", "hit_alignment")}
 
@@ -206,6 +221,7 @@ def kvgeom_answers(geom: Geometry, settings_: Mapping[str, Any]) -> dict[str, An
         out["lookup_ends"] = [model.lookup_end(lm, n) for n in lookup_lengths(s.chunk_size)]
         out["relocation_window"] = lm.relocation_window
         out["hit_alignment"] = lm.scheduler_block
+        out["decode_stored_freed"] = model.decode_stored_freed(geom, s)
     return out
 
 
@@ -292,20 +308,19 @@ def windowed_configs() -> st.SearchStrategy[dict[str, Any]]:
 def cases() -> st.SearchStrategy[Case]:
     """``(config, lmcache settings)`` pairs: configs of :func:`kvgeom.strategies.configs` (1-3 groups of
     every kind: full attention, MLA, sink, sliding windows, chunked local, cross attention, ring-buffer
-    scratch groups, Mamba in every mode, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
+    scratch groups, Mamba in every mode, reference sliding windows (``rswa``), HiSparse hot and resident
+    groups, an encoder-only last group, uniform groups; DCP up to 4, PCP, interleaves, prefix caching on
     or off), hybrids
     (:func:`kvgeom.conformance.run.hybrid_configs`), drafter configs and windowed groups
     (:func:`windowed_configs`); settings: chunk sizes around
     LMCache's 256 or a multiple of vLLM's scheduler block, 1-4 servers, a batch budget around the Mamba
-    block. Shrinks to one-token blocks, chunk 256, one server.
+    block, ``save_decode_cache`` one time in four. Shrinks to one-token blocks, chunk 256, one server.
 
     >>> from kvgeom.strategies import minimal
     >>> minimal(cases())[1]
     {'chunk_size': 256, 'servers': 1, 'max_num_batched_tokens': 8192}
     """
-    # the kinds of issue 19 (rswa, HiSparse, encoder-only) are checked against vLLM only so far
-    kinds = tuple(k for k in ALL_KINDS if k not in ("rswa", "hisparse_hot", "hisparse_resident", "encoder_only"))
-    general = configs(kinds=kinds, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
+    general = configs(kinds=ALL_KINDS, max_groups=3, max_dcp=4, max_block_size=64, max_model_len=False)
     cfgs = st.one_of(general, general, hybrid_configs(), drafter_configs(), windowed_configs())
 
     @st.composite
@@ -319,6 +334,8 @@ def cases() -> st.SearchStrategy[Case]:
             "servers": draw(st.sampled_from([1, 1, 2, 4])),
             "max_num_batched_tokens": draw(st.sampled_from([8192, 8192, 16, 32])),
         }
+        if draw(st.sampled_from([False, False, False, True])):  # LMCache's default: prompt chunks only
+            opts["save_decode_cache"] = True
         return cfg, opts
 
     return build()
@@ -419,8 +436,9 @@ def check_case(cfg: dict[str, Any], opts: dict[str, Any]) -> list[Finding] | Non
     if diffs:
         out.append(Finding("model", None, cfg, opts, tuple(diffs)))
     found = model.partings_of(geom, theirs)
-    if not theirs.get("refused") and not diffs:  # the staging partings, from LMCache's own staged ids
+    if not theirs.get("refused") and not diffs:  # the staging and decode-store partings, from LMCache's own answers
         found += model.staging_partings(geom, _settings(opts), theirs["staged"])
+        found += model.decode_store_partings(geom, _settings(opts), theirs["decode_stored_freed"])
     for p in found:
         out.append(Finding("parting", p.finding, cfg, opts, ((p.question, p.lmcache, p.vllm),)))
     return out

@@ -52,6 +52,10 @@ import torch  # noqa: E402
 from lmcache.integration.vllm import kv_cache_groups as kcg  # noqa: E402
 from lmcache.integration.vllm import lmcache_mp_connector as mp  # noqa: E402
 from lmcache.integration.vllm import vllm_multi_process_adapter as adapter_module  # noqa: E402
+from lmcache.integration.vllm.lmcache_mp_metadata import (  # noqa: E402
+    LMCacheMPRequestMetadata,
+    LMCacheMPRequestTracker,
+)
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 from lmcache.v1.kv_layer_groups import KernelGroupInfo, KVLayerGroupsManager  # noqa: E402
 from lmcache.v1.multiprocess.group_view import EngineGroupInfo, slice_block_ids_per_group  # noqa: E402
@@ -62,11 +66,14 @@ from lmcache.v1.token_database import ChunkedTokenDatabase  # noqa: E402
 from vllm.config import KVTransferConfig, VllmConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
+from kvgeom.conformance.vllm_rswa import vllm_null_blocks  # noqa: E402
 from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
+from kvgeom.specs import rswa_window_of  # noqa: E402
 
-__all__ = ["connector_answers", "lmcache_chunks", "lmcache_connector", "lmcache_lookup_end", "lmcache_staged",
-           "stand_in_context"]
+__all__ = ["connector_answers", "lmcache_chunks", "lmcache_connector", "lmcache_decode_stored_freed",
+           "lmcache_lookup_end", "lmcache_staged", "lmcache_worker_registration", "stand_in_context",
+           "VLLMRejects", "worker_kv_cache_config"]
 
 
 def _settings(s: Mapping[str, Any]) -> model.LMCacheSettings:
@@ -76,10 +83,21 @@ def _settings(s: Mapping[str, Any]) -> model.LMCacheSettings:
 # --------------------------------------------------------------------------- staging
 
 
+def worker_kv_cache_config(geom: Geometry) -> Any:
+    """The ``KVCacheConfig`` LMCache's worker-side connector is built with: every layer of each group (uniform
+    groups not collapsed), without an encoder-only group. vLLM's worker initialises the connector before its
+    model runner appends the encoder-only group to its own copy of the config (``Worker.initialize_from_config``,
+    ``GPUModelRunner.may_add_encoder_only_layers_to_kv_cache_config``)."""
+    kcc = vo.build_kv_cache_config(geom, scheduler_view=False)
+    kcc.kv_cache_groups = [g for g, gg in zip(kcc.kv_cache_groups, geom.groups, strict=True)
+                           if model.reaches_lmcache(gg)]
+    return kcc
+
+
 def _engine_group_infos(geom: Geometry) -> tuple[list[EngineGroupInfo], list[int]]:
     """LMCache's engine group infos for ``geom`` (one per prefix-cacheable vLLM group, as its
     ``create_engine_group_infos_from_vllm`` derives them) and each group's physical slots per block."""
-    kcc = vo.build_kv_cache_config(geom, scheduler_view=False)  # the worker's view: every layer
+    kcc = worker_kv_cache_config(geom)  # the worker's view: every layer, no encoder-only group
     groups = kcc.kv_cache_groups
     names = [n for g in groups for n in g.layer_names]
     index = {n: i for i, n in enumerate(names)}
@@ -149,16 +167,33 @@ def lmcache_staged(geom: Geometry, scenario: Mapping[str, Any], num_chunks: int)
     except ValueError as e:
         return {"refused": True, "refused_code": "lmcache_window_grid", "refused_message": str(e)}
     spans = [kcg.get_tokens_per_block(g.kv_cache_spec, geom.parallel.dcp)
-             for g in vo.build_kv_cache_config(geom, scheduler_view=False).kv_cache_groups]
+             for g in worker_kv_cache_config(geom).kv_cache_groups]
     end = num_chunks * C
     ids = {g: list(range(end // sp)) for g, sp in enumerate(spans) if sp}
     sliced = slice_block_ids_per_group(ids, spans, 0, end)
     per_kernel = [list(sliced[info.engine_group_id]) for info in infos]
     staged = downsample_and_stage_block_ids(ctx, per_kernel)
-    out: list[list[int]] = [[] for _ in spans]
+    out: list[list[int]] = [[] for _ in geom.groups]  # LMCache's groups are vLLM's first ones; the rest get none
     for info, t in zip(infos, staged, strict=True):
         out[info.engine_group_id] = [int(x) for x in t.tolist()]
     return {"refused": False, "staged": out}
+
+
+def lmcache_worker_registration(geom: Geometry) -> dict[str, Any]:
+    """LMCache's own ``create_engine_group_infos_from_vllm`` on the worker's config when no group reaches it
+    (an encoder-only model) and the KV caches vLLM registers then (none: vLLM allocates no cache tensor for
+    such a config). ``refused`` with the code ``lmcache_worker_no_kv_cache`` and LMCache's exception when it
+    raises; else ``{"refused": False}`` (also whenever a group reaches LMCache: the stand-in context of
+    :func:`lmcache_staged` covers those)."""
+    kcc = worker_kv_cache_config(geom)
+    if kcc.kv_cache_groups:
+        return {"refused": False}
+    try:
+        kcg.create_engine_group_infos_from_vllm(kcc, {}, None, geom.parallel.dcp)
+    except Exception as e:  # LMCache 0.5.6 raises StopIteration here: an uncaught failure, not a ValueError
+        return {"refused": True, "refused_code": "lmcache_worker_no_kv_cache",
+                "refused_message": f"{type(e).__name__}: {e}"}
+    return {"refused": False}
 
 
 # --------------------------------------------------------------------------- the connector and its lookup
@@ -241,6 +276,56 @@ def connector_answers(geom: Geometry, scenario: Mapping[str, Any], lengths: Sequ
             }
     except (ValueError, AssertionError) as e:
         return {"refused": True, "refused_message": f"{type(e).__name__}: {e}"}
+
+
+# --------------------------------------------------------------------------- decode stores beside vLLM's frees
+
+
+class VLLMRejects(Exception):
+    """vLLM 0.33 itself fails on the deployment (its KV cache coordinator cannot be built: e.g. a sink group
+    under the hybrid coordinator), so there is no vLLM behaviour to set LMCache's beside."""
+
+
+def lmcache_decode_stored_freed(geom: Geometry, scenario: Mapping[str, Any]) -> dict[int, list[int]]:
+    """Per reference sliding-window group whose span LMCache and vLLM agree on, the entries LMCache's store
+    metadata (``LMCacheMPRequestMetadata.GetStoreMetadata`` over its own request tracker, with the scenario's
+    ``save_decode_cache``) puts in a stored chunk while vLLM's row holds the null block there
+    (:func:`kvgeom.conformance.vllm_rswa.vllm_null_blocks`, vLLM's own coordinator), on the probe of
+    :func:`kvgeom.engines.lmcache.decode_stored_freed`: a one-chunk prompt decoded for
+    :data:`kvgeom.engines.lmcache.DECODE_PROBE_CHUNKS` chunks, chunk c stored in the step that computes its
+    last token (vLLM's frees after ``(c+1)*C - 1`` tokens). The tracker is given every block id up front
+    (entry i is id i + 1: 0 is vLLM's null id); ``{}`` without such a group. :class:`VLLMRejects` when vLLM's
+    coordinator cannot be built for the deployment."""
+    s = _settings(scenario)
+    C, K = s.chunk_size, model.DECODE_PROBE_CHUNKS
+    vc = vo.build_vllm_config(geom)
+    spans = list(mp.get_group_tokens_per_block(vc, vo.build_kv_cache_config(geom)))
+    groups = [g for g in geom.groups if g.index < len(spans) and rswa_window_of(g.spec) is not None
+              and spans[g.index] and spans[g.index] == g.span]
+    if not groups:
+        return {}
+    P, N = C, (1 + K) * C
+    request = vo.build_request(P, geom.hash_block_size)
+    request.append_output_token_ids(list(range(1_000_000, 1_000_000 + N - P)))
+    tracker = LMCacheMPRequestTracker(request)
+    tracker.allocated_block_ids = {i: [b + 1 for b in range(N // sp)] if sp else [] for i, sp in enumerate(spans)}
+    stored: list[dict[int, list[int]]] = []  # per chunk end, the entries stored in that step
+    for _ in range(1 + K):  # one step per chunk end: tokens up to (c+1)*C computed
+        tracker.increase_num_scheduled_tokens(C)
+        meta = LMCacheMPRequestMetadata.GetStoreMetadata(tracker, C, spans, save_decode_cache=s.save_decode_cache)
+        ids = meta.op.block_ids if meta is not None else [[] for _ in spans]
+        stored.append({i: [b - 1 for b in ids[i]] for i in range(len(spans))})
+    out: dict[int, list[int]] = {}
+    for g in groups:
+        if not any(stored[c][g.index] for c in range(1, 1 + K)):
+            out[g.index] = []  # LMCache stored no decode chunk (save_decode_cache off): nothing vLLM freed
+            continue
+        try:
+            nulls = vllm_null_blocks(geom, g.index, P, [(c + 1) * C - 1 for c in range(1, 1 + K)])
+        except Exception as e:  # vLLM's own KV cache manager cannot be built: vLLM does not run the deployment
+            raise VLLMRejects(f"{type(e).__name__}: {e}") from e
+        out[g.index] = sorted(b for c in range(1, 1 + K) for b in set(stored[c][g.index]) & set(nulls[c - 1]))
+    return out
 
 
 # --------------------------------------------------------------------------- the hash chain

@@ -12,6 +12,12 @@ The rules (established by running LMCache 0.5.6's functions on vLLM 0.33's real 
   prefix-cache ("scratch"); ``block_size * dcp`` for every group whose vLLM spec class derives from
   attention (full, MLA, sink, sliding window, chunked local, cross attention), *whether or not vLLM
   shards it over DCP*; ``block_size`` for Mamba. A uniform group counts as its first layer.
+* **the groups it sees** (:func:`lmcache_spans`): vLLM builds LMCache's connectors (scheduler and worker) before
+  its model runner appends the encoder-only group, so an ``encoder_only`` group never reaches LMCache (kvgeom
+  gives it span 0, like a scratch group); with no other group LMCache falls back to one group of
+  ``cache block_size * dcp`` tokens and its worker fails to register (:data:`FINDINGS` ``encoder-only-model``).
+  ``rswa`` is an attention class and keeps every block of a chunk, as full attention; HiSparse hot and
+  resident groups are scratch groups (span 0).
 * **scheduler block** (:func:`scheduler_block`): the lcm of the non-zero spans, which LMCache's adapters
   use as vLLM's block size and to which it rounds vLLM's prefix-cache hits; LMCache warns when it is
   more than :data:`COARSE_FACTOR` times the largest span (:func:`is_coarse`).
@@ -44,7 +50,9 @@ Where it parts from vLLM (:data:`FINDINGS`, :func:`partings`): LMCache does not 
 replicated group, a drafter) gets a span DCP times too wide; its scheduler block and hit alignment follow;
 its interleave check counts replicated groups vLLM does not deal; its staging reads the spec's
 ``sliding_window``, not vLLM's window need widened by ``extra_retained_tokens``; its workers refuse a
-sub-chunk window off the span grid; its scheduler block leaves out scratch groups.
+sub-chunk window off the span grid; its scheduler block leaves out scratch groups; with ``save_decode_cache``
+it stores decode chunks of a reference sliding-window group from blocks vLLM has freed
+(:func:`decode_stored_freed`); its workers fail on an encoder-only model.
 
 Invariants (``tests/test_engines_lmcache.py``, property tests):
 
@@ -77,9 +85,11 @@ from kvgeom._check import bounded_ints
 from kvgeom._format import show
 from kvgeom.errors import KVGeomError, Problem, QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
+from kvgeom.hits import rswa_gap_blocks
 from kvgeom.keys import OffloadKey, boundary_hash_index, chunk_for_end_token, offload_group
 from kvgeom.masks import reachable_block_mask
-from kvgeom.specs import sliding_window_of
+from kvgeom.prefill import engine_block_size
+from kvgeom.specs import rswa_window_of, sliding_window_of
 
 __all__ = [
     "COARSE_FACTOR",
@@ -98,15 +108,19 @@ __all__ = [
     "cache_identity",
     "chunk_map",
     "chunks_of_key",
+    "decode_store_partings",
+    "decode_stored_freed",
     "identities_collide",
     "is_attention_class",
     "is_coarse",
     "lmcache_geometry",
     "lmcache_span",
+    "lmcache_spans",
     "lmcache_chunk_of_block",
     "lookup_end",
     "partings",
     "partings_of",
+    "reaches_lmcache",
     "relocation_window",
     "scheduler_block",
     "sheet",
@@ -161,6 +175,7 @@ class LMCacheSettings:
     ``chunk_size``: tokens per stored object (LMCache's default 256). ``servers``: LMCache servers the
     deployment's ranks are split over. ``model``: the model name LMCache's identity starts from.
     ``max_num_batched_tokens``: vLLM's per-step token budget (LMCache checks it against the Mamba block).
+    ``save_decode_cache``: store chunks of generated tokens too (LMCache's default: prompt chunks only).
 
     >>> LMCacheSettings(chunk_size=0)
     Traceback (most recent call last):
@@ -172,11 +187,20 @@ class LMCacheSettings:
     servers: int = 1
     model: str = "model"
     max_num_batched_tokens: int = 8192
+    save_decode_cache: bool = False
+    """LMCache's ``lmcache.mp.save_decode_cache``: store chunks holding generated tokens too (default: only
+    whole chunks of the prompt)."""
 
     def __post_init__(self) -> None:
         _positive("chunk_size", self.chunk_size, "use a multiple of every group's span (LMCache's default is 256)")
         _positive("servers", self.servers, "use 1 or the number of LMCache servers of the deployment")
         _positive("max_num_batched_tokens", self.max_num_batched_tokens, "use vLLM's --max-num-batched-tokens")
+        if type(self.save_decode_cache) is not bool:
+            raise LMCacheSettingsError.single(
+                "bad_lmcache_save_decode_cache",
+                f"LMCache save_decode_cache must be true or false, got {show(self.save_decode_cache, 60)}",
+                "lmcache.save_decode_cache", save_decode_cache=self.save_decode_cache,
+            )
         if not isinstance(self.model, str) or not self.model:
             raise LMCacheSettingsError.single(
                 "bad_lmcache_model", f"LMCache model must be a non-empty string, got {show(self.model, 60)}",
@@ -211,6 +235,34 @@ def lmcache_span(g: GroupGeometry, dcp: int) -> int:
     if dcp > 1 and is_attention_class(g):
         return g.block_size * dcp
     return g.block_size
+
+
+def reaches_lmcache(g: GroupGeometry) -> bool:
+    """Whether LMCache's connectors see group ``g``: every group but an encoder-only one, which vLLM 0.33's
+    model runner appends to its own copy of the KV-cache config after the connectors are built (the worker's
+    connector is initialised first, and the scheduler's config never has the group)."""
+    return g.family != "encoder"
+
+
+def lmcache_spans(geom: Geometry) -> tuple[int, ...]:
+    """LMCache 0.5.6's span of every vLLM group of ``geom`` (:func:`lmcache_span`; 0 for an encoder-only group,
+    which LMCache never sees). When no group reaches LMCache (an encoder-only model), LMCache falls back to its
+    single-group rule: one group of vLLM's cache block size times DCP
+    (:func:`kvgeom.prefill.engine_block_size`), reported at the position of the encoder-only group.
+    Invariant: one entry per vLLM group; every entry 0 or a multiple of the group's block size.
+
+    >>> import kvgeom
+    >>> lmcache_spans(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "encoder_only", "block_size": 16}], "parallel": {"tp": 2, "dcp": 2}}))
+    (32, 0)
+    >>> lmcache_spans(kvgeom.resolve({"groups": [{"kind": "encoder_only", "block_size": 16}],
+    ...     "parallel": {"tp": 2, "dcp": 2}}))
+    (32,)
+    """
+    dcp = geom.parallel.dcp
+    if not any(reaches_lmcache(g) for g in geom.groups):
+        return tuple(engine_block_size(geom) * dcp for _ in geom.groups)
+    return tuple(lmcache_span(g, dcp) if reaches_lmcache(g) else 0 for g in geom.groups)
 
 
 #: Most spans :func:`scheduler_block` and :func:`is_coarse` read (one per group; a config has at most
@@ -440,6 +492,17 @@ def _check_windows(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> 
                           group=g.index, window=w, span=span, chunk_size=s.chunk_size)
 
 
+def _check_worker_groups(geom: Geometry) -> None:
+    if any(reaches_lmcache(g) for g in geom.groups):
+        return
+    raise _refuse("lmcache_worker_no_kv_cache",
+                  "LMCache's workers cannot register an encoder-only model: vLLM hands its connectors no KV-cache "
+                  "group and no KV cache (the model runner appends the encoder-only group afterwards), and "
+                  "LMCache's registration fails on the empty set (StopIteration); run an encoder-only model "
+                  "without LMCache (it keeps no KV cache to store)", "groups",
+                  groups=[g.kind for g in geom.groups])
+
+
 def relocation_window(geom: Geometry) -> int:
     """Tail block slots LMCache's request tracker checks for a block vLLM moved: the number of speculative
     tokens when the cache's Mamba mode is ``align`` and speculative decoding is on, else 0 (LMCache #5004:
@@ -462,7 +525,8 @@ def relocation_window(geom: Geometry) -> int:
 def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) -> LMCacheGeometry:
     """LMCache 0.5.6's geometry of the deployment ``geom`` under ``settings`` (defaults:
     :class:`LMCacheSettings`), or :class:`LMCacheRefusal` with the first check its connector fails, in
-    its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size.
+    its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size, then the workers'
+    registration (an encoder-only model; a window off the span grid).
 
     >>> import kvgeom
     >>> lm = lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
@@ -481,11 +545,12 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     p = geom.parallel
     _check_mamba_step(geom, s)
     _check_groups(geom)
-    spans = tuple(lmcache_span(g, p.dcp) for g in geom.groups)
+    spans = lmcache_spans(geom)
     block = scheduler_block(spans)
     _check_dcp(geom, s)
     _check_servers(geom, s)
     _check_chunk(spans, s)
+    _check_worker_groups(geom)
     _check_windows(geom, spans, s)
     return LMCacheGeometry(
         spans=spans,
@@ -702,6 +767,77 @@ def lookup_end(lm: LMCacheGeometry, num_tokens: int) -> int:
     return n // lm.chunk_size * lm.chunk_size
 
 
+DECODE_PROBE_CHUNKS = 2
+"""Chunks of generated tokens :func:`decode_stored_freed` follows after a one-chunk prompt."""
+
+
+def decode_stored_freed(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[int, list[int]]:
+    """For each reference sliding-window (``rswa``) group, the block-table entries LMCache stores that vLLM has
+    already freed, on a probe request: a prompt of one chunk ``C`` decoded one token per step for
+    :data:`DECODE_PROBE_CHUNKS` more chunks. With ``save_decode_cache`` LMCache stores chunk c (tokens
+    ``[c*C, (c+1)*C)``) in the step that computes its last token, from the block ids it tracked when they were
+    allocated; vLLM has by then freed the generated tokens' blocks older than ``rswa_window``
+    (:func:`kvgeom.hits.rswa_gap_blocks` after ``(c+1)*C - 1`` tokens). Empty lists without
+    ``save_decode_cache`` (LMCache stores prompt chunks only, which vLLM never frees) and for a window of at
+    least ``C - span`` tokens; no entry for a group whose span LMCache and vLLM disagree on (a span finding),
+    ``{}`` without an ``rswa`` group or when LMCache refuses the deployment.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> decode_stored_freed(geom, LMCacheSettings(save_decode_cache=True))[1][:3]
+    [16, 17, 18]
+    >>> decode_stored_freed(geom)
+    {1: []}
+    """
+    try:
+        lm = lmcache_geometry(geom, settings)
+    except LMCacheRefusal:
+        return {}
+    s = settings if settings is not None else LMCacheSettings()
+    C = lm.chunk_size
+    out: dict[int, list[int]] = {}
+    for g in geom.groups:
+        if rswa_window_of(g.spec) is None or not lm.spans[g.index]:
+            continue
+        span = lm.spans[g.index]
+        if span != g.span:
+            continue  # LMCache and vLLM index the group's blocks differently: a span finding, not this one
+        freed: list[int] = []
+        if s.save_decode_cache:
+            for c in range(1, 1 + DECODE_PROBE_CHUNKS):
+                gap = rswa_gap_blocks(geom, g.index, C, (c + 1) * C - 1)
+                freed += [b for b in range(c * C // span, (c + 1) * C // span) if b in gap]
+        out[g.index] = freed
+    return out
+
+
+def decode_store_partings(
+    geom: Geometry, settings: LMCacheSettings | None = None, stored_freed: Mapping[int, Sequence[int]] | None = None
+) -> list[Parting]:
+    """The ``rswa-decode-store`` partings: an ``rswa`` group some of whose freed blocks LMCache stores
+    (:func:`decode_stored_freed`, or ``stored_freed`` as the installed LMCache and vLLM answered it).
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "rswa", "block_size": 16, "rswa_window": 40}]})
+    >>> [(p.finding, p.lmcache, p.vllm) for p in decode_store_partings(geom, LMCacheSettings(save_decode_cache=True))]
+    [('rswa-decode-store', 26, 0)]
+    """
+    found = decode_stored_freed(geom, settings) if stored_freed is None else stored_freed
+    s = settings if settings is not None else LMCacheSettings()
+    out = []
+    for gi, blocks in sorted(found.items()):
+        if not blocks:
+            continue
+        g = geom.group(gi)
+        base = (f"group {gi} ({g.kind}, rswa_window {rswa_window_of(g.spec)}): with "
+                f"save_decode_cache LMCache stores {len(blocks)} block(s) vLLM has already freed over "
+                f"{DECODE_PROBE_CHUNKS} decode chunks of {s.chunk_size} tokens (entries {show(list(blocks))})")
+        out.append(Parting("rswa-decode-store", "decode_stored_freed", gi, len(blocks), 0,
+                           _explain("rswa-decode-store", base)))
+    return out
+
+
 # --------------------------------------------------------------------------- where LMCache parts from vLLM
 
 
@@ -859,6 +995,34 @@ _ALL_FINDINGS = (
                     {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]},
     ),
     LMCacheFinding(
+        "rswa-decode-store",
+        "With save_decode_cache LMCache stores reference sliding-window blocks vLLM has freed",
+        "With lmcache.mp.save_decode_cache LMCache stores each chunk of generated tokens when its last token is "
+        "computed, from the block ids it tracked at allocation; it treats an rswa group as full attention.",
+        "vLLM frees the blocks of an rswa group's generated tokens older than rswa_window while the request "
+        "decodes (its row holds the null block there; kvgeom.hits.rswa_gap_blocks).",
+        "The stored chunk holds, for those entries, blocks vLLM has returned to its free pool (another request "
+        "can be given them); a later request sharing the prefix loads that KV as its own.",
+        "Leave save_decode_cache off (LMCache's default) on models with an rswa group, or use a chunk_size no "
+        "larger than rswa_window + the group's span.",
+        {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "rswa", "block_size": 16,
+                                                                    "rswa_window": 40}],
+         "lmcache": {"save_decode_cache": True}},
+    ),
+    LMCacheFinding(
+        "encoder-only-model",
+        "LMCache's workers fail on an encoder-only model",
+        "LMCache's connectors are built from vLLM's KV-cache config before vLLM's model runner appends the "
+        "encoder-only group; given no group, its scheduler side falls back to one group of the cache block size "
+        "times DCP, and its workers' registration raises StopIteration on the empty set of KV caches.",
+        "vLLM keeps no KV cache of an encoder-only group (no scheduler manager, no cache tensor) and runs the "
+        "model.",
+        "The workers fail when they register their KV caches (an uncaught StopIteration, not a refusal message); "
+        "nothing is stored. Beside any other group the encoder-only group is simply not seen, with no finding.",
+        "Run an encoder-only model without LMCache: it keeps no KV cache LMCache could store.",
+        {"groups": [{"kind": "encoder_only", "block_size": 16}]},
+    ),
+    LMCacheFinding(
         "refuses",
         "LMCache refuses a deployment vLLM runs",
         "LMCache's start-up checks: Mamba step alignment, the groups it serves (no cross attention; Mamba only "
@@ -909,7 +1073,8 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
     if sheet.get("refused"):
         code = sheet.get("refused_code")
         fid = ("interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(geom)
-               else "window-grid" if code == "lmcache_window_grid" else "refuses")
+               else "window-grid" if code == "lmcache_window_grid"
+               else "encoder-only-model" if code == "lmcache_worker_no_kv_cache" else "refuses")
         msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
         out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
         if "spans" not in sheet:
@@ -1001,7 +1166,8 @@ def staging_partings(
 
 
 _LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size",
-                            "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp"})
+                            "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp",
+                            "lmcache_worker_no_kv_cache"})
 
 
 def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, Any]:
@@ -1016,7 +1182,7 @@ def sheet(geom: Geometry, settings: LMCacheSettings | None = None) -> dict[str, 
         if e.code in _LATE_REFUSALS:  # refused after the spans, the scheduler block and the identity
             s = settings if settings is not None else LMCacheSettings()
             p = geom.parallel
-            out["spans"] = [lmcache_span(g, p.dcp) for g in geom.groups]
+            out["spans"] = list(lmcache_spans(geom))
             out["scheduler_block"] = scheduler_block(out["spans"])
             out["identity"] = cache_identity(s.model, p.dcp, p.cp_interleave)
         return out
@@ -1040,4 +1206,5 @@ def partings(geom: Geometry, settings: LMCacheSettings | None = None) -> list[Pa
     >>> partings(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
     []
     """
-    return partings_of(geom, sheet(geom, settings)) + staging_partings(geom, settings)
+    return (partings_of(geom, sheet(geom, settings)) + staging_partings(geom, settings)
+            + decode_store_partings(geom, settings))
