@@ -498,21 +498,23 @@ class _Tier:
         return self.answers.get(key, _Miss())
 
 
-def test_a_pending_key_past_max_load_tokens_is_never_asked():
-    """Under ``max_load_tokens`` the candidate is clamped to the chunk grid on the pending-tier path too: a
-    114-token request over FA 16 + sliding window 40, chunks of 32, every key up to 64 held and the keys
-    ending at 96 pending. vLLM 0.33 (get_num_new_matched_tokens with kv_transfer_params max_load_tokens, the
-    engine core's hit alignment set, 2026-12-02) answers 64 for max_load_tokens 80 and 95 (the candidate
-    79 or 94 clamps to 64, below the pending keys) and defers (None) without a cap."""
+def test_max_load_tokens_clamps_the_pending_tier_lookup_too():
+    """Under ``max_load_tokens`` the candidate is clamped to the chunk grid on the pending-tier path too. A
+    114-token request over FA 16 + sliding window 40, chunks of 32: full attention holds 64 with 32 and 96
+    pending; the window group has 64 and 96 pending and misses 32. With max_load_tokens 80 or 95 the candidate
+    (79, 94) clamps to 64, where the window group's run (64 pending, 32 missing: the miss cancels the pending
+    key) is empty: no hit, nothing deferred. Without a cap the window's run ending at 96 is pending: deferred.
+    vLLM 0.33 (get_num_new_matched_tokens with kv_transfer_params max_load_tokens, the engine core's hit
+    alignment set, 2026-12-02): 0, 0 and None (deferred)."""
     from kvgeom.residency import make_offload_key
 
     geom = _win_geom([_FA16, _sw(16, 40)], bpc=2)
     chain = [(i.to_bytes(8, "big") + b"h").ljust(16, b".") for i in range(114 // 16)]
-    answers = {make_offload_key(chain[e // 16 - 1], g): (_Pending() if e == 96 else _Answer())
-               for g in (0, 1) for e in (32, 64, 96)}
+    held = {(0, 32): _Pending(), (0, 64): _Answer(), (0, 96): _Pending(), (1, 64): _Pending(), (1, 96): _Pending()}
+    answers = {make_offload_key(chain[e // 16 - 1], g): a for (g, e), a in held.items()}
     for cap in (80, 95):
         hit = lookup_hit(geom, 114, stored=_Tier(answers), block_hashes=chain, max_load_tokens=cap)
-        assert (hit.hit_tokens, hit.end_token) == (64, 64)
+        assert (hit.hit_tokens, hit.end_token) == (0, 0)
     with pytest.raises(QueryError) as info:
         lookup_hit(geom, 114, stored=_Tier(answers), block_hashes=chain)
     assert info.value.problems[0].code == "lookup_not_ready"
