@@ -544,3 +544,81 @@ def test_less_than_a_chunk_past_the_local_prefix_is_no_hit(name, groups, n, stor
     assert (trace.hit.hit_tokens, trace.hit.local_computed_tokens) == (hit, 16)
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
     assert lookup_hit(geom, n, stored=stored, local_computed_tokens=16) == trace.hit
+
+
+# -- lookup_trace's own arguments and fields ---------------------------------------------------------------
+def _residency(holder):
+    res = Residency()
+    for group in (0, 1):
+        for h in _CHAIN4:
+            res.add(group, h, holder)
+    return res
+
+
+@pytest.mark.parametrize(
+    ("stored", "options", "end"),
+    [
+        (_residency(0), {}, 64),  # the default holder is 0, a single tier's
+        (_residency(1), {"holder": 1}, 64),  # holder reaches the tier
+        (_residency(1), {}, 0),
+        (_ContextManager(), {"req_context": "mine"}, 64),  # req_context reaches the manager's lookup
+        (_ContextManager(), {"req_context": "other"}, 0),
+    ],
+)
+def test_lookup_trace_passes_the_tier_arguments_on(stored, options, end):
+    trace = hits.lookup_trace(SEED, 65, stored=stored, block_hashes=_CHAIN4, **options)
+    assert trace.hit.end_token == end
+    assert trace.hit == lookup_hit(SEED, 65, stored=stored, block_hashes=_CHAIN4, **options)
+
+
+def test_lookup_trace_names_each_key_by_its_hash_index():
+    """``hash_index`` is the key's index in the request's hash chain, ``end_token // H - 1``, an int (vLLM's
+    ``block_hashes`` index): SEED (H 16) asks the attention keys ending at 32 and 64 and the Mamba key at 64."""
+    trace = hits.lookup_trace(SEED, 65, stored=_ALL_64)
+    assert [(p.group, p.end_token, p.hash_index, p.held) for p in trace.probes] == [
+        (0, 32, 1, True), (0, 64, 3, True), (1, 64, 3, True)]
+    assert all(type(p.hash_index) is int for p in trace.probes)
+
+
+# -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
+def test_plan_hit_drops_a_load_that_does_not_pass_an_unaligned_local_prefix():
+    """A local prefix of 48 on SEED (L = 32) is asked from 32; a hit of 16 ends at 48, not past the local
+    prefix, so the Scheduler keeps its local hit and loads nothing (scheduler_keeps_load): the connector's
+    hit_tokens stays 16 and every group loads nothing. From a local prefix of 32 the same hit is loaded."""
+    stored = {"0": [32, 64], "1": [16, 32, 48]}
+    dropped = plan_hit(SEED, {"num_tokens": 65, "stored": stored, "local_computed_tokens": 48})
+    assert (dropped.hit.hit_tokens, dropped.hit.end_token) == (16, 48)
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in dropped.groups] == [
+        (0, (), (), None), (1, (), (), None)]
+    kept = plan_hit(SEED, {"num_tokens": 65, "stored": stored, "local_computed_tokens": 32})
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in kept.groups] == [
+        (0, (64,), (1,), None), (1, (48,), (2,), 2)]
+
+
+def test_plan_hit_reads_sets_as_lists_and_checks_every_end_token():
+    """The JSON contract: a set of end tokens is the same tier as its list, and every element is checked,
+    not only the ones the lookup asks (a list would be; lookup_hit over the set itself never reads "x")."""
+    as_sets = plan_hit(SEED, {"num_tokens": 65, "stored": {"0": {32, 64}, "1": {16, 32, 48, 64}}})
+    assert as_sets.to_dict() == plan_hit(SEED, {"num_tokens": 65, "stored": _ALL_64}).to_dict()
+    code, field, _ = _problem(lambda: plan_hit(SEED, {"num_tokens": 65, "stored": {"0": {32, 64, "x"}, "1": [16]}}))
+    assert (code, field) == ("not_an_integer", "stored.0 end token")
+
+
+def test_plan_hit_local_prefix_defaults_to_zero():
+    # on a 1-token scheduler block a default of 1 would start the hit at 1: the default is 0 (hit 9 of 10)
+    plan = plan_hit(_B1, {"num_tokens": 10, "stored": _B1_ALL})
+    assert (plan.hit.hit_tokens, plan.hit.end_token, plan.hit.local_computed_tokens) == (9, 9, 0)
+
+
+def test_plan_load_lists_every_group_and_the_skip_in_the_first_chunk():
+    """No hit: every offloaded group gets an empty load (index kept, skip 0). Chunks of 2 blocks from a local
+    prefix of 16: the first entry is block 1, inside chunk 0, so the first loaded chunk skips 1 block
+    (``first % k``) and the keys are the chunks ending at 32 and 64."""
+    assert [(g.index, g.load_keys, g.block_entries, g.skip_in_first_chunk, g.state_block)
+            for g in plan_load(SEED, Hit(0, 0, 0, False))] == [(0, (), (), 0, None), (1, (), (), 0, None)]
+    geom = _win_geom([_FA16], bpc=2)
+    hit = lookup_hit(geom, 64, stored={"0": [32, 64]}, local_computed_tokens=16)
+    assert hit == Hit(48, 64, 16, False)
+    (load,) = plan_load(geom, hit)
+    assert (load.load_keys, load.block_entries, load.skip_in_first_chunk) == ((32, 64), (1, 2, 3), 1)
+    assert type(load.skip_in_first_chunk) is int
