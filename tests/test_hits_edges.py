@@ -546,6 +546,24 @@ def test_less_than_a_chunk_past_the_local_prefix_is_no_hit(name, groups, n, stor
     assert lookup_hit(geom, n, stored=stored, local_computed_tokens=16) == trace.hit
 
 
+@pytest.mark.parametrize(
+    ("stored", "hit", "keys"),
+    [
+        # FA 16 + a sliding window on 32-token blocks, local prefix 32: full attention ends at 48, 16 past the
+        # prefix, less than the window group's chunk of 32: no hit, and the window group is never asked
+        # (vLLM 0.33: 0, these two keys)
+        ({"0": [48], "1": [32, 64]}, 0, [(0, 48, True), (0, 64, False)]),
+        # with 64 held the window group is asked at 64 (vLLM: 32)
+        ({"0": [48, 64], "1": [32, 64]}, 32, [(0, 48, True), (0, 64, True), (1, 64, True)]),
+    ],
+)
+def test_a_group_with_less_than_its_chunk_left_asks_no_key(stored, hit, keys):
+    geom = _win_geom([_FA16, _sw(32, 32)])
+    trace = hits.lookup_trace(geom, 65, stored=stored, local_computed_tokens=32)
+    assert trace.hit.hit_tokens == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+
+
 # -- lookup_trace's own arguments and fields ---------------------------------------------------------------
 def _residency(holder):
     res = Residency()
