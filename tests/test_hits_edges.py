@@ -640,3 +640,27 @@ def test_plan_load_lists_every_group_and_the_skip_in_the_first_chunk():
     (load,) = plan_load(geom, hit)
     assert (load.load_keys, load.block_entries, load.skip_in_first_chunk) == ((32, 64), (1, 2, 3), 1)
     assert type(load.skip_in_first_chunk) is int
+
+
+# -- an eagle group's lookup from a local prefix inside a chunk (_eagle_group_end) --------------------------
+# Chunks of 32 (two blocks of 16), L = 16: the local prefix 16 (or 48) lies inside chunk 0 (or 1), whose key
+# the eagle group's scan still starts at (c // C, an int chunk index). vLLM 0.33 (run_lookup_trace): 48 and 0.
+_EAGLE_K2 = [{**_FA16, "drafter": True}, {"kind": "mamba", "block_size": 16}]
+_EAGLE_SW_K2 = [_FA16, _sw(16, 40, drafter=True), {"kind": "mamba", "block_size": 16}]
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "stored", "local", "hit"),
+    [
+        # an eagle FA drafter: keys 32, 64, 96 held from chunk 0, the last popped: hit ends at 64
+        (_EAGLE_K2, 97, {"0": [32, 64, 96], "1": [32, 64, 96]}, 16, (48, 64)),
+        # an eagle sliding-window drafter (window 2 chunks + the popped one): from chunk 1 its held keys 96, 128
+        # and the missing 64 leave no run of two pairs: no hit
+        (_EAGLE_SW_K2, 128, {"0": [64, 96], "1": [96, 128], "2": [96]}, 48, (0, 48)),
+    ],
+)
+def test_an_eagle_group_scans_from_the_chunk_holding_the_local_prefix(groups, n, stored, local, hit):
+    geom = _win_geom(groups, _E, bpc=2)
+    got = lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
+    assert (got.hit_tokens, got.end_token) == hit
+    assert type(got.end_token) is int
