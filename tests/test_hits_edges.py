@@ -664,3 +664,18 @@ def test_an_eagle_group_scans_from_the_chunk_holding_the_local_prefix(groups, n,
     got = lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
     assert (got.hit_tokens, got.end_token) == hit
     assert type(got.end_token) is int
+
+
+def test_a_one_token_hit_is_loaded():
+    """A hit of one token is a hit: plan_load loads it (only a zero hit loads nothing), and plan_hit keeps it
+    from the default local prefix 0 (a multiple of L, so the Scheduler keeps any load past it). On a 1-token
+    block grid, and with prefix_match_unit 1 (a partial tail at boundary 1 of a 3-token request: vLLM 0.33's
+    connector answers 1, asking the keys ending at 2, 1 and the Mamba key at 1)."""
+    assert [(g.index, g.load_keys, g.block_entries) for g in plan_load(_B1, Hit(1, 1, 0, False))] == [
+        (0, (1,), (0,)), (1, (1,), (0,))]
+    geom = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 1},
+                           "offload": {}})
+    plan = plan_hit(geom, {"num_tokens": 3, "stored": {"0": [1], "1": [1]}})
+    assert (plan.hit.hit_tokens, plan.hit.end_token, plan.hit.partial_tail) == (1, 1, True)
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in plan.groups] == [
+        (0, (1,), (0,), None), (1, (1,), (0,), 0)]
