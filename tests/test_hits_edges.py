@@ -679,3 +679,38 @@ def test_a_one_token_hit_is_loaded():
     assert (plan.hit.hit_tokens, plan.hit.end_token, plan.hit.partial_tail) == (1, 1, True)
     assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in plan.groups] == [
         (0, (1,), (0,), None), (1, (1,), (0,), 0)]
+
+
+# -- a tier that answers RETRY: the lookup defers (_complete_unsettled, _window_states) ---------------------
+class _Retry:
+    name = "RETRY"
+
+
+_ANSWER = {"hit": _Answer, "retry": _Retry}
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "local", "answers"),
+    [
+        # one sliding-window group (window 40), 24 tokens: its only key (ending at 16) answers RETRY, which
+        # breaks the run and defers (vLLM 0.33: None)
+        ([_sw(16, 40)], 24, 0, {0: {16: "retry"}}),
+        # FA 16 + sliding window 24 + Mamba 16 from a local prefix of 48: full attention retries the key
+        # ending at 80, Mamba the key ending at 16 (below the prefix: never asked); the run the window and
+        # Mamba groups support stays deferred by the attention key (vLLM 0.33: None)
+        ([_FA16, _sw(16, 24), {"kind": "mamba", "block_size": 16}], 98, 48,
+         {0: {16: "hit", 32: "hit", 48: "hit", 64: "hit", 80: "retry"},
+          1: {16: "hit", 32: "hit", 48: "hit", 64: "hit", 80: "hit", 96: "hit"},
+          2: {16: "retry", 32: "hit", 48: "hit", 80: "hit", 96: "hit"}}),
+    ],
+)
+def test_a_retried_key_the_hit_depends_on_defers_the_lookup(groups, n, local, answers):
+    from kvgeom.residency import make_offload_key
+
+    geom = _win_geom(groups)
+    chain = [(i.to_bytes(8, "big") + b"h").ljust(16, b".") for i in range(n // 16)]
+    tier = _Tier({make_offload_key(chain[e // 16 - 1], g): _ANSWER[a]() for g, ends in answers.items()
+                  for e, a in ends.items()})
+    with pytest.raises(QueryError) as info:
+        lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local)
+    assert info.value.problems[0].code == "lookup_not_ready"
