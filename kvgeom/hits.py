@@ -429,10 +429,17 @@ def _partial_tail(
     contains = probe.contains
     groups = order.off.groups
     b = partial_tail_max_boundary(geom, n, prompt, done, limit)
+    # A tail past the next block also loads that block's chunk: it must be stored. vLLM 0.33 asks it only of
+    # the groups whose complete-chunk lookup did not already confirm it (``_lookup``: a full-attention group
+    # whose prefix scan reached past it, an eagle group's popped chunk included, is not asked again). Only a
+    # recording probe (lookup_trace) can tell: its log holds that scan's answer, and for any other probe
+    # asking again gives the same answer.
     if b >= done + span and not all(
         contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
+        and not (type(probe) is RecordingProbe and og.window_chunks is None
+                 and (og.index, done + span, True) in probe.calls)
     ):
-        b = done + span - H  # a tail past the next block also loads that block's chunk: it must be stored
+        b = done + span - H
     while b > done:
         if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
             return _hit(b, c, True)

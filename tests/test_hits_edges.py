@@ -136,6 +136,9 @@ REFUSALS = [
     # per-group offload keys for fewer groups than the geometry offloads (groups 0 and 1)
     (lambda: lookup_hit(SEED, 10, stored=_Manager(), offload_keys=[[]]), "bad_offload_keys", "offload_keys", {}),
     (lambda: lookup_hit(SEED, 10, stored={}, offload_keys=[[], []]), "unexpected_offload_keys", "offload_keys", {}),
+    # per-group offload keys with a chain that is not a sequence of hashes: the chain is checked too
+    (lambda: lookup_hit(SEED, 10, stored=_Manager(), offload_keys=[[], []], block_hashes="abc"), "bad_block_hashes",
+     "block_hashes", {}),
     # a chain shorter than the request's n // H hashes (20 // 16 = 1) would read as misses: refused
     (lambda: lookup_hit(SEED, 20, stored=Residency(), block_hashes=[]), "block_hashes_too_short", "block_hashes",
      {"num_hashes": 0, "needed": 1}),
@@ -336,3 +339,378 @@ def test_windowed_groups_are_looked_up_by_decreasing_window():
     assert trace.hit.hit_tokens == 96
     assert [(p.group, p.end_token) for p in trace.probes] == [
         (0, 16), (0, 32), (0, 48), (0, 64), (0, 80), (0, 96), (2, 96), (2, 80), (2, 64), (1, 96)]
+
+
+# -- partial tails with an eagle proof margin (_partial_tail) --------------------------------------------
+# An eagle group keys its partial tail at b + proof_margin, so a tail may lie in the block after the chunk the
+# complete-chunk lookup popped: the highest boundary is rdown(min(prompt - 1, done + 2 * span - 1,
+# n // H * H - margin), H). A tail past the next block (b >= done + span) also loads that block's chunk, which
+# every group but an align-Mamba one must hold; vLLM 0.33 asks that chunk ("bridge") only of the groups whose
+# complete-chunk lookup did not already confirm it. Every row, with its keys in order, was run through vLLM
+# 0.33's get_num_new_matched_tokens (run_lookup_trace, with the engine core's cache_hit_alignment_tokens set,
+# 2026-12-02): vLLM's hit and keys are the ones written here.
+_E = {"method": "eagle", "num_speculative_tokens": 2}
+
+
+def _tail_geom(groups, pmu):
+    return kvgeom.resolve({"groups": groups, "cache": {"prefix_match_unit": pmu, "retention_interval": None},
+                           "offload": {}, "speculative": _E})
+
+
+_FA32D_M = [{"kind": "full_attention", "block_size": 32, "drafter": True}, {"kind": "mamba", "block_size": 32}]
+_FA16D_M = [{"kind": "full_attention", "block_size": 16, "drafter": True}, {"kind": "mamba", "block_size": 16}]
+_FA_M_FA16D = [_FA16, {"kind": "mamba", "block_size": 16},
+               {"kind": "full_attention", "block_size": 16, "drafter": True}]
+EAGLE_TAIL_ROWS = [
+    # span 32, H 8, margin 8, a 40-token request over an empty tier: the highest boundary is
+    # min(39, 0 + 64 - 1, 40 - 8) = 32 = done + span, so its bridge chunk (the key ending at 32) is asked and
+    # missed; the tails 24, 16, 8 (eagle keys 32, 24, 16) miss too (vLLM: 0, the same five keys)
+    ("empty-tier", _tail_geom(_FA32D_M, 8), 40, {"0": [], "1": []}, (0, 0, False),
+     [(0, 32, False), (0, 32, False), (0, 32, False), (0, 24, False), (0, 16, False)]),
+    # margin 4 on span 32: boundary 32 = done + span needs its bridge chunk 32, which is missing, so the tail
+    # that the eagle key ending at 36 (b = 32) would give is never tried; every lower tail misses (vLLM: 0)
+    ("bridge-missing-at-the-edge", _tail_geom(_FA32D_M, 4), 36, {"0": [36], "1": [32]}, (0, 0, False),
+     [(0, 32, False), (0, 32, False), (0, 32, False), (0, 28, False), (0, 24, False), (0, 20, False),
+      (0, 16, False), (0, 12, False), (0, 8, False)]),
+    # FA 16 + Mamba 16 + an eagle FA 16 drafter, H 4: the complete hit is 0 (Mamba misses 16); the tail 28
+    # needs the bridge chunk 16 of groups 0 and 2 (both confirmed it in their prefix scans: not asked again)
+    # and keys 28, 28, 32 (vLLM: 28)
+    ("tail-past-the-bridge", _tail_geom(_FA_M_FA16D, 4), 32, {"0": [16, 28], "1": [28], "2": [16, 32]},
+     (28, 28, True),
+     [(0, 16, True), (2, 16, True), (2, 32, True), (1, 16, False), (0, 28, True), (1, 28, True), (2, 32, True)]),
+    # the same geometry, 48 tokens: the complete hit is 16; the highest boundary 44 is past the bridge chunk
+    # ending at 32, which group 0 lacks (the drafter confirmed it by its pop and is not asked again) -> the
+    # tails start at 28 (key 28 missing) and 24 holds in every group (vLLM: 24)
+    ("tail-below-a-missing-bridge", _tail_geom(_FA_M_FA16D, 4), 48,
+     {"0": [16, 24, 44], "1": [16, 24, 32, 44], "2": [16, 28, 32, 48]}, (24, 24, True),
+     [(0, 16, True), (0, 32, False), (2, 16, True), (2, 32, True), (1, 16, True), (0, 32, False),
+      (0, 28, False), (0, 24, True), (1, 24, True), (2, 28, True)]),
+    # eagle FA 16 + Mamba 16, H 8: the complete hit is 48 (Mamba); the eagle group popped the chunk ending at 64,
+    # so the bridge is not asked again, and the tail 64 (eagle key 72, Mamba key 64) is the hit (vLLM: 64)
+    ("bridge-confirmed-by-the-pop", _tail_geom(_FA16D_M, 8), 72, {"0": [16, 32, 48, 64, 72], "1": [48, 64]},
+     (64, 64, True),
+     [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (1, 48, True), (0, 72, True), (1, 64, True)]),
+]
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "stored", "want", "keys"), EAGLE_TAIL_ROWS,
+                         ids=[r[0] for r in EAGLE_TAIL_ROWS])
+def test_an_eagle_partial_tail_may_lie_past_the_popped_chunk(name, geom, n, stored, want, keys):
+    assert geom.offload.supports_partial_tail
+    hit = lookup_hit(geom, n, stored=stored)
+    assert (hit.hit_tokens, hit.end_token, hit.partial_tail) == want
+    trace = hits.lookup_trace(geom, n, stored=stored)
+    assert trace.hit == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+
+
+# -- windowed passes (_complete): which pass counts as a change, which group is settled ------------------
+# Windowed groups repeat their lookups until a pass in which no group but the first lowers the candidate;
+# the first group lowering to exactly its own run end, at rest there, needs no second look. An eagle group
+# pops again after a non-eagle group lowers the candidate. Each hit is vLLM 0.33's (run_lookup_trace, the
+# same day); the key lists are vLLM's where written (elsewhere kvgeom's keys differ from vLLM's by the
+# registered realign-after-clamp deviation or the order of an eagle sliding-window pair scan: see the report).
+def _win_geom(groups, spec=None, bpc=None):
+    cfg = {"groups": groups, "cache": NO_RETENTION, "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
+    if spec:
+        cfg["speculative"] = spec
+    return kvgeom.resolve(cfg)
+
+
+def _sw(block, window, **extra):
+    return {"kind": "sliding_window", "block_size": block, "sliding_window": window, **extra}
+
+
+_FA_SW24_M32 = _win_geom([_FA16, _sw(16, 24), {"kind": "mamba", "block_size": 32}])
+WINDOWED_PASS_ROWS = [
+    # sliding window 24 (2 chunks of 16) and Mamba 32: the window group finds its run ending at 48, the
+    # candidate re-aligns to 32 (off its run end: another pass), Mamba holds 32; the second pass asks the window
+    # group at 32, where the run needs 16 and 32 and 16 is missing: no hit (vLLM: 0)
+    ("realigned-below-the-run-end", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [32, 48], "2": [32]}, 0),
+    # Mamba (not the pass's first group) lowers 64 to 32: every windowed group is asked again, and the window
+    # group has no run ending at 32 (vLLM: 0)
+    ("a-later-group-lowers", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [48, 64], "2": [32]}, 0),
+    # an eagle sliding-window drafter (window 2 chunks + the popped one) and Mamba 16: the drafter pops at 80
+    # (run 48-80, candidate 64), Mamba lowers 64 to 16, so the drafter pops again at 16 and needs the chunk
+    # ending at 32 as well: missing, no hit (vLLM: 0)
+    ("the-eagle-group-pops-again", _win_geom([_FA16, _sw(16, 24, drafter=True), {"kind": "mamba", "block_size": 16}],
+                                             _E), 80, {"0": [16, 32, 48, 64], "1": [16, 48, 64, 80], "2": [16]}, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "stored", "hit"), WINDOWED_PASS_ROWS,
+                         ids=[r[0] for r in WINDOWED_PASS_ROWS])
+def test_a_lowered_candidate_sends_the_windowed_groups_round_again(name, geom, n, stored, hit):
+    assert lookup_hit(geom, n, stored=stored).hit_tokens == hit
+
+
+_DRAFT_SW40_M16 = _win_geom([{**_FA16, "drafter": True}, _sw(16, 40), {"kind": "mamba", "block_size": 16}], _E)
+WINDOWED_TRACE_ROWS = [
+    # k = 2 (chunks of 32): the window group is first and alone lowers 64 to exactly its run end 32, at rest:
+    # vLLM asks no key again (hit 32)
+    ("first-group-lowers-to-its-run-end", _win_geom([_FA16, _sw(16, 24), {"kind": "mamba", "block_size": 16}],
+                                                    bpc=2), 65, {"0": [32, 64], "1": [32], "2": [32]}, 32,
+     [(0, 32, True), (0, 64, True), (1, 64, False), (1, 32, True), (2, 32, True)]),
+    # an eagle FA drafter pops the chunk ending at 48 (candidate 32), the window group, first of the pass,
+    # lowers 32 to exactly its run end 16 (a run reaching the start), Mamba holds 16: no second look (vLLM: 16)
+    ("drafter-then-window", _DRAFT_SW40_M16, 48, {"0": [16, 32, 48], "1": [16], "2": [16]}, 16,
+     [(0, 16, True), (0, 32, True), (0, 48, True), (1, 32, False), (1, 16, True), (2, 16, True)]),
+    # the drafter pops 96 (candidate 80), the window group holds its run at 80, Mamba lowers 80 to 64: both
+    # windowed groups go round again, Mamba too although it settled at 64 (a lookup over a plain tier skips
+    # it); a recording probe asks every key vLLM asks (vLLM: 64)
+    ("a-settled-group-is-asked-again", _DRAFT_SW40_M16, 96, {"0": list(range(16, 97, 16)), "1": [32, 48, 64, 80],
+                                                              "2": [64]}, 64,
+     [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (0, 80, True), (0, 96, True), (1, 80, True),
+      (1, 64, True), (1, 48, True), (2, 80, False), (2, 64, True), (1, 64, True), (1, 48, True), (1, 32, True),
+      (2, 64, True)]),
+]
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "stored", "hit", "keys"), WINDOWED_TRACE_ROWS,
+                         ids=[r[0] for r in WINDOWED_TRACE_ROWS])
+def test_lookup_trace_asks_the_windowed_passes_vllm_asks(name, geom, n, stored, hit, keys):
+    trace = hits.lookup_trace(geom, n, stored=stored)
+    assert trace.hit.hit_tokens == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+    assert lookup_hit(geom, n, stored=stored) == trace.hit  # the skipping path finds the same hit
+
+
+# -- the tier's own arguments on the main lookup path ------------------------------------------------------
+def test_a_residency_is_read_for_the_holder_asked():
+    """``holder`` selects whose keys a Residency answers for (a router's replica): holder 1 holding every key
+    of the 65-token request gives the hit of the same keys as lists (64), holders 0 and 2 hold nothing."""
+    res = Residency()
+    for group in (0, 1):
+        for h in _CHAIN4:
+            res.add(group, h, 1)
+    assert lookup_hit(SEED, 65, stored={"0": [32, 64], "1": [16, 32, 48, 64]}).end_token == 64
+    got = [lookup_hit(SEED, 65, stored=res, block_hashes=_CHAIN4, holder=h) for h in (0, 1, 2)]
+    assert [(x.hit_tokens, x.end_token) for x in got] == [(0, 0), (64, 64), (0, 0)]
+
+
+class _Tier:
+    """An offload manager answering ``answers[key]`` (HIT or HIT_PENDING) and MISS for every other key."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def lookup(self, key, req_context):
+        return self.answers.get(key, _Miss())
+
+
+def test_max_load_tokens_clamps_the_pending_tier_lookup_too():
+    """Under ``max_load_tokens`` the candidate is clamped to the chunk grid on the pending-tier path too. A
+    114-token request over FA 16 + sliding window 40, chunks of 32: full attention holds 64 with 32 and 96
+    pending; the window group has 64 and 96 pending and misses 32. With max_load_tokens 80 or 95 the candidate
+    (79, 94) clamps to 64, where the window group's run (64 pending, 32 missing: the miss cancels the pending
+    key) is empty: no hit, nothing deferred. Without a cap the window's run ending at 96 is pending: deferred.
+    vLLM 0.33 (get_num_new_matched_tokens with kv_transfer_params max_load_tokens, the engine core's hit
+    alignment set, 2026-12-02): 0, 0 and None (deferred)."""
+    from kvgeom.residency import make_offload_key
+
+    geom = _win_geom([_FA16, _sw(16, 40)], bpc=2)
+    chain = [(i.to_bytes(8, "big") + b"h").ljust(16, b".") for i in range(114 // 16)]
+    held = {(0, 32): _Pending(), (0, 64): _Answer(), (0, 96): _Pending(), (1, 64): _Pending(), (1, 96): _Pending()}
+    answers = {make_offload_key(chain[e // 16 - 1], g): a for (g, e), a in held.items()}
+    for cap in (80, 95):
+        hit = lookup_hit(geom, 114, stored=_Tier(answers), block_hashes=chain, max_load_tokens=cap)
+        assert (hit.hit_tokens, hit.end_token) == (0, 0)
+    with pytest.raises(QueryError) as info:
+        lookup_hit(geom, 114, stored=_Tier(answers), block_hashes=chain)
+    assert info.value.problems[0].code == "lookup_not_ready"
+
+
+# -- less than one chunk past the local prefix is no hit, after every group (_complete) --------------------
+# Chunks of 32 (two blocks of 16) and a local prefix of 16 (one scheduler block): a group whose run ends at 32
+# leaves 16 tokens past the prefix, less than its chunk, so the lookup ends with no hit, after a full-attention
+# group as after a windowed one; a run ending at 64 loads 48. vLLM 0.33 (run_lookup_trace, local prefix 16):
+# 0, 0, 48, 48, asking the keys written.
+_K2 = [_FA16]
+_K2_SW = [_FA16, _sw(16, 24)]
+LOCAL_ROWS = [
+    ("full-attention-run-ends-at-32", _K2, 64, {"0": [32]}, 0, [(0, 32, True), (0, 64, False)]),
+    ("window-run-ends-at-32", _K2_SW, 65, {"0": [32, 64], "1": [32]}, 0,
+     [(0, 32, True), (0, 64, True), (1, 64, False), (1, 32, True)]),
+    ("full-attention-run-ends-at-64", _K2, 64, {"0": [32, 64]}, 48, [(0, 32, True), (0, 64, True)]),
+    ("window-run-ends-at-64", _K2_SW, 65, {"0": [32, 64], "1": [64]}, 48,
+     [(0, 32, True), (0, 64, True), (1, 64, True)]),
+]
+
+
+@pytest.mark.parametrize(("name", "groups", "n", "stored", "hit", "keys"), LOCAL_ROWS, ids=[r[0] for r in LOCAL_ROWS])
+def test_less_than_a_chunk_past_the_local_prefix_is_no_hit(name, groups, n, stored, hit, keys):
+    geom = _win_geom(groups, bpc=2)
+    trace = hits.lookup_trace(geom, n, stored=stored, local_computed_tokens=16)
+    assert (trace.hit.hit_tokens, trace.hit.local_computed_tokens) == (hit, 16)
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+    assert lookup_hit(geom, n, stored=stored, local_computed_tokens=16) == trace.hit
+
+
+@pytest.mark.parametrize(
+    ("stored", "hit", "keys"),
+    [
+        # FA 16 + a sliding window on 32-token blocks, local prefix 32: full attention ends at 48, 16 past the
+        # prefix, less than the window group's chunk of 32: no hit, and the window group is never asked
+        # (vLLM 0.33: 0, these two keys)
+        ({"0": [48], "1": [32, 64]}, 0, [(0, 48, True), (0, 64, False)]),
+        # with 64 held the window group is asked at 64 (vLLM: 32)
+        ({"0": [48, 64], "1": [32, 64]}, 32, [(0, 48, True), (0, 64, True), (1, 64, True)]),
+    ],
+)
+def test_a_group_with_less_than_its_chunk_left_asks_no_key(stored, hit, keys):
+    geom = _win_geom([_FA16, _sw(32, 32)])
+    trace = hits.lookup_trace(geom, 65, stored=stored, local_computed_tokens=32)
+    assert trace.hit.hit_tokens == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+
+
+# -- lookup_trace's own arguments and fields ---------------------------------------------------------------
+def _residency(holder):
+    res = Residency()
+    for group in (0, 1):
+        for h in _CHAIN4:
+            res.add(group, h, holder)
+    return res
+
+
+@pytest.mark.parametrize(
+    ("stored", "options", "end"),
+    [
+        (_residency(0), {}, 64),  # the default holder is 0, a single tier's
+        (_residency(1), {"holder": 1}, 64),  # holder reaches the tier
+        (_residency(1), {}, 0),
+        (_ContextManager(), {"req_context": "mine"}, 64),  # req_context reaches the manager's lookup
+        (_ContextManager(), {"req_context": "other"}, 0),
+    ],
+)
+def test_lookup_trace_passes_the_tier_arguments_on(stored, options, end):
+    trace = hits.lookup_trace(SEED, 65, stored=stored, block_hashes=_CHAIN4, **options)
+    assert trace.hit.end_token == end
+    assert trace.hit == lookup_hit(SEED, 65, stored=stored, block_hashes=_CHAIN4, **options)
+
+
+def test_lookup_trace_names_each_key_by_its_hash_index():
+    """``hash_index`` is the key's index in the request's hash chain, ``end_token // H - 1``, an int (vLLM's
+    ``block_hashes`` index): SEED (H 16) asks the attention keys ending at 32 and 64 and the Mamba key at 64."""
+    trace = hits.lookup_trace(SEED, 65, stored=_ALL_64)
+    assert [(p.group, p.end_token, p.hash_index, p.held) for p in trace.probes] == [
+        (0, 32, 1, True), (0, 64, 3, True), (1, 64, 3, True)]
+    assert all(type(p.hash_index) is int for p in trace.probes)
+
+
+# -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
+def test_plan_hit_drops_a_load_that_does_not_pass_an_unaligned_local_prefix():
+    """A local prefix of 48 on SEED (L = 32) is asked from 32; a hit of 16 ends at 48, not past the local
+    prefix, so the Scheduler keeps its local hit and loads nothing (scheduler_keeps_load): the connector's
+    hit_tokens stays 16 and every group loads nothing. From a local prefix of 32 the same hit is loaded."""
+    stored = {"0": [32, 64], "1": [16, 32, 48]}
+    dropped = plan_hit(SEED, {"num_tokens": 65, "stored": stored, "local_computed_tokens": 48})
+    assert (dropped.hit.hit_tokens, dropped.hit.end_token) == (16, 48)
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in dropped.groups] == [
+        (0, (), (), None), (1, (), (), None)]
+    kept = plan_hit(SEED, {"num_tokens": 65, "stored": stored, "local_computed_tokens": 32})
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in kept.groups] == [
+        (0, (64,), (1,), None), (1, (48,), (2,), 2)]
+
+
+def test_plan_hit_reads_sets_as_lists_and_checks_every_end_token():
+    """The JSON contract: a set of end tokens is the same tier as its list, and every element is checked,
+    not only the ones the lookup asks (a list would be; lookup_hit over the set itself never reads "x")."""
+    as_sets = plan_hit(SEED, {"num_tokens": 65, "stored": {"0": {32, 64}, "1": {16, 32, 48, 64}}})
+    assert as_sets.to_dict() == plan_hit(SEED, {"num_tokens": 65, "stored": _ALL_64}).to_dict()
+    code, field, _ = _problem(lambda: plan_hit(SEED, {"num_tokens": 65, "stored": {"0": {32, 64, "x"}, "1": [16]}}))
+    assert (code, field) == ("not_an_integer", "stored.0 end token")
+
+
+def test_plan_hit_local_prefix_defaults_to_zero():
+    # on a 1-token scheduler block a default of 1 would start the hit at 1: the default is 0 (hit 9 of 10)
+    plan = plan_hit(_B1, {"num_tokens": 10, "stored": _B1_ALL})
+    assert (plan.hit.hit_tokens, plan.hit.end_token, plan.hit.local_computed_tokens) == (9, 9, 0)
+
+
+def test_plan_load_lists_every_group_and_the_skip_in_the_first_chunk():
+    """No hit: every offloaded group gets an empty load (index kept, skip 0). Chunks of 2 blocks from a local
+    prefix of 16: the first entry is block 1, inside chunk 0, so the first loaded chunk skips 1 block
+    (``first % k``) and the keys are the chunks ending at 32 and 64."""
+    assert [(g.index, g.load_keys, g.block_entries, g.skip_in_first_chunk, g.state_block)
+            for g in plan_load(SEED, Hit(0, 0, 0, False))] == [(0, (), (), 0, None), (1, (), (), 0, None)]
+    geom = _win_geom([_FA16], bpc=2)
+    hit = lookup_hit(geom, 64, stored={"0": [32, 64]}, local_computed_tokens=16)
+    assert hit == Hit(48, 64, 16, False)
+    (load,) = plan_load(geom, hit)
+    assert (load.load_keys, load.block_entries, load.skip_in_first_chunk) == ((32, 64), (1, 2, 3), 1)
+    assert type(load.skip_in_first_chunk) is int
+
+
+# -- an eagle group's lookup from a local prefix inside a chunk (_eagle_group_end) --------------------------
+# Chunks of 32 (two blocks of 16), L = 16: the local prefix 16 (or 48) lies inside chunk 0 (or 1), whose key
+# the eagle group's scan still starts at (c // C, an int chunk index). vLLM 0.33 (run_lookup_trace): 48 and 0.
+_EAGLE_K2 = [{**_FA16, "drafter": True}, {"kind": "mamba", "block_size": 16}]
+_EAGLE_SW_K2 = [_FA16, _sw(16, 40, drafter=True), {"kind": "mamba", "block_size": 16}]
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "stored", "local", "hit"),
+    [
+        # an eagle FA drafter: keys 32, 64, 96 held from chunk 0, the last popped: hit ends at 64
+        (_EAGLE_K2, 97, {"0": [32, 64, 96], "1": [32, 64, 96]}, 16, (48, 64)),
+        # an eagle sliding-window drafter (window 2 chunks + the popped one): from chunk 1 its held keys 96, 128
+        # and the missing 64 leave no run of two pairs: no hit
+        (_EAGLE_SW_K2, 128, {"0": [64, 96], "1": [96, 128], "2": [96]}, 48, (0, 48)),
+    ],
+)
+def test_an_eagle_group_scans_from_the_chunk_holding_the_local_prefix(groups, n, stored, local, hit):
+    geom = _win_geom(groups, _E, bpc=2)
+    got = lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
+    assert (got.hit_tokens, got.end_token) == hit
+    assert type(got.end_token) is int
+
+
+def test_a_one_token_hit_is_loaded():
+    """A hit of one token is a hit: plan_load loads it (only a zero hit loads nothing), and plan_hit keeps it
+    from the default local prefix 0 (a multiple of L, so the Scheduler keeps any load past it). On a 1-token
+    block grid, and with prefix_match_unit 1 (a partial tail at boundary 1 of a 3-token request: vLLM 0.33's
+    connector answers 1, asking the keys ending at 2, 1 and the Mamba key at 1)."""
+    assert [(g.index, g.load_keys, g.block_entries) for g in plan_load(_B1, Hit(1, 1, 0, False))] == [
+        (0, (1,), (0,)), (1, (1,), (0,))]
+    geom = kvgeom.resolve({"groups": [_FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 1},
+                           "offload": {}})
+    plan = plan_hit(geom, {"num_tokens": 3, "stored": {"0": [1], "1": [1]}})
+    assert (plan.hit.hit_tokens, plan.hit.end_token, plan.hit.partial_tail) == (1, 1, True)
+    assert [(g.index, g.load_keys, g.block_entries, g.state_block) for g in plan.groups] == [
+        (0, (1,), (0,), None), (1, (1,), (0,), 0)]
+
+
+# -- a tier that answers RETRY: the lookup defers (_complete_unsettled, _window_states) ---------------------
+class _Retry:
+    name = "RETRY"
+
+
+_ANSWER = {"hit": _Answer, "retry": _Retry}
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "local", "answers"),
+    [
+        # one sliding-window group (window 40), 24 tokens: its only key (ending at 16) answers RETRY, which
+        # breaks the run and defers (vLLM 0.33: None)
+        ([_sw(16, 40)], 24, 0, {0: {16: "retry"}}),
+        # FA 16 + sliding window 24 + Mamba 16 from a local prefix of 48: full attention retries the key
+        # ending at 80, Mamba the key ending at 16 (below the prefix: never asked); the run the window and
+        # Mamba groups support stays deferred by the attention key (vLLM 0.33: None)
+        ([_FA16, _sw(16, 24), {"kind": "mamba", "block_size": 16}], 98, 48,
+         {0: {16: "hit", 32: "hit", 48: "hit", 64: "hit", 80: "retry"},
+          1: {16: "hit", 32: "hit", 48: "hit", 64: "hit", 80: "hit", 96: "hit"},
+          2: {16: "retry", 32: "hit", 48: "hit", 80: "hit", 96: "hit"}}),
+    ],
+)
+def test_a_retried_key_the_hit_depends_on_defers_the_lookup(groups, n, local, answers):
+    from kvgeom.residency import make_offload_key
+
+    geom = _win_geom(groups)
+    chain = [(i.to_bytes(8, "big") + b"h").ljust(16, b".") for i in range(n // 16)]
+    tier = _Tier({make_offload_key(chain[e // 16 - 1], g): _ANSWER[a]() for g, ends in answers.items()
+                  for e, a in ends.items()})
+    with pytest.raises(QueryError) as info:
+        lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local)
+    assert info.value.problems[0].code == "lookup_not_ready"

@@ -73,7 +73,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
-from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, resolve_kv_cache_block_sizes
+from vllm.v1.core.kv_cache_utils import (
+    get_block_hash,
+    get_group_id,
+    resolve_cache_hit_alignment_tokens,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
@@ -339,13 +344,18 @@ def run_lookup_trace(geom: Geometry, n: int, stored: Mapping[str, Any], *, local
     """
     from kvgeom.prefix import resident_sets
 
-    L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
-    objs = vo.build(geom, scheduler_block_size=L, hash_block_size=H)
-    sched = objs.scheduler
-    assert sched is not None, "run_lookup_trace needs an offload section"
+    assert geom.offload is not None, "run_lookup_trace needs an offload section"
+    vc = vo.build_vllm_config(geom)
+    kcc = vo.build_kv_cache_config(geom)
+    L, H = resolve_kv_cache_block_sizes(kcc, vc)
+    # as vLLM's engine core sets them before the connector is built (v1/engine/core.py): an eagle group's
+    # partial-tail proof margin reads the hit alignment (without it the margin is a whole block, not H)
+    kcc.hash_block_size = H
+    kcc.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kcc, vc, L, H)
+    tier = vo.ChosenTier()
+    sched = vo.build_scheduler(geom, tier, vllm_config=vc, kv_cache_config=kcc)
     request = vo.build_request(n, H)
     chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}
-    tier = objs.tier
     tier.keys = {vo.offload_key(request, g, e, H) for g, ends in resident_sets(geom, stored, "stored").items()
                  for e in ends if e // H <= len(request.block_hashes)}  # past the chain: no hash to key
     probes: list[list[Any]] = []
