@@ -513,7 +513,9 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
             m = _align_to_mamba_chunk(found, Cm)
             if m - c < og.tokens_per_chunk:
                 return c
-            if verified and m < before and not og.eagle_group:
+            # a lowering an eagle group pops again at: another group's, or the Mamba re-alignment below the
+            # eagle group's own run end (vLLM's Mamba group makes that lowering, and the drafter pops again)
+            if verified and (m < found or (m < before and not og.eagle_group)):
                 verified.clear()
             # A group is at rest at m when its clamp (the one home of that rule) leaves m as it is: under
             # max_load_tokens the clamp rounds down to the group's chunk, so a candidate off that grid moves.

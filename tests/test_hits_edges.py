@@ -714,3 +714,35 @@ def test_a_retried_key_the_hit_depends_on_defers_the_lookup(groups, n, local, an
     with pytest.raises(QueryError) as info:
         lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local)
     assert info.value.problems[0].code == "lookup_not_ready"
+
+
+_SWA_DRAFTER_M32 = kvgeom.resolve({
+    "groups": [{"kind": "full_attention", "block_size": 16},
+               {"kind": "sliding_window", "block_size": 16, "sliding_window": 24, "drafter": True},
+               {"kind": "mamba", "block_size": 32}],
+    "cache": {"retention_interval": None}, "offload": {},
+    "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+})
+
+
+@pytest.mark.parametrize(
+    ("n", "stored"),
+    [
+        (97, {0: list(range(16, 97, 16)), 1: [16, 32, 64, 80, 96], 2: [32, 64]}),
+        (129, {0: list(range(16, 129, 16)), 1: [48, 64, 96, 112, 128], 2: [64, 96]}),
+    ],
+)
+def test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run(n, stored):
+    # an eagle sliding-window drafter beside a Mamba chunk (32) wider than the window's (16): when the drafter's
+    # run end is re-aligned down to the Mamba chunk, the drafter must pop its volatile chunk again at the new
+    # candidate (vLLM 0.33's Mamba group makes that lowering). vLLM 0.33 (run_lookup_trace, run): no hit in both
+    # rows; kvgeom answered 32 and 64 before the drafter was asked again (found by issue 19's mutation pass)
+    import numpy as np
+
+    from kvgeom.batch.hits import lookup_hits
+
+    assert lookup_hit(_SWA_DRAFTER_M32, n, stored=stored).hit_tokens == 0
+    H = _SWA_DRAFTER_M32.hash_block_size
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    batch = lookup_hits(_SWA_DRAFTER_M32, [n], stored=held)
+    assert batch.hit(0) == lookup_hit(_SWA_DRAFTER_M32, n, stored=stored)

@@ -619,12 +619,18 @@ def lookup_views(
                     groups[og.index], og, chunk_held[og.index], busy[ok], ma[ok], cb[ok] // C
                 )
             ok[ok] = has
-            ma[ok] = realign(np.minimum(ma[ok], found[has]))
+            low = np.minimum(ma[ok], found[has])
+            ma[ok] = realign(low)
+            below_run = np.zeros(ok.shape, dtype=np.bool_)
+            below_run[ok] = ma[ok] < low  # the Mamba re-alignment went below the group's own run end
             ok &= ma - cb >= C
             dead[busy[~ok]] = True
-            if not og.eagle_group:
+            # eagle groups pop again after another group's lowering or a re-alignment below a run end (scalar
+            # _complete clears its verified set on the same condition)
+            reset = ok & (below_run | (ma < before)) if not og.eagle_group else ok & below_run
+            if reset.any():
                 for flags in unverified.values():
-                    flags[busy[ok & (ma < before)]] = True
+                    flags[busy[reset]] = True
             changed = (changed | (ma < before))[ok]
             busy = busy[ok]
             m[busy] = ma[ok]
