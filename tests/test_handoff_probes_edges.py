@@ -8,6 +8,7 @@ reaches. The expected values follow from the docstrings' formulas; the comment s
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from _drafter_rows import DRAFT16, FA16, M16, spec
 
@@ -283,3 +284,126 @@ def test_stored_lists_at_the_edges_of_the_fast_check():
     # a set of plain ints is sorted once, so below() jumps to the highest held chunk under j: chunks 0 (16) and
     # 3 (64) held, below chunk 10 -> 3
     assert as_probe(SEED, {1: {16, 64}}).below(1, 16, 10) == 3
+
+
+# ------------------------------------------------------------- second pass (issue 19): the hand-off's remaining edges
+
+# one Mamba group of 1-token blocks, offloaded: L = H = 1, the unitary coordinator (cacheable = computed)
+MAMBA1 = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 1}], "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "chunk_ends", "keys"),
+    [
+        # vLLM 0.33 runs (conformance.vllm_stores.run_store_then_lookup, unbounded budget): a 2-token prompt
+        # prefills in chunks ending at [1, 2] and the Mamba group stores exactly the key ending at token 1 (the
+        # replay boundary n - 1 = 1 keeps block 0); a 3-token prompt: chunks [2, 3], key 2. The state after 1
+        # token is a hand-off: the window (above, upto] starts above 0, not above 1
+        (2, (1, 2), (1,)),
+        (3, (2, 3), (2,)),
+    ],
+)
+def test_a_one_token_mamba_block_hands_off_the_state_at_token_1(prompt, chunk_ends, keys):
+    assert state_ends(MAMBA1, prompt, prompt) == chunk_ends  # kvgeom's default split is vLLM's split
+    assert mamba_handoffs(MAMBA1, 0, prompt, prompt) == keys
+
+
+SEED_OFF = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})  # FA 16 + Mamba 16, DCP 2, retention 0
+SPLIT100 = (32, 64, 96, 100)
+
+
+@pytest.mark.parametrize(
+    ("reachable", "keys"),
+    [
+        # the default boundaries, passed explicitly: the same keys as reachable=None (replay boundary 99)
+        (replay_boundaries(SEED_OFF, 100), (96,)),
+        # a hit resuming at 64 needs the state after 64 tokens (block 3): kept; 96 is the prompt's H-grid
+        # checkpoint, cached exactly by the step ending at 96 (partial hash hits), keyed whatever the mask says
+        ((64,), (64, 96)),
+        ((32, 64), (32, 64, 96)),
+        # resuming at 63 needs no state on the 16-token grid: only the checkpoint
+        ((63,), (96,)),
+        ((), (96,)),
+    ],
+)
+def test_explicit_reachable_boundaries_replace_the_replay_boundaries(reachable, keys):
+    assert mamba_handoffs(SEED_OFF, 1, 100, 100, SPLIT100, reachable=reachable) == keys
+    assert mamba_handoffs(SEED_OFF, 1, 100, 100, SPLIT100, reachable=iter(reachable)) == keys  # any iterable
+
+
+# ------------------------------------------------------------- second pass (issue 19): set probes and their order
+
+
+@pytest.mark.parametrize(
+    ("held", "below"),
+    [
+        # numpy integers are plain ints: sorted once, below() jumps from chunk 10 to chunk 3 (end token 64)
+        ({np.int64(16), np.int64(64)}, 3),
+        ({np.int32(16), 64}, 3),
+        # foreign elements have no safe order (16.0 == 16, a string compares with nothing): below() keeps stepping
+        # (j - 1 = 9) and never raises; membership still reads the set in place
+        ({16.0, 64.0}, 9),
+        ({16, 64, "x"}, 9),
+        ({16, 64, np.True_}, 9),  # a numpy bool is not an end token either
+    ],
+)
+def test_a_set_probe_jumps_only_over_plain_int_chunks(held, below):
+    from kvgeom.probes import as_probe
+
+    probe = as_probe(SEED, {1: held})
+    assert probe.below(1, 16, 10) == below
+    assert (probe.contains(1, 64), probe.contains(1, 48)) == (True, False)
+
+
+def test_a_huge_kept_state_is_found_in_the_mask_by_its_exact_block_index():
+    # 2^60 + 4 tokens, chunks ending at E = 2^60 - 32 and at the prompt, a hit resuming at E: the state after E
+    # tokens sits in block E / 16 - 1 = 2^56 - 3, which the mask keeps; E is not the checkpoint (rdown(n - 1, 16)
+    # = 2^60, no chunk ended there), so only the mask keeps it. A float block index rounds to 2^56 and misses it
+    E, n = 2**60 - 32, 2**60 + 4
+    assert mamba_handoffs(SEED_OFF, 1, n, n, (E, n), reachable=(E,)) == (E,)
+    assert mamba_handoffs(SEED_OFF, 1, n, n, (E - 16, E, n), reachable=(E - 16, E)) == (E - 16, E)
+
+
+# ------------------------------------------- second pass (issue 19): partial tails with ONE offloaded group (vLLM 0.33)
+
+# a circular buffer (never prefix-cacheable, vLLM's CircularBufferSpec) beside Mamba 64, H = 16: the Mamba group is
+# the only offloaded group, and partial tails are on (DCP 1, one span 64 > H). The span is read from that group.
+CIRC_MAMBA = kvgeom.resolve({"groups": [{"kind": "circular_buffer", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                             "cache": {"prefix_match_unit": 16}, "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "chunk_ends", "stored", "boundary"),
+    [
+        # vLLM 0.33 runs (conformance.vllm_stores.run_store_then_lookup, unbounded budget): chunks end at
+        # [192, 224, 228]; the connector's aligned-boundary job stores 192 and its partial-tail job 224
+        (228, (192, 224, 228), (192, 224), 224),
+        # chunks [64, 96, 100]: aligned boundary 64, partial tail 96
+        (100, (64, 96, 100), (64, 96), 96),
+    ],
+)
+def test_one_offloaded_group_stores_its_partial_tail(prompt, chunk_ends, stored, boundary):
+    assert state_ends(CIRC_MAMBA, prompt, prompt) == chunk_ends
+    assert partial_tail_boundary(CIRC_MAMBA, prompt, prompt) == boundary
+    assert (*mamba_handoffs(CIRC_MAMBA, 1, prompt, prompt), boundary) == stored
+
+
+@pytest.mark.parametrize(
+    ("stored", "hit", "probes"),
+    [
+        # vLLM 0.33 runs (conformance.vllm_stores.run_lookup_trace, a 240-token request from 0): the keys vLLM's
+        # offload manager is asked, in order, and the hit. The partial-tail key 224 is tried only past a held 192
+        ([224], 0, [(192, False), (128, False), (64, False), (48, False), (32, False), (16, False)]),
+        ([64, 224], 64, [(192, False), (128, False), (64, True), (112, False), (96, False), (80, False)]),
+        ([192], 192, [(192, True), (224, False), (208, False)]),
+        ([208], 0, [(192, False), (128, False), (64, False), (48, False), (32, False), (16, False)]),
+        ([64, 128, 192, 208, 224], 224, [(192, True), (224, True)]),
+    ],
+)
+def test_one_offloaded_group_looks_up_its_partial_tail_as_vllm(stored, hit, probes):
+    from kvgeom.hits import lookup_trace
+
+    trace = lookup_trace(CIRC_MAMBA, 240, stored={1: stored})
+    assert trace.hit.end_token == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == [(1, e, held) for e, held in probes]
