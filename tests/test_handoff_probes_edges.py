@@ -407,3 +407,211 @@ def test_one_offloaded_group_looks_up_its_partial_tail_as_vllm(stored, hit, prob
     trace = lookup_trace(CIRC_MAMBA, 240, stored={1: stored})
     assert trace.hit.end_token == hit
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == [(1, e, held) for e, held in probes]
+
+
+# ------------------------------------------------------ second pass (issue 19): the Probe base methods, by contract
+
+
+def _held_upto(limit):
+    """A contains(group, end_token) callable: every key ending at or before ``limit`` is held."""
+    return lambda group, end: end <= limit
+
+
+@pytest.mark.parametrize(
+    ("make", "group", "held", "missed"),
+    [
+        # state() of a form that cannot answer pending/retry is HIT exactly where contains() holds, MISS elsewhere
+        (lambda: kvgeom.probes.as_probe(SEED, _held_upto(48)), 1, 48, 64),
+        (lambda: kvgeom.probes.as_probe(SEED, {1: {16, 48}}), 1, 48, 32),
+        (lambda: kvgeom.probes.as_probe(SEED, {0: {32}, 1: np.array([True, False, True])}), 1, 48, 32),
+        # pair-held: 32 and 48 are held and 48 <= stop 48; the pair of 48 would end at 64, past the stop
+        (lambda: kvgeom.probes.eagle_pair_held(kvgeom.probes.as_probe(SEED, {1: {16, 32, 48}}), 16, 48), 1, 32, 48),
+    ],
+)
+def test_state_of_a_settled_probe_reads_contains(make, group, held, missed):
+    from kvgeom.probes import HIT, MISS
+
+    probe = make()
+    assert (probe.state(group, held), probe.state(group, missed)) == (HIT, MISS)
+    assert probe.unsettled is False
+
+
+@pytest.mark.parametrize(
+    ("stored", "j", "top", "forward"),
+    [
+        # forward(group, C, j, top): the first chunk j' >= j not held or starting at or past top.
+        # every key held: stops at the first chunk starting at top = 64 (chunk 4), not one later
+        (_held_upto(10**6), 0, 64, 4),
+        (_held_upto(10**6), 2, 65, 5),  # chunk 4 starts at 64 < 65: asked and held; chunk 5 starts at 80
+        (_held_upto(48), 0, 10**6, 3),  # chunk 3 (end 64) is the first miss
+        ({1: set(range(16, 10**4, 16))}, 0, 64, 4),
+        ({1: {16, 48}}, 0, 10**6, 1),  # chunk 1 (end 32) missing: stop there, never past it to 48
+        ({1: {16, 48}}, 2, 10**6, 3),
+    ],
+)
+def test_forward_stops_at_top_or_at_the_first_miss(stored, j, top, forward):
+    probe = kvgeom.probes.as_probe(SEED, stored)
+    assert probe.forward(1, 16, j, top) == forward
+    # stepping with contains gives the same chunk (the Probe contract)
+    step = j
+    while step * 16 < top and probe.contains(1, (step + 1) * 16):
+        step += 1
+    assert step == forward
+
+
+@pytest.mark.parametrize(
+    ("probe", "j", "below"),
+    [
+        # no knowledge of the store (a callable): the chunk right under j
+        (lambda: kvgeom.probes.as_probe(SEED, _held_upto(48)), 10, 9),
+        (lambda: kvgeom.probes.as_probe(SEED, _held_upto(48)), 0, -1),
+        # a bound of 64 tokens: nothing past chunk 64 / 16 - 1 = 3 is held, so below(10) jumps to 3 ...
+        (lambda: kvgeom.probes.Probe(64), 10, 3),
+        (lambda: kvgeom.probes.Probe(72), 10, 3),  # ... 72 // 16 - 1 = 3 (floor, an int)
+        # ... and under the bound it is j - 1
+        (lambda: kvgeom.probes.Probe(64), 3, 2),
+        (lambda: kvgeom.probes.Probe(64), 4, 3),
+    ],
+)
+def test_below_of_the_base_probe(probe, j, below):
+    got = probe().below(1, 16, j)
+    assert (got, type(got)) == (below, int)
+
+
+def test_a_probe_keeps_its_bound():
+    assert kvgeom.probes.Probe(64).bound == 64
+    assert kvgeom.probes.Probe().bound is None
+    # a mask probe's bound: the longest mask (3 chunks of C = 16 -> 48) or the highest set end (32)
+    assert kvgeom.probes.as_probe(SEED, {0: {32}, 1: np.array([True, False, True])}).bound == 48
+    # a pair probe has its inner probe's bound
+    assert kvgeom.probes.eagle_pair_held(kvgeom.probes.Probe(80), 16, 80).bound == 80
+
+
+def test_a_set_probe_sorts_each_group_and_chunk_size_apart():
+    # below() sorts group 0's chunks and group 1's separately (and per chunk size): a shared order would give
+    # group 1 the answer of group 0
+    probe = kvgeom.probes.as_probe(SEED, {0: {32}, 1: {16, 64}})
+    assert probe.below(0, 32, 10) == 0  # end 32 = chunk 0 of C = 32
+    assert probe.below(1, 16, 10) == 3  # end 64 = chunk 3 of C = 16
+    assert probe.below(1, 32, 10) == 1  # end 64 = chunk 1 of C = 32 (16 is off that grid)
+
+
+class _Answer:
+    """An answer object read by name, as vLLM 0.33's LookupResult members are."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+class _PendingTier:
+    """An offload manager's lookup(key, req_context) answering HIT_PENDING for every key."""
+
+    def lookup(self, key, req_context):
+        return _Answer("HIT_PENDING")
+
+
+def test_a_recording_probe_reports_its_tiers_unsettled_answers():
+    from kvgeom.probes import PENDING, RecordingProbe, as_probe
+
+    recorder = RecordingProbe(as_probe(SEED, _PendingTier(), block_hashes=[b"h0", b"h1"]))
+    assert recorder.unsettled is False  # nothing asked yet
+    assert recorder.state(1, 16) == PENDING
+    assert recorder.unsettled is True
+    assert recorder.calls == [(1, 16, False)]  # recorded; held only for HIT
+
+
+@pytest.mark.parametrize(
+    ("stored", "C", "j", "below"),
+    [
+        # {16, 64} at C = 16: chunks 0 and 3 held; below(j) is the highest held chunk under j, -1 when none
+        ({16, 64}, 16, 10, 3),
+        ({16, 64}, 16, 4, 3),
+        ({16, 64}, 16, 3, 0),
+        ({16, 64}, 16, 1, 0),
+        ({16, 64}, 16, 0, -1),
+        # at C = 32 only end tokens on the 32-grid are chunks: 48 and 16 are not (64 is chunk 1)
+        ({16, 48, 64}, 32, 1, -1),
+        ({16, 48, 64}, 32, 2, 1),
+        # huge end tokens keep their exact chunk index (an int, never a float)
+        ({2**60, 2**61}, 16, 2**57 - 1, 2**60 // 16 - 1),  # chunks 2^56 - 1 and 2^57 - 1
+    ],
+)
+def test_below_of_a_set_probe(stored, C, j, below):
+    got = kvgeom.probes.as_probe(SEED, {1: stored}).below(1, C, j)
+    assert (got, type(got)) == (below, int)
+
+
+def test_below_of_a_one_token_chunk():
+    # C = 1 (a Mamba group of 1-token blocks): the key ending at token 1 is chunk 0
+    probe = kvgeom.probes.as_probe(MAMBA1, {0: {1, 5}})
+    assert [probe.below(0, 1, j) for j in (0, 1, 3, 5, 9)] == [-1, 0, 0, 4, 4]
+
+
+def test_a_mask_probe_reads_its_set_groups_and_has_no_bound_over_foreign_ends():
+    probe = kvgeom.probes.as_probe(SEED, {0: {32}, 1: np.array([True, False, True])})
+    assert (probe.contains(0, 32), probe.contains(0, 64), probe.contains(1, 48)) == (True, False, True)
+    # a set with a foreign element (32.0) gives no safe bound: None, and below() keeps stepping
+    foreign = kvgeom.probes.as_probe(SEED, {0: {32.0}, 1: np.array([True, False, True])})
+    assert foreign.bound is None
+    assert foreign.below(1, 16, 10) == 9
+    assert foreign.contains(0, 32) is True
+
+
+def test_a_mask_probe_at_its_edges():
+    mask = np.array([True, False, True])  # chunks 0 and 2 of group 1 (C = 16): end tokens 16 and 48
+    probe = kvgeom.probes.as_probe(SEED, {0: {320}, 1: mask})
+    # the mask's end (3 chunks: 48) is not the last held key: group 0 holds 320, so the bound is 320 and below()
+    # on group 0 (C = 32) from chunk 20 stops at chunk 320 / 32 - 1 = 9, never jumping over it
+    assert probe.bound == 320
+    assert probe.below(0, 32, 20) == 9
+    # one past the mask's end is not held (no IndexError); an end off the chunk grid is not held
+    assert (probe.contains(1, 64), probe.contains(1, 40), probe.contains(1, 48)) == (False, False, True)
+    # an empty set beside a mask: the bound is the mask's end
+    assert kvgeom.probes.as_probe(SEED, {0: set(), 1: mask}).bound == 48
+    # nothing held at all (C = 1, one-token Mamba blocks): bound 0, and below() answers -1 (no chunk may be held)
+    empty = kvgeom.probes.as_probe(MAMBA1, {0: np.array([], dtype=bool)})
+    assert (empty.bound, empty.below(0, 1, 5)) == (0, -1)
+
+
+def _residency(chain, group, held):
+    res = kvgeom.Residency()
+    for i in held:
+        res.add(group, chain[i])
+    return res
+
+
+def test_a_residency_probe_at_its_edges():
+    chain = [b"h0", b"h1", b"h2", b"h3"]
+    probe = kvgeom.probes.as_probe(SEED, _residency(chain, 1, (0, 3)), block_hashes=chain)
+    # bounded by the chain: 4 hashes of H = 16 tokens
+    assert (probe.bound, type(probe.bound)) == (64, int)
+    # held at 16 and 64; an end token off the H grid (24), 0 or negative is never held (even though the hash at
+    # index -1, h3, is held), nor one past the chain (80)
+    assert [probe.contains(1, e) for e in (16, 24, 0, -16, 64, 80)] == [True, False, False, False, True, False]
+    # H = 1 (one-token Mamba blocks): the key ending at token 1 is hash 0
+    one = kvgeom.probes.as_probe(MAMBA1, _residency(chain, 0, (0,)), block_hashes=chain)
+    assert (one.contains(0, 1), one.contains(0, 2)) == (True, False)
+
+
+@pytest.mark.parametrize(
+    "ends",
+    [
+        "16",  # a string is not a list of end tokens (not read as "1", "6")
+        b"16",
+        16,  # nor a bare int
+        {16: True},  # nor a mapping
+        np.array([[16, 32]]),  # nor a 2-d array
+    ],
+)
+def test_a_stored_entry_that_is_no_list_of_end_tokens(ends):
+    with pytest.raises(kvgeom.QueryError) as info:
+        kvgeom.probes.validated_stored(SEED, {1: ends})
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field) == ("bad_stored", "stored.1")
+
+
+def test_a_stored_group_that_is_not_offloaded_is_named():
+    with pytest.raises(kvgeom.QueryError) as info:
+        kvgeom.probes.validated_stored(SEED, {5: [16]})
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field, info.value.values) == ("group_not_offloaded", "stored.5", {"group": 5})
