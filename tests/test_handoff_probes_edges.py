@@ -615,3 +615,149 @@ def test_a_stored_group_that_is_not_offloaded_is_named():
         kvgeom.probes.validated_stored(SEED, {5: [16]})
     (problem,) = info.value.problems
     assert (problem.code, problem.field, info.value.values) == ("group_not_offloaded", "stored.5", {"group": 5})
+
+
+def test_a_residency_probe_walks_whole_chunks_of_its_chain_only():
+    # group 0 of the seed: C = 32 = 2 hashes per chunk. A 5-hash chain holds 2 whole chunks (hashes 1 and 3 end
+    # them); hash 4 starts a third chunk whose end hash is past the chain, so forward() stops at chunk 2
+    chain = [b"h0", b"h1", b"h2", b"h3", b"h4"]
+    probe = kvgeom.probes.as_probe(SEED, _residency(chain, 0, range(5)), block_hashes=chain)
+    assert probe.forward(0, 32, 0, 10**6) == 2
+    assert probe.forward(0, 32, 0, 33) == 2  # top 33: chunk 1 starts at 32 < 33, asked and held
+    assert probe.forward(0, 32, 0, 32) == 1  # top 32: chunk 1 starts at the top
+
+
+def test_validated_stored_gives_every_offloaded_group_a_set():
+    # a group the mapping does not name holds nothing: an empty set, not a missing entry
+    assert kvgeom.probes.validated_stored(SEED, {"1": [16, 32]}) == {0: frozenset(), 1: frozenset({16, 32})}
+
+
+def test_a_residency_probe_forward_stops_at_the_first_missing_chunk():
+    # group 1 (C = H = 16): hashes 0 and 2 held, 1 missing: forward from chunk 0 stops at chunk 1, never past it
+    chain = [b"h%d" % i for i in range(8)]
+    probe = kvgeom.probes.as_probe(SEED, _residency(chain, 1, (0, 2)), block_hashes=chain)
+    assert [probe.forward(1, 16, j, 10**6) for j in (0, 1, 2)] == [1, 1, 3]
+
+
+def test_a_mapping_probe_holds_nothing_for_a_group_it_does_not_name():
+    probe = kvgeom.probes.as_probe(SEED, {1: {16}})
+    assert (probe.contains(0, 32), probe.forward(0, 32, 0, 10**6)) == (False, 0)
+
+
+# --------------------------------------------------------------------- second pass (issue 19): the Residency holder
+
+
+@pytest.mark.parametrize("holder", [-1, "0", 0.0, None, True])
+def test_a_bad_residency_holder_is_refused_by_name(holder):
+    chain = [b"h0"]
+    with pytest.raises(kvgeom.QueryError) as info:
+        kvgeom.probes.as_probe(SEED, _residency(chain, 1, (0,)), block_hashes=chain, holder=holder)
+    (problem,) = info.value.problems
+    assert (problem.code, problem.field) == ("bad_holder", "holder")
+
+
+@pytest.mark.parametrize(("holder", "held"), [(0, False), (1, True), (2, False), (70, True)])
+def test_a_residency_probe_reads_its_holders_bit(holder, held):
+    # hash 0 held by holders 1 and 70 only: bit `holder` of the mask decides (1 << holder, a big int for 70)
+    chain = [b"h0"]
+    res = kvgeom.Residency()
+    res.add(1, chain[0], 1)
+    res.add(1, chain[0], 70)
+    probe = kvgeom.probes.as_probe(SEED, res, block_hashes=chain, holder=holder)
+    assert probe.contains(1, 16) is held
+    assert probe.forward(1, 16, 0, 16) == int(held)
+
+
+# ---------------------------------------------------------------- second pass (issue 19): the length of a hash chain
+
+# a Mamba group under multi-module MTP K = 3 with look-ahead hashes (no offload section): P = 3 hash look-ahead tokens
+LOOKAHEAD = kvgeom.resolve({"groups": [M16], "speculative": spec("mtp", 3, mtp_modules=3, lookahead_hashes=True)})
+
+
+@pytest.mark.parametrize(
+    ("geom", "num_tokens", "hashes"),
+    [
+        # max(0, n - P) // H hashes. With P = 3, H = 16, vLLM 0.33 requests (conformance.vllm_objects.build_request
+        # with the scheduler's num_hash_lookahead_tokens) hold 0 hashes at 18 tokens, 1 at 19 and at 34, 2 at 35
+        (LOOKAHEAD, 18, 0),
+        (LOOKAHEAD, 19, 1),
+        (LOOKAHEAD, 34, 1),
+        (LOOKAHEAD, 35, 2),
+        (SEED, 40, 2),  # P = 0: 40 // 16 = 2 (a floor: 2.5 hashes are 2)
+        (SEED, 64, 4),
+        (MAMBA1, 0, 0),  # H = 1 and no tokens: no hash is needed
+        (MAMBA1, 3, 3),
+    ],
+)
+def test_a_chain_of_exactly_the_requests_hashes_is_long_enough(geom, num_tokens, hashes):
+    from kvgeom.probes import check_chain_length
+
+    chain = [b"h%d" % i for i in range(hashes)]
+    assert check_chain_length(geom, num_tokens, chain) is None
+    if hashes:
+        with pytest.raises(kvgeom.QueryError) as info:
+            check_chain_length(geom, num_tokens, chain[:-1])
+        (problem,) = info.value.problems
+        assert (problem.code, problem.field) == ("block_hashes_too_short", "block_hashes")
+        assert info.value.values == {"num_hashes": hashes - 1, "needed": hashes}
+        assert type(info.value.values["needed"]) is int
+
+
+# -------------------------------------------------------- second pass (issue 19): a lookup() tier read through a chain
+
+
+class _CtxTier:
+    """An offload manager that holds every key, but only for the request context it was built for; every answer
+    is a fresh object named HIT or MISS (read by name, as vLLM's LookupResult members are)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def lookup(self, key, req_context):
+        return _Answer("HIT" if req_context == self.ctx else "MISS")
+
+
+def test_a_lookup_probe_passes_the_request_context_and_is_bounded_by_its_chain():
+    from kvgeom.probes import HIT, MISS
+
+    chain = [b"h0", b"h1", b"h2", b"h3"]
+    probe = kvgeom.probes.as_probe(SEED, _CtxTier("req-7"), block_hashes=chain, req_context="req-7")
+    assert (probe.bound, type(probe.bound)) == (64, int)
+    assert probe.unsettled is False
+    assert (probe.contains(1, 16), probe.state(1, 32), probe.forward(1, 16, 0, 64)) == (True, HIT, 4)
+    assert probe.unsettled is False  # HIT read by name is a settled answer
+    other = kvgeom.probes.as_probe(SEED, _CtxTier("req-7"), block_hashes=chain, req_context="req-8")
+    assert (other.contains(1, 16), other.state(1, 32), other.forward(1, 16, 0, 64)) == (False, MISS, 0)
+
+
+class _SameAnswerTier:
+    """An offload manager answering one fixed answer object for every key."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def lookup(self, key, req_context):
+        return self.answer
+
+
+@pytest.mark.parametrize(("name", "state"), [("MISS", "miss"), ("HIT", "hit"), ("HIT_PENDING", "pending"),
+                                             ("RETRY", "retry")])
+def test_the_same_answer_object_means_the_same_thing_every_time(name, state):
+    # answers are remembered by identity once read by name: a MISS object stays a miss (never read as HIT), a
+    # pending or retry object stays unsettled (never remembered as HIT or MISS)
+    chain = [b"h0", b"h1"]
+    probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer(name)), block_hashes=chain)
+    assert [probe.state(1, 16), probe.state(1, 16), probe.state(1, 32)] == [state] * 3
+    assert probe.unsettled is (state in ("pending", "retry"))
+
+
+def test_an_unknown_answer_is_refused_after_hit_and_miss_objects_were_remembered():
+    chain = [b"h0", b"h1"]
+    for name in ("HIT", "MISS"):
+        kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer(name)), block_hashes=chain).state(1, 16)
+    for answer in (None, "HIT", 1):  # not a LookupResult member, not True / False
+        probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(answer), block_hashes=chain)
+        for ask in (probe.state, probe.contains):
+            with pytest.raises(kvgeom.QueryError) as info:
+                ask(1, 16)
+            assert info.value.code == "lookup_not_ready"
