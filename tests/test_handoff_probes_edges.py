@@ -8,6 +8,8 @@ reaches. The expected values follow from the docstrings' formulas; the comment s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from _drafter_rows import DRAFT16, FA16, M16, spec
@@ -749,15 +751,50 @@ def test_the_same_answer_object_means_the_same_thing_every_time(name, state):
     probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer(name)), block_hashes=chain)
     assert [probe.state(1, 16), probe.state(1, 16), probe.state(1, 32)] == [state] * 3
     assert probe.unsettled is (state in ("pending", "retry"))
+    # contains() counts an unsettled answer as held (the lookup then re-asks through state())
+    assert probe.contains(1, 16) is (state != "miss")
+    # keys off the H grid, at or below 0, or past the 2-hash chain are never asked: a miss
+    assert [probe.state(1, e) for e in (24, 0, -16, 48)] == ["miss"] * 4
+    assert [probe.contains(1, e) for e in (24, 0, -16, 48)] == [False] * 4
 
 
 def test_an_unknown_answer_is_refused_after_hit_and_miss_objects_were_remembered():
     chain = [b"h0", b"h1"]
     for name in ("HIT", "MISS"):
         kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer(name)), block_hashes=chain).state(1, 16)
-    for answer in (None, "HIT", 1):  # not a LookupResult member, not True / False
+    # not a LookupResult member, not True / False; a name that is no string (unhashable here) is no answer either
+    for answer in (None, "HIT", 1, _Answer(["HIT"])):
         probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(answer), block_hashes=chain)
         for ask in (probe.state, probe.contains):
             with pytest.raises(kvgeom.QueryError) as info:
                 ask(1, 16)
             assert info.value.code == "lookup_not_ready"
+
+
+class _VirtualChain(Sequence):
+    """A request's hash chain of ``n`` hashes, made on demand (hash i is b"h<i>"): int64-sized requests."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return b"h%d" % (i % self.n)
+
+
+def test_forward_over_an_int64_sized_chain_keeps_exact_chunk_arithmetic():
+    # chunk j0 = 2^51 of group 1 (C = H = 16) is held, and top = 16 * j0 + 1 starts inside it: stepping with
+    # contains asks chunk j0 (it starts at 16 * j0 < top), finds it held and stops at j0 + 1. (top / C as a float is
+    # exactly 2^51 and would stop before asking.)
+    j0 = 2**51
+    chain = _VirtualChain(2**55)
+    res = kvgeom.Residency()
+    res.add(1, chain[j0])
+    probe = kvgeom.probes.as_probe(SEED, res, block_hashes=chain)
+    assert probe.contains(1, 16 * (j0 + 1)) is True
+    assert probe.forward(1, 16, j0, 16 * j0 + 1) == j0 + 1
+    assert probe.forward(1, 16, j0, 16 * j0) == j0  # chunk j0 starts at the top: not asked
