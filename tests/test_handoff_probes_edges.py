@@ -798,3 +798,72 @@ def test_forward_over_an_int64_sized_chain_keeps_exact_chunk_arithmetic():
     assert probe.contains(1, 16 * (j0 + 1)) is True
     assert probe.forward(1, 16, j0, 16 * j0 + 1) == j0 + 1
     assert probe.forward(1, 16, j0, 16 * j0) == j0  # chunk j0 starts at the top: not asked
+
+
+def test_a_lookup_probe_at_the_edges_of_its_chain():
+    # the seed's group 0 (C = 32, 2 hashes per chunk) over a 5-hash chain: 2 whole chunks, whatever top says
+    every = kvgeom.probes.as_probe(SEED, _SameAnswerTier(True), block_hashes=[b"h%d" % i for i in range(5)])
+    assert [every.forward(0, 32, 0, top) for top in (10**6, 33, 32)] == [2, 2, 1]
+    # H = 1 (one-token Mamba blocks): the key ending at token 1 is hash 0, asked and held
+    one = kvgeom.probes.as_probe(MAMBA1, _SameAnswerTier(True), block_hashes=[b"h0"])
+    assert (one.contains(0, 1), one.state(0, 1), one.contains(0, 2)) == (True, "hit", False)
+    # an int64-sized chain: chunk j0 = 2^51 starts below top = 16 * j0 + 1, so it is asked (exact ints)
+    j0 = 2**51
+    huge = kvgeom.probes.as_probe(SEED, _SameAnswerTier(True), block_hashes=_VirtualChain(2**55))
+    assert (huge.forward(1, 16, j0, 16 * j0 + 1), huge.forward(1, 16, j0, 16 * j0)) == (j0 + 1, j0)
+
+
+class _KeyTier:
+    """An offload manager holding exactly ``keys`` (for the request context ``ctx`` only)."""
+
+    def __init__(self, keys, ctx=None):
+        self.keys, self.ctx = set(keys), ctx
+
+    def lookup(self, key, req_context):
+        return req_context == self.ctx and key in self.keys
+
+
+def test_per_group_offload_keys_in_any_sequence():
+    from collections import UserList
+
+    tier = _KeyTier({b"k0/0", b"k0/1", b"k1/1"})
+    for keys in ([[b"k0/0"], [b"k0/1", b"k1/1"]], UserList([[b"k0/0"], UserList([b"k0/1", b"k1/1"])])):
+        probe = kvgeom.probes.as_probe(SEED, tier, offload_keys=keys)
+        # group 1 (C = 16): chunks 0 and 1 held; group 0 (C = 32): chunk 0
+        assert [probe.contains(1, e) for e in (16, 32, 48)] == [True, True, False]
+        assert (probe.contains(0, 32), probe.forward(1, 16, 0, 10**6)) == (True, 2)
+
+
+def test_an_off_grid_key_without_a_hash_chain_is_refused_by_name():
+    # no partial tails (DCP 2), no block_hashes: a key off group 1's chunk grid (24, C = 16) cannot be built
+    probe = kvgeom.probes.as_probe(SEED, _KeyTier(set()), offload_keys=[[], []])
+    for ask in (probe.contains, probe.state):
+        with pytest.raises(kvgeom.QueryError) as info:
+            ask(1, 24)
+        (problem,) = info.value.problems
+        assert (problem.code, problem.field) == ("missing_block_hashes", "block_hashes")
+
+
+def test_a_partial_tail_key_is_asked_with_the_request_context():
+    # FINE64 (C = 64, H = 16, partial tails): the key ending at 80 is off the chunk grid, so it is built from the
+    # hash chain (hash 4 and the group index) and asked with the request's context, as the chunk keys are
+    chain = [b"%016d" % i for i in range(8)]  # 16-byte hashes (xxhash-sized)
+    tail_key = kvgeom.make_offload_key(chain[4], 1)
+    for ctx, held in (("req-1", True), ("req-2", False)):
+        probe = kvgeom.probes.as_probe(FINE64, _KeyTier({b"c0", tail_key}, "req-1"), offload_keys=[[b"c0"], [b"c0"]],
+                                       block_hashes=chain, req_context=ctx)
+        assert (probe.contains(1, 80), probe.contains(1, 64)) == (held, held)
+
+
+def test_the_per_geometry_chunk_memo_never_serves_another_geometry():
+    # the memo is keyed by id(geometry), and CPython gives a freed geometry's id to a new object: an entry whose
+    # geometry is another object (simulated here) is rebuilt, never read. FINE64's chunks are 64 tokens, the seed's 32
+    # and 16: read with the seed's, group 1's chunk 0 would be the key ending at 16, not 64
+    from kvgeom import probes
+
+    probes._CHUNKS[id(FINE64)] = (SEED, {0: 32, 1: 16}, 2, False)
+    try:
+        probe = probes.as_probe(FINE64, _KeyTier({b"m0"}), offload_keys=[[b"a0"], [b"m0"]], block_hashes=[b"h"] * 8)
+        assert (probe.contains(1, 64), probe.contains(1, 16)) == (True, False)
+    finally:
+        probes._CHUNKS.pop(id(FINE64), None)
