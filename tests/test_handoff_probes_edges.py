@@ -829,6 +829,8 @@ def test_per_group_offload_keys_in_any_sequence():
     tier = _KeyTier({b"k0/0", b"k0/1", b"k1/1"})
     for keys in ([[b"k0/0"], [b"k0/1", b"k1/1"]], UserList([[b"k0/0"], UserList([b"k0/1", b"k1/1"])])):
         probe = kvgeom.probes.as_probe(SEED, tier, offload_keys=keys)
+        assert (probe.bound, probe.unsettled) == (None, False)  # no known bound; nothing unsettled asked yet
+        assert probe.unsettled is False
         # group 1 (C = 16): chunks 0 and 1 held; group 0 (C = 32): chunk 0
         assert [probe.contains(1, e) for e in (16, 32, 48)] == [True, True, False]
         assert (probe.contains(0, 32), probe.forward(1, 16, 0, 10**6)) == (True, 2)
@@ -867,3 +869,56 @@ def test_the_per_geometry_chunk_memo_never_serves_another_geometry():
         assert (probe.contains(1, 64), probe.contains(1, 16)) == (True, False)
     finally:
         probes._CHUNKS.pop(id(FINE64), None)
+
+
+def test_a_residency_subclass_is_read_as_a_residency():
+    class Tier(kvgeom.Residency):
+        __slots__ = ()
+
+    chain = [b"h0", b"h1"]
+    res = Tier()
+    res.add(1, chain[1], 2)
+    probe = kvgeom.probes.as_probe(SEED, res, block_hashes=tuple(chain), holder=2)
+    assert (probe.contains(1, 32), probe.contains(1, 16), probe.bound) == (True, False, 32)
+    with pytest.raises(kvgeom.QueryError) as info:
+        kvgeom.probes.as_probe(SEED, res, block_hashes=chain, holder=None)
+    assert info.value.code == "bad_holder"
+
+
+H16 = [b"%016d" % i for i in range(8)]  # 16-byte block hashes (xxhash-sized)
+
+
+def test_a_keys_probe_reads_per_group_keys_by_vllms_answers():
+    from collections import UserList
+
+    from kvgeom.probes import HIT, MISS, PENDING
+
+    # state() over a UserList of keys (not a list: checked, then read like one)
+    tier = _KeyTier({b"k0/1", b"k1/1"}, "ctx")
+    probe = kvgeom.probes.as_probe(SEED, tier, offload_keys=[[], UserList([b"k0/1", b"k1/1"])], req_context="ctx",
+                                   block_hashes=H16)
+    assert [probe.state(1, e) for e in (16, 32, 48, 0)] == [HIT, HIT, MISS, MISS]  # 48: past the list; 0: no key
+    # the request context reaches the tier through state() too
+    other = kvgeom.probes.as_probe(SEED, tier, offload_keys=[[], [b"k0/1", b"k1/1"]], req_context="other")
+    assert other.state(1, 16) == MISS
+    # a pending answer: held for contains() (the lookup re-asks by state()), PENDING for state(); unsettled
+    pending = kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer("HIT_PENDING")), offload_keys=[[b"a"], [b"b"]])
+    assert (pending.contains(1, 16), pending.state(1, 16), pending.unsettled) == (True, PENDING, True)
+    # the same MISS object twice: a miss both times (remembered as MISS, never as HIT)
+    miss = kvgeom.probes.as_probe(SEED, _SameAnswerTier(_Answer("MISS")), offload_keys=[[b"a"], [b"b"]])
+    assert [miss.state(1, 16), miss.state(1, 16), miss.contains(1, 16)] == [MISS, MISS, False]
+
+
+def test_a_keys_probe_refuses_a_group_entry_that_is_no_list_of_keys():
+    probe = kvgeom.probes.as_probe(SEED, _KeyTier(set()), offload_keys=[[], "k0k1"])
+    for ask in (probe.state, probe.contains):
+        with pytest.raises(kvgeom.QueryError) as info:
+            ask(1, 16)
+        (problem,) = info.value.problems
+        assert (problem.code, problem.field) == ("bad_offload_keys", "offload_keys.1")
+
+
+def test_a_one_token_chunk_key_is_read_from_the_group_list():
+    # MAMBA1: C = H = 1; the key ending at token 1 is offload_keys[0][0], not the one built from the chain
+    probe = kvgeom.probes.as_probe(MAMBA1, _KeyTier({b"k0"}), offload_keys=[[b"k0"]], block_hashes=H16)
+    assert (probe.state(0, 1), probe.contains(0, 1)) == ("hit", True)
