@@ -922,3 +922,11 @@ def test_a_one_token_chunk_key_is_read_from_the_group_list():
     # MAMBA1: C = H = 1; the key ending at token 1 is offload_keys[0][0], not the one built from the chain
     probe = kvgeom.probes.as_probe(MAMBA1, _KeyTier({b"k0"}), offload_keys=[[b"k0"]], block_hashes=H16)
     assert (probe.state(0, 1), probe.contains(0, 1)) == ("hit", True)
+
+
+def test_an_empty_mask_beside_an_empty_set_bounds_the_store_at_0():
+    # FA 16 + Mamba 1 (H = 1, the Mamba group's chunk C = 1): nothing stored in either group, so the bound is 0 and
+    # below() on the Mamba group answers -1 (no chunk may be held), not chunk 0
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 1}], "offload": {}})
+    probe = kvgeom.probes.as_probe(geom, {0: set(), 1: np.array([], dtype=bool)})
+    assert (probe.bound, probe.below(1, 1, 5)) == (0, -1)
