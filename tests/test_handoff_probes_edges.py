@@ -930,3 +930,22 @@ def test_an_empty_mask_beside_an_empty_set_bounds_the_store_at_0():
     geom = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 1}], "offload": {}})
     probe = kvgeom.probes.as_probe(geom, {0: set(), 1: np.array([], dtype=bool)})
     assert (probe.bound, probe.below(1, 1, 5)) == (0, -1)
+
+
+@pytest.mark.parametrize(("name", "state", "unsettled"), [("HIT", "hit", False), ("MISS", "miss", False),
+                                                          ("HIT_PENDING", "pending", True), ("RETRY", "retry", True)])
+def test_state_alone_marks_a_keys_probe_unsettled(name, state, unsettled):
+    # a fresh probe asked only through state(): a chunk key (16, from offload_keys) and a partial-tail key (80, off
+    # FINE64's 64-token chunk grid, built from the hash chain) each set the flag exactly for PENDING and RETRY
+    for end in (64, 80):
+        probe = kvgeom.probes.as_probe(FINE64, _SameAnswerTier(_Answer(name)), offload_keys=[[b"a"], [b"b"]],
+                                       block_hashes=H16)
+        assert probe.state(1, end) == state
+        assert probe.unsettled is unsettled
+
+
+def test_any_mapping_is_a_stored_mapping():
+    from types import MappingProxyType
+
+    probe = kvgeom.probes.as_probe(SEED, MappingProxyType({1: [16, 32], "0": {32}}))
+    assert (probe.contains(1, 32), probe.contains(0, 32), probe.contains(1, 48)) == (True, True, False)
