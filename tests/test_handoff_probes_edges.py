@@ -949,3 +949,18 @@ def test_any_mapping_is_a_stored_mapping():
 
     probe = kvgeom.probes.as_probe(SEED, MappingProxyType({1: [16, 32], "0": {32}}))
     assert (probe.contains(1, 32), probe.contains(0, 32), probe.contains(1, 48)) == (True, True, False)
+
+
+def test_a_pair_probe_jumps_as_its_inner_probe():
+    # every pair-held chunk is held, so the inner probe's below() bounds the pairs: {16, 64} at C = 16 -> chunk 3
+    inner = kvgeom.probes.as_probe(SEED, {1: {16, 64}, 0: {64}})
+    pairs = kvgeom.probes.eagle_pair_held(inner, 16, 1000)
+    assert [pairs.below(1, 16, j) for j in (10, 3, 0)] == [3, 0, -1]
+    assert pairs.below(0, 32, 10) == 1  # group 0's own set, C = 32
+
+
+def test_a_keys_probe_never_asks_a_key_at_token_0():
+    # the key "ending at token 0" does not exist: not the last key of the list, not a chain key
+    probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(True), offload_keys=[[b"a"], [b"b", b"c"]], block_hashes=H16)
+    assert (probe.contains(1, 0), probe.state(1, 0), probe.contains(1, 32), probe.contains(1, 48)) == (
+        False, "miss", True, False)
