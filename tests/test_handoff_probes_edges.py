@@ -964,3 +964,39 @@ def test_a_keys_probe_never_asks_a_key_at_token_0():
     probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(True), offload_keys=[[b"a"], [b"b", b"c"]], block_hashes=H16)
     assert (probe.contains(1, 0), probe.state(1, 0), probe.contains(1, 32), probe.contains(1, 48)) == (
         False, "miss", True, False)
+
+
+def test_forward_of_a_keys_probe():
+    from collections import UserList
+
+    keys = [[b"a0"], [b"k0", b"k1", b"k2"]]
+    tier = _KeyTier({b"k0", b"k1"}, "ctx")
+    probe = kvgeom.probes.as_probe(SEED, tier, offload_keys=keys, req_context="ctx")
+    # group 1's own chunk (C = 16): keys k0, k1 held, k2 not -> chunk 2; the context reaches the tier
+    assert (probe.forward(1, 16, 0, 10**6), probe.forward(1, 16, 0, 16)) == (2, 1)
+    assert kvgeom.probes.as_probe(SEED, tier, offload_keys=keys, req_context="other").forward(1, 16, 0, 10**6) == 0
+    # another chunk size (C = 32, as the scan of another group asks): stepped with contains(), i.e. the keys ending
+    # at 32 (k1, held) and 64 (past the list)
+    assert probe.forward(1, 32, 0, 10**6) == 1
+    # a UserList of keys is read like a list; a string is no list of keys
+    assert kvgeom.probes.as_probe(SEED, tier, offload_keys=[[], UserList(keys[1])], req_context="ctx").forward(
+        1, 16, 0, 10**6) == 2
+    with pytest.raises(kvgeom.QueryError) as info:
+        kvgeom.probes.as_probe(SEED, tier, offload_keys=[[], "k0k1"]).forward(1, 16, 0, 10**6)
+    assert (info.value.code, info.value.problems[0].field) == ("bad_offload_keys", "offload_keys.1")
+
+
+def test_forward_of_a_keys_probe_stops_at_a_remembered_miss():
+    miss = _Answer("MISS")
+    probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(miss), offload_keys=[[b"a"], [b"b", b"c"]])
+    assert probe.state(1, 16) == "miss"  # read by name once, then remembered by identity
+    assert probe.forward(1, 16, 0, 10**6) == 0
+
+
+def test_forward_of_a_keys_probe_over_an_int64_sized_key_list():
+    # group 1's keys as an int64-sized list (key j = b"h<j>"), the key of chunk j0 = 2^51 held: top = 16 * j0 + 1
+    # starts inside chunk j0, so it is asked and the scan stops after it (exact ints; top / C as a float is 2^51)
+    j0 = 2**51
+    keys = _VirtualChain(2**55)
+    probe = kvgeom.probes.as_probe(SEED, _KeyTier({keys[j0]}), offload_keys=[[], keys])
+    assert (probe.forward(1, 16, j0, 16 * j0 + 1), probe.forward(1, 16, j0, 16 * j0)) == (j0 + 1, j0)
