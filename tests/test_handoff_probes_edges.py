@@ -1000,3 +1000,28 @@ def test_forward_of_a_keys_probe_over_an_int64_sized_key_list():
     keys = _VirtualChain(2**55)
     probe = kvgeom.probes.as_probe(SEED, _KeyTier({keys[j0]}), offload_keys=[[], keys])
     assert (probe.forward(1, 16, j0, 16 * j0 + 1), probe.forward(1, 16, j0, 16 * j0)) == (j0 + 1, j0)
+
+
+def test_below_of_a_keys_probe():
+    # group 1 (C = 16) holds 3 keys: no chunk past index 2 can be held, whatever the tier says
+    probe = kvgeom.probes.as_probe(SEED, _SameAnswerTier(True), offload_keys=[[], [b"k0", b"k1", b"k2"]])
+    assert [probe.below(1, 16, j) for j in (10, 3, 2, 0)] == [2, 2, 1, -1]
+    # another chunk size: no knowledge, the chunk right under j
+    assert [probe.below(1, 32, j) for j in (10, 0)] == [9, -1]
+
+
+class _MixedTier:
+    """Answers a fresh HIT-named object for k0 (read by name) and one remembered MISS object for every other key."""
+
+    def __init__(self, miss):
+        self.miss = miss
+
+    def lookup(self, key, req_context):
+        return _Answer("HIT") if key == b"k0" else self.miss
+
+
+def test_forward_of_a_keys_probe_after_an_answer_read_by_name():
+    miss = _Answer("MISS")
+    probe = kvgeom.probes.as_probe(SEED, _MixedTier(miss), offload_keys=[[], [b"k0", b"k1", b"k2"]])
+    assert probe.state(1, 32) == "miss"  # the MISS object is remembered
+    assert probe.forward(1, 16, 0, 10**6) == 1  # k0 held (read by name), k1 the remembered miss: stop
