@@ -15,6 +15,7 @@ import pytest
 from _drafter_rows import DRAFT16, FA16, M16, spec
 
 import kvgeom
+import kvgeom.probes
 from kvgeom.handoff import (
     mamba_cacheable_tokens,
     mamba_handoffs,
