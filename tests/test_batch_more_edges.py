@@ -112,6 +112,11 @@ TAIL_GEOMS = {
     "mamba_only": kvgeom.resolve(
         {"groups": [{**FA64, "prefix_cacheable": False}, M64], "cache": {"prefix_match_unit": 16}, "offload": {}}
     ),
+    # H = 1 (a one-token prefix match unit): a boundary of 1 token is on the hash grid, so the clip to 0 shows
+    "unit1": kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+         "cache": {"prefix_match_unit": 1}, "offload": {}}
+    ),
     # EAGLE K = 2, H 8 under span 32: proof margin 8, two spans of reach, the last hash minus the margin
     "eagle32": kvgeom.resolve(
         {"groups": [FA32D, M32], "cache": {"prefix_match_unit": 8}, "offload": {},
@@ -348,3 +353,44 @@ def test_per_request_bool_arrays_equal_the_scalar_flags(name):
         want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i], num_prompt_tokens=prompt[i],
                                offload_prompt_only=False, finished=bool(fin[i]), loaded_from_offload=bool(loaded[i]))
         assert sp.plan(i) == want, i
+
+
+def test_key_maps_total_past_int64_is_refused_not_wrapped():
+    """33 prefixes of INT64_MAX tokens hold 33 * (2^58 - 1) keys, past int64: the count is taken without wrapping
+    around (a wrapped sum would be negative and pass the size check), so the map is ``result_too_large``."""
+    problem = _problem(lambda: batch.key_maps(SEED, [INT64_MAX] * 33))
+    assert (problem.code, problem.field) == ("result_too_large", "key_maps")
+    assert problem.values["total"] > INT64_MAX
+
+
+def test_one_token_mamba_loads_the_state_block_of_its_hit():
+    """The state block a hit of N tokens loads is (N - 1) // B: with B = 1 every hit shows it (N = 1 loads block
+    0); the batch load plans equal the scalar plan_load of the scalar lookup, request by request."""
+    from kvgeom import hits
+
+    geom = kvgeom.resolve({"groups": [MAMBA1], "offload": {}})
+    n = [5, 3, 2, 40, 33]
+    width = 48
+    h = batch.lookup_hits(geom, n, stored={0: np.ones((len(n), width), dtype=bool)})
+    loads = batch.plan_loads(geom, h)
+    stored = {0: list(range(1, width + 1))}
+    for i, tokens in enumerate(n):
+        hit = hits.lookup_hit(geom, tokens, stored=stored)
+        assert h.hit(i) == hit
+        assert loads.plan(i) == hits.plan_load(geom, hit), i
+
+
+def test_align_mamba_over_two_block_chunks_stores_one_state_block_per_chunk():
+    """k = 2 with an align Mamba group (DCP 3: attention span 72, Mamba block 48): each stored chunk's entry is
+    its one state block, not a run of k blocks; the batch plans equal the scalar plan_store."""
+    from kvgeom import hits
+
+    geom = kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": 24},
+                    {"kind": "mamba", "block_size": 48, "mamba_cache_mode": "align"}],
+         "parallel": {"tp": 3, "dcp": 3, "cp_interleave": 2}, "offload": {"blocks_per_chunk": 2}}
+    )
+    n = [100, 300, 500]
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n)
+    for i, tokens in enumerate(n):
+        assert sp.plan(i) == hits.plan_store(geom, num_tokens=tokens, num_computed_tokens=tokens), i
