@@ -160,6 +160,8 @@ _STORES = {"num_tokens": [64, 64], "num_computed_tokens": [64, 64]}
     [
         ({"max_offload_tokens": [64, -1]}, "negative", "max_offload_tokens", {"max_offload_tokens": -1}),
         ({"reachable": [[1]]}, "length_mismatch", "reachable", {"length": 1, "expected": 2}),
+        # -1 pads a row of reachable boundaries; below it is a negative boundary
+        ({"reachable": [[31, -1], [-2, 3]]}, "negative", "reachable", {"reachable": -2}),
         ({"chunk_ends": [[16, -3], [16, 32]]}, "negative", "chunk_ends", {"chunk_ends": -3}),
         ({"chunk_ends": [[16]]}, "length_mismatch", "chunk_ends", {"length": 1, "expected": 2}),
         ({"loaded_from_offload": [1, 0]}, "bad_shape", "loaded_from_offload", {}),
@@ -394,3 +396,30 @@ def test_align_mamba_over_two_block_chunks_stores_one_state_block_per_chunk():
     sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n)
     for i, tokens in enumerate(n):
         assert sp.plan(i) == hits.plan_store(geom, num_tokens=tokens, num_computed_tokens=tokens), i
+
+
+# ---------------------------------------------------------------------------------------------
+# kvgeom.sim.GPUPrefixCache: the GPU side's mask, whatever the offload connector's
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offload", [{}, {"blocks_per_chunk": 2}])
+@pytest.mark.parametrize("row", ["r0", "r64", "r0-100", "unmarked"])
+def test_gpu_prefix_cache_keeps_the_gpu_mask_under_an_offload_connector(row, offload):
+    """The GPU keeps what vLLM 0.33's GPU managers keep (the vLLM rows of tests/test_sim.py, EAGLE without
+    look-ahead hashes), also when the geometry has an offload section: the GPU mask is taken on the GPU side
+    (its EAGLE shift) and aligned to the hit alignment, not to the connector's chunk (32 tokens with k = 2).
+    Without look-ahead hashes the connector changes no input of the GPU managers."""
+    from test_sim import GPU_ROWS
+
+    from kvgeom.sim import GPUPrefixCache
+
+    _name, groups, spec, retention, cache, n1, n2, window_entries, hit = next(r for r in GPU_ROWS if r[0] == row)
+    g = kvgeom.resolve({"groups": groups, "speculative": spec, "cache": {"retention_interval": retention, **cache},
+                        "offload": offload})
+    c = GPUPrefixCache(g)
+    c.cache_request(n1)
+    resident = c.resident()
+    assert resident["0"] == list(range(16, n1 // 16 * 16 + 1, 16))
+    assert resident["1"] == window_entries
+    assert kvgeom.prefix_hit(g, n2, resident).hit_tokens == hit
