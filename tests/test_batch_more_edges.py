@@ -423,3 +423,46 @@ def test_gpu_prefix_cache_keeps_the_gpu_mask_under_an_offload_connector(row, off
     assert resident["0"] == list(range(16, n1 // 16 * 16 + 1, 16))
     assert resident["1"] == window_entries
     assert kvgeom.prefix_hit(g, n2, resident).hit_tokens == hit
+
+
+@pytest.mark.parametrize("attention, window", [(32, 16), (64, 16), (64, 20), (64, 33)])
+@pytest.mark.parametrize("finished", [False, True])
+def test_sliding_final_tail_and_revisits_equal_the_scalar(attention, window, finished):
+    """Retention None, a sliding group of block 16 under a wider attention block (the connector aligns to the
+    attention chunk, so a segment is 2 or 4 sliding blocks and keeps only its last one or two): the tail of the
+    last, partial segment (``swa_store_horizon``: at the storable chunks once finished, at the prompt's end while
+    decoding) and the chunks a finished request revisits below what it stored; request by request the batch plan
+    equals the scalar plan_store, from stored starts 0 to 3 chunks."""
+    from kvgeom import hits
+
+    geom = kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": attention},
+                    {"kind": "sliding_window", "block_size": 16, "sliding_window": window}],
+         "cache": {"retention_interval": None, "prefix_match_unit": 16}, "offload": {}}
+    )
+    n = [64, 100, 130, 200, 260, 300, 333, 400]
+    prompt = [64, 64, 100, 150, 260, 200, 333, 300]
+    stored = [0, 1, 1, 2, 0, 3, 2, 1]
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, num_prompt_tokens=prompt, finished=finished,
+                           offload_prompt_only=False, stored_chunks={1: stored})
+    for i in range(len(n)):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i], num_prompt_tokens=prompt[i],
+                               finished=finished, offload_prompt_only=False, stored_chunks={1: stored[i]})
+        assert sp.plan(i) == want, i
+
+
+@pytest.mark.parametrize(
+    ("n", "total"),
+    [
+        ([2**40], 2**35),  # 2^35 attention chunks of 32 tokens: more candidates than a CSR result holds
+        # 33 * (2^58 - 1) candidates, past int64: counted without wrapping around
+        ([INT64_MAX] * 33, None),
+    ],
+)
+def test_plan_stores_refuses_too_many_candidate_chunks(n, total):
+    problem = _problem(lambda: batch.plan_stores(SEED, num_tokens=n, num_computed_tokens=n))
+    assert (problem.code, problem.field) == ("result_too_large", "plan_stores candidate chunks")
+    if total is None:
+        assert problem.values["total"] > INT64_MAX
+    else:
+        assert problem.values["total"] == total
