@@ -466,3 +466,25 @@ def test_plan_stores_refuses_too_many_candidate_chunks(n, total):
         assert problem.values["total"] > INT64_MAX
     else:
         assert problem.values["total"] == total
+
+
+# the docstring's vLLM row of kvgeom.sim.run_request: the GPU keeps Mamba states up to 48 only, so the request
+# restores nothing locally and 96 tokens from the tier (vLLM run); the tier evictions decide that external hit
+_RUN = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
+
+
+@pytest.mark.parametrize(
+    ("evict_tier", "external"),
+    [
+        (None, 96),
+        (lambda group, end: False, 96),  # a predicate that evicts nothing
+        ([False] * 64, 96),  # bools in (group, end_token) order, none True
+        (lambda group, end: True, 0),  # the tier emptied: nothing to load
+        ([True] * 64, 0),
+    ],
+)
+def test_run_request_tier_evictions_decide_the_external_hit(evict_tier, external):
+    from kvgeom.sim import run_request
+
+    r = run_request(_RUN, 100, evict_gpu=lambda g, e: g == 1 and e > 48, evict_tier=evict_tier)
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok) == (0, external, True)
