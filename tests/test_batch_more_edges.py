@@ -488,3 +488,12 @@ def test_run_request_tier_evictions_decide_the_external_hit(evict_tier, external
 
     r = run_request(_RUN, 100, evict_gpu=lambda g, e: g == 1 and e > 48, evict_tier=evict_tier)
     assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens, r.ok) == (0, external, True)
+
+
+def test_key_maps_request_column_repeats_each_prefix_once_per_key():
+    """``GroupKeys.request`` is the CSR row of each key: prefix i repeated once per key of its scalar key map."""
+    km = batch.key_maps(SEED, [64, 40, 0, 100])
+    for g in km.groups:
+        want = [i for i, n in enumerate([64, 40, 0, 100])
+                for _ in next(x for x in keys.key_map(SEED, n)["groups"] if x["index"] == g.index)["keys"]]
+        assert g.request.tolist() == want
