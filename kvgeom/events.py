@@ -228,9 +228,9 @@ class KVEventReader:
         self._cleared: tuple[str, ...] = tuple(dict.fromkeys(cleared))
         self._count = bool(count_duplicates)
         # One index while nobody asks for a Residency: the packed rows are the truth (one dict read per run of
-        # consecutive rows and a few numpy calls per event). The first residency() / residencies() call builds the residencies from
-        # them (O(entries held), once) and from then on both are kept current ("live"), the rows from the
-        # residency through the notes below, as packed() describes.
+        # consecutive rows and a few numpy calls per event). The first residency() / residencies() call builds
+        # the residencies from them (O(entries held), once) and from then on both are kept current ("live"), the
+        # rows from the residency through the notes below, as packed() describes.
         self._live = False
         self._res: dict[str, Residency] = {}
         self._packed: dict[str, PackedHolders] = {m: PackedHolders() for m in self._media}
@@ -313,12 +313,12 @@ class KVEventReader:
         """``medium``'s residency as :class:`~kvgeom.holders.PackedHolders` (packed uint64 holder rows), the
         form :func:`kvgeom.router.score_replicas` scores attention from. Until a residency is asked for
         (:meth:`residency`), these rows are the reader's only index: every event updates them directly (one
-        dict read per run of consecutive rows and a fixed number of numpy calls per event). Afterwards they are kept current from
-        the residency: each event the reader applies notes its hashes (O(1) per event); the next call sets the
-        bits of every noted store in one batch (one numpy pass, however many events) and rewrites the rows a
-        removal named from the residency, once per distinct hash (also when the notes reach four times the
-        size of the index, so they never outgrow it); rebuilt if the residency was changed behind the
-        reader's back. Not a copy.
+        dict read per run of consecutive rows and a fixed number of numpy calls per event). Afterwards they are
+        kept current from the residency: each event the reader applies notes its hashes (O(1) per event); the
+        next call sets the bits of every noted store in one batch (one numpy pass, however many events) and
+        rewrites the rows a removal named from the residency, once per distinct hash (also when the notes reach
+        four times the size of the index, so they never outgrow it); rebuilt if the residency was changed
+        behind the reader's back. Not a copy.
 
         >>> import kvgeom
         >>> reader = KVEventReader(kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}]}))
