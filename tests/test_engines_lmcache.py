@@ -364,3 +364,74 @@ def test_decode_store_frees_iff_saving_and_the_chunk_outgrows_window_plus_span(b
     freed = lm.decode_stored_freed(geom, lm.LMCacheSettings(chunk_size=chunk, save_decode_cache=save))[0]
     assert bool(freed) == (save and window + block < chunk)
     assert all(chunk // block <= b < (1 + lm.DECODE_PROBE_CHUNKS) * chunk // block for b in freed)  # decode chunks
+
+
+# compressed attention under DCP: (block, dcp, tokens_per_state, chunk) -> LMCache's refusal code, from
+# LMCache 0.5.6's worker registration run on vLLM 0.33's specs (tests/test_lmcache_conformance.py)
+COMPRESSED_ROWS = [
+    (33, 2, 2, 264, "lmcache_compressed_grid"),
+    (7, 2, 2, 224, "lmcache_compressed_grid"),
+    (7, 2, 2, 14, "lmcache_compressed_grid"),
+    (32, 2, 2, 256, None),
+    (34, 2, 2, 272, None),
+]
+
+
+@pytest.mark.parametrize(("block", "dcp", "tps", "chunk", "refused"), COMPRESSED_ROWS)
+def test_compressed_grid_rows_from_lmcache_runs(block, dcp, tps, chunk, refused):
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": block, "tokens_per_state": tps}],
+                           "parallel": {"tp": dcp, "dcp": dcp}})
+    s = lm.LMCacheSettings(chunk_size=chunk)
+    assert lm.sheet(geom, s).get("refused_code") == refused
+    if refused:
+        with pytest.raises(lm.LMCacheRefusal) as e:
+            lm.lmcache_geometry(geom, s)
+        slots = block // tps
+        assert e.value.field == "groups[0].block_size"
+        assert e.value.values == {"group": 0, "span": block * dcp, "states_per_block": slots, "block_size": block,
+                                  "tokens_per_state": tps}
+        assert f"multiple of tokens_per_state ({tps})" in str(e.value)
+        assert "compressed-grid" in {p.finding for p in lm.partings(geom, s)}
+
+
+def test_a_block_holding_no_state_is_not_a_registration_to_predict():
+    # tokens_per_state above the block: vLLM cannot plan the cache (a 0-byte page), so there is no LMCache
+    # registration; the model neither crashes nor invents a refusal for it
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1, "tokens_per_state": 2}],
+                           "parallel": {"tp": 2, "dcp": 2}})
+    assert lm.states_per_block(geom.groups[0]) == 0
+    assert lm.sheet(geom)["refused"] is False
+
+
+@st.composite
+def _compressed_configs(draw: st.DrawFn) -> dict:
+    """Compressed attention (tokens_per_state 2-8) beside an optional plain group, DCP 1-4, blocks 1-64 that
+    prefix-cache hits land on (vLLM's A is a multiple of tokens_per_state)."""
+    dcp, tps = draw(st.integers(1, 4)), draw(st.integers(2, 8))
+    block = draw(st.integers(1, 64).filter(lambda b: b * dcp % tps == 0))
+    groups = [{"kind": draw(st.sampled_from(["full_attention", "mla"])), "block_size": block,
+               "tokens_per_state": tps}]
+    if draw(st.booleans()):
+        groups.append({"kind": "full_attention", "block_size": block})
+    return {"groups": groups, "parallel": {"tp": dcp, "dcp": dcp}}
+
+
+@given(_compressed_configs(), st.integers(1, 4))
+def test_a_registered_compressed_group_spans_whole_blocks_of_states(cfg, k):
+    try:
+        geom = kvgeom.resolve(cfg)
+    except KVGeomError:
+        return  # e.g. two groups whose A is not a multiple of tokens_per_state
+    s = lm.LMCacheSettings(chunk_size=k * geom.scheduler_block_size)
+    for g in geom.groups:
+        assert 0 <= lm.states_per_block(g) <= g.block_size
+    try:
+        lmg = lm.lmcache_geometry(geom, s)
+    except lm.LMCacheRefusal as e:
+        if e.code == "lmcache_compressed_grid":
+            g = geom.groups[e.values["group"]]
+            assert e.values["span"] % lm.states_per_block(g) != 0
+        return
+    for g, span in zip(geom.groups, lmg.spans, strict=True):
+        slots = lm.states_per_block(g)
+        assert not (span and slots) or span % slots == 0

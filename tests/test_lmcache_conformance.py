@@ -186,3 +186,43 @@ def test_decode_stores_beside_vllms_rswa_frees(window, opts, freed):
     found = harness.check_case(cfg, opts)
     assert found is not None and [f for f in found if f.kind != "parting" or f.finding is None] == []
     assert ("rswa-decode-store" in {f.finding for f in found}) == bool(freed)
+
+
+def _compressed(block: int, dcp: int = 2, tps: int = 2) -> dict:
+    return {"groups": [{"kind": "full_attention", "block_size": block, "tokens_per_state": tps}],
+            "parallel": {"tp": dcp, "dcp": dcp}}
+
+
+@pytest.mark.parametrize(("block", "chunk", "slots"), [(33, 264, 16), (7, 224, 3), (7, 14, 3)])
+def test_the_workers_refuse_compressed_attention_off_the_slot_grid(block, chunk, slots):
+    # vLLM's connector view of the cache has block // tokens_per_state rows per block; LMCache's registration
+    # needs the span (block * dcp) to be a multiple of them (tests/test_engines_lmcache.py COMPRESSED_ROWS)
+    geom = kvgeom.resolve(_compressed(block))
+    out = transfer.lmcache_staged(geom, {"chunk_size": chunk}, 2)
+    assert out["refused_code"] == "lmcache_compressed_grid"
+    msg = f"group 0: tokens_per_block {2 * block} must be a multiple of slots_per_block {slots}"
+    assert out["refused_message"] == msg
+    found = harness.check_case(_compressed(block), {"chunk_size": chunk})
+    assert found is not None and [(f.kind, f.finding) for f in found] == [("parting", "compressed-grid")]
+
+
+def test_a_block_holding_no_state_is_a_geometry_vllm_cannot_plan():
+    # tokens_per_state 2 over a 1-token block (DCP 2 makes the span 2): vLLM's page is 0 bytes and its own
+    # KV-cache planning divides by it, so the harness skips the case instead of crashing in its stand-in
+    import types
+
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+
+    from kvgeom.conformance import vllm_objects as vo
+
+    geom = kvgeom.resolve(_compressed(1))
+    vc, kcc = vo.build_vllm_config(geom), vo.build_kv_cache_config(geom)
+    vc.attention_config = types.SimpleNamespace(hisparse_config=None)
+    vc.cache_config.kv_cache_layout = "LBNHC"
+    with pytest.raises(ZeroDivisionError):
+        get_kv_cache_config_from_groups(vc, kcc.kv_cache_groups, 1 << 30)
+    assert harness.lmcache_answers(geom, {})["skip"].startswith("vLLM rejects the objects: group 0: a 1-token block")
+    assert harness.check_case(_compressed(1), {}) is None
+    with pytest.raises(transfer.VLLMRejects):
+        transfer.check_vllm_plans(kcc)
+    transfer.check_vllm_plans(vo.build_kv_cache_config(kvgeom.resolve(_compressed(32))))  # 16 states: plans

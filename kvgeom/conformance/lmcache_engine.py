@@ -126,6 +126,9 @@ def lmcache_answers(geom: Geometry, scenario: Mapping[str, Any]) -> dict[str, An
     s = _settings(scenario)
     try:
         vc, kcc = _config(geom, s)
+        transfer.check_vllm_plans(kcc)  # vLLM plans its cache before it builds any connector
+    except transfer.VLLMRejects as e:
+        return {"skip": f"vLLM rejects the objects: {e}"}
     except Exception as e:  # vLLM itself rejects the objects: not LMCache's business
         return {"skip": f"vLLM rejects the objects: {type(e).__name__}: {e}"}
     step = "mamba_step"

@@ -11,8 +11,10 @@ Three of LMCache's own code paths, each run on vLLM 0.33's real spec objects and
   class with one kernel group per vLLM group (every layer of a group has one shape), each checked by its
   own ``_validate_block_chunk_size_config`` as its constructor does; the context's block counting and
   staging are ``BaseCacheContext``'s functions. Only the KV tensors are missing: a kernel group's
-  physical slots per block (``block_size // tokens_per_state``) stand in for the shape LMCache reads off
-  them. The block ids are LMCache's ``slice_block_ids_per_group`` of every chunk.
+  physical slots per block (vLLM's ``num_states`` of the spec, the rows of the manager-block view vLLM
+  hands its connectors) stand in for the shape LMCache reads off them. A geometry whose block holds no
+  state is one vLLM cannot plan (:func:`check_vllm_plans`). The block ids are LMCache's
+  ``slice_block_ids_per_group`` of every chunk.
 * **hold-back** (:func:`lmcache_lookup_end`): LMCache's scheduler-side connector, constructed for real
   (``LMCacheMPConnector(vllm_config, SCHEDULER, kv_cache_config)``: every validator, the spans, the
   identity, the relocation window), with a request client that records what it is sent instead of a
@@ -65,15 +67,16 @@ from lmcache.v1.platform.base.cache_context import BaseCacheContext  # noqa: E40
 from lmcache.v1.token_database import ChunkedTokenDatabase  # noqa: E402
 from vllm.config import KVTransferConfig, VllmConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.kv_cache_interface import AttentionSpec  # noqa: E402
 
 from kvgeom.conformance.vllm_rswa import vllm_null_blocks  # noqa: E402
 from kvgeom.engines import lmcache as model  # noqa: E402
 from kvgeom.geometry import Geometry  # noqa: E402
 from kvgeom.specs import rswa_window_of  # noqa: E402
 
-__all__ = ["connector_answers", "lmcache_chunks", "lmcache_connector", "lmcache_decode_stored_freed",
-           "lmcache_lookup_end", "lmcache_staged", "lmcache_worker_registration", "stand_in_context",
-           "VLLMRejects", "worker_kv_cache_config"]
+__all__ = ["check_vllm_plans", "connector_answers", "lmcache_chunks", "lmcache_connector",
+           "lmcache_decode_stored_freed", "lmcache_lookup_end", "lmcache_staged", "lmcache_worker_registration",
+           "stand_in_context", "VLLMRejects", "worker_kv_cache_config"]
 
 
 def _settings(s: Mapping[str, Any]) -> model.LMCacheSettings:
@@ -114,11 +117,34 @@ def _engine_group_infos(geom: Geometry) -> tuple[list[EngineGroupInfo], list[int
             sw_size_tokens=kcg._merge_layer_sw_sizes(windows, layers),
             recurrent_state=kcg._merge_layer_recurrent(recurrent, layers),
         ))
-        leaf = group.kv_cache_spec
-        leaf = next(iter(leaf.kv_cache_specs.values())) if hasattr(leaf, "kv_cache_specs") else leaf
-        slots.append(leaf.block_size // max(int(getattr(leaf, "tokens_per_state", 1) or 1),
-                                            int(getattr(leaf, "compress_ratio", 1) or 1)))
+        slots.append(_rows_per_block(group.kv_cache_spec))
     return infos, slots
+
+
+def _leaves(spec: Any) -> list[Any]:
+    return list(spec.kv_cache_specs.values()) if hasattr(spec, "kv_cache_specs") else [spec]
+
+
+def _rows_per_block(spec: Any) -> int:
+    """Rows per block of the cache tensor vLLM hands its connectors for ``spec`` (its first layer's): the
+    manager-block view, ``num_states`` of an attention spec (vLLM's ``get_num_kernel_states(block_size)``:
+    ``block_size // tokens_per_state``), the block size of any other spec."""
+    leaf = _leaves(spec)[0]
+    return int(leaf.num_states) if isinstance(leaf, AttentionSpec) else int(leaf.block_size)
+
+
+def check_vllm_plans(kcc: Any) -> None:
+    """:class:`VLLMRejects` when vLLM 0.33 cannot plan the KV cache of ``kcc``: an attention layer whose block
+    holds no state (``tokens_per_state`` above its block: ``num_states`` 0, a page of 0 bytes) makes vLLM's
+    ``get_kv_cache_config_from_groups`` divide by a zero page (ZeroDivisionError) before any connector is
+    built, so there is no LMCache behaviour to compare."""
+    for i, group in enumerate(kcc.kv_cache_groups):
+        for leaf in _leaves(group.kv_cache_spec):
+            if isinstance(leaf, AttentionSpec) and leaf.num_states == 0:
+                raise VLLMRejects(
+                    f"group {i}: a {leaf.block_size}-token block holds no state at tokens_per_state "
+                    f"{leaf.tokens_per_state} (page {leaf.page_size_bytes} bytes); vLLM's KV-cache planning "
+                    "divides by the page (ZeroDivisionError)")
 
 
 class _StandInContext:
@@ -158,14 +184,19 @@ def stand_in_context(geom: Geometry, chunk_size: int) -> tuple[_StandInContext, 
 
 def lmcache_staged(geom: Geometry, scenario: Mapping[str, Any], num_chunks: int) -> dict[str, Any]:
     """The block ids LMCache stages for ``num_chunks`` chunks of a request whose block ids are 0, 1, ...
-    in every group (``staged``: per vLLM group, ``[]`` for a scratch group), or ``refused`` with the code
-    ``lmcache_window_grid`` when its registration refuses a group."""
+    in every group (``staged``: per vLLM group, ``[]`` for a scratch group), or ``refused`` when its
+    registration refuses a group: ``lmcache_compressed_grid`` (a span off the block's slot grid),
+    ``lmcache_window_grid`` (a sub-chunk window off the span grid), ``lmcache_registration_other`` (any other
+    of its checks)."""
     s = _settings(scenario)
     C = s.chunk_size
     try:
         ctx, infos = stand_in_context(geom, C)
     except ValueError as e:
-        return {"refused": True, "refused_code": "lmcache_window_grid", "refused_message": str(e)}
+        msg = str(e)
+        code = ("lmcache_compressed_grid" if "slots_per_block" in msg else
+                "lmcache_window_grid" if "sliding window" in msg else "lmcache_registration_other")
+        return {"refused": True, "refused_code": code, "refused_message": msg}
     spans = [kcg.get_tokens_per_block(g.kv_cache_spec, geom.parallel.dcp)
              for g in worker_kv_cache_config(geom).kv_cache_groups]
     end = num_chunks * C

@@ -35,7 +35,8 @@ The rules (established by running LMCache 0.5.6's functions on vLLM 0.33's real 
   cannot serve (cross attention; Mamba outside ``align``/``all``), no cacheable group, then DCP support
   (no PCP with DCP; the interleave divides every attention block, replicated ones included; each server
   holds a whole set of DCP shards), the servers (they divide ``tp * pp * pcp``; one server under PP), the
-  chunk-size rule, and then, on the workers, a window smaller than the chunk must be on its span grid.
+  chunk-size rule, and then, on the workers, a span must be a multiple of the states one block holds
+  (:func:`states_per_block`) and a window smaller than the chunk must be on its span grid.
 * **staging** (:func:`stage_block_ids`): per chunk LMCache stores and loads only the last
   ``min(chunk_size, window) // span`` block ids of a windowed group (:func:`window_tokens`: a sliding
   window's ``sliding_window``, a Mamba group's block), all of them otherwise.
@@ -50,9 +51,10 @@ Where it parts from vLLM (:data:`FINDINGS`, :func:`partings`): LMCache does not 
 replicated group, a drafter) gets a span DCP times too wide; its scheduler block and hit alignment follow;
 its interleave check counts replicated groups vLLM does not deal; its staging reads the spec's
 ``sliding_window``, not vLLM's window need widened by ``extra_retained_tokens``; its workers refuse a
-sub-chunk window off the span grid; its scheduler block leaves out scratch groups; with ``save_decode_cache``
-it stores decode chunks of a reference sliding-window group from blocks vLLM has freed
-(:func:`decode_stored_freed`); its workers fail on an encoder-only model.
+sub-chunk window off the span grid, and compressed attention whose span is off its states-per-block
+grid; its scheduler block leaves out scratch groups; with ``save_decode_cache`` it stores decode chunks
+of a reference sliding-window group from blocks vLLM has freed (:func:`decode_stored_freed`); its
+workers fail on an encoder-only model.
 
 Invariants (``tests/test_engines_lmcache.py``, property tests):
 
@@ -89,7 +91,7 @@ from kvgeom.hits import rswa_gap_blocks
 from kvgeom.keys import OffloadKey, boundary_hash_index, chunk_for_end_token, offload_group
 from kvgeom.masks import reachable_block_mask
 from kvgeom.prefill import engine_block_size
-from kvgeom.specs import rswa_window_of, sliding_window_of
+from kvgeom.specs import iter_leaves, rswa_window_of, sliding_window_of, tokens_per_state_of
 
 __all__ = [
     "COARSE_FACTOR",
@@ -127,6 +129,7 @@ __all__ = [
     "slice_block_ids",
     "stage_block_ids",
     "staged_blocks_per_chunk",
+    "states_per_block",
     "staging_partings",
     "window_tokens",
 ]
@@ -481,8 +484,37 @@ def _check_chunk(spans: Sequence[int], s: LMCacheSettings) -> None:
                           chunk_size=s.chunk_size, group=i, span=span)
 
 
-def _check_windows(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> None:
+def states_per_block(g: GroupGeometry) -> int:
+    """Rows one vLLM block of ``g`` holds (its first layer's, for a uniform group): ``block_size //
+    tokens_per_state`` for compressed attention, ``block_size`` otherwise. This is the per-block dimension of
+    the cache tensor vLLM 0.33 hands its KV connectors (the manager-block view), which LMCache's workers read
+    as the slots of a block. 0 when the layer compresses more tokens than its block holds (vLLM's page is then
+    0 bytes and vLLM cannot plan the cache). Invariant: ``0 <= states_per_block(g) <= g.block_size``.
+
+    >>> import kvgeom
+    >>> geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 7, "tokens_per_state": 2}],
+    ...     "parallel": {"tp": 2, "dcp": 2}})
+    >>> states_per_block(geom.groups[0])
+    3
+    """
+    tps = tokens_per_state_of(next(iter(iter_leaves(g.spec))))
+    return g.block_size // tps if tps is not None and tps > 1 else g.block_size
+
+
+def _check_registration(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> None:
+    """The workers' registration, group by group in LMCache's order: the span on the slot grid, then the
+    window on the span grid (the chunk rule is the connector's, checked before)."""
     for g, span in zip(geom.groups, spans, strict=True):
+        slots = states_per_block(g)
+        if span and slots and span % slots:  # slots 0: vLLM itself cannot plan the cache, no registration
+            tps = tokens_per_state_of(next(iter(iter_leaves(g.spec))))
+            raise _refuse("lmcache_compressed_grid",
+                          f"LMCache's workers refuse group {g.index} ({g.kind}): its span {span} is not a multiple of "
+                          f"the {slots} states vLLM keeps per {g.block_size}-token block (tokens_per_state {tps}); "
+                          f"use a block_size that is a multiple of tokens_per_state ({tps})",
+                          f"groups[{g.index}].block_size",
+                          group=g.index, span=span, states_per_block=slots, block_size=g.block_size,
+                          tokens_per_state=tps)
         w = window_tokens(g)
         if span and w is not None and 0 < w < s.chunk_size and w % span:
             raise _refuse("lmcache_window_grid",
@@ -526,7 +558,7 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     """LMCache 0.5.6's geometry of the deployment ``geom`` under ``settings`` (defaults:
     :class:`LMCacheSettings`), or :class:`LMCacheRefusal` with the first check its connector fails, in
     its order: Mamba step, groups, spans and scheduler block, DCP support, chunk size, then the workers'
-    registration (an encoder-only model; a window off the span grid).
+    registration (an encoder-only model; a span off the states-per-block grid; a window off the span grid).
 
     >>> import kvgeom
     >>> lm = lmcache_geometry(kvgeom.resolve(kvgeom.DEFAULT_CONFIG))
@@ -551,7 +583,7 @@ def lmcache_geometry(geom: Geometry, settings: LMCacheSettings | None = None) ->
     _check_servers(geom, s)
     _check_chunk(spans, s)
     _check_worker_groups(geom)
-    _check_windows(geom, spans, s)
+    _check_registration(geom, spans, s)
     return LMCacheGeometry(
         spans=spans,
         scheduler_block=block,
@@ -995,6 +1027,19 @@ _ALL_FINDINGS = (
                     {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]},
     ),
     LMCacheFinding(
+        "compressed-grid",
+        "LMCache's workers refuse compressed attention whose span is off its states-per-block grid",
+        "At registration LMCache refuses a group whose span (block_size * dcp for an attention class) is not a "
+        "multiple of the rows one block of its cache tensor holds (block_size // tokens_per_state for "
+        "compressed attention).",
+        "vLLM plans the cache: a prefix-cache hit needs only its hit alignment to be a multiple of "
+        "tokens_per_state, so under DCP a per-rank block that tokens_per_state does not divide is accepted.",
+        "The workers raise when they register their KV caches; nothing is stored (the scheduler side started).",
+        "Use a block_size that is a multiple of tokens_per_state.",
+        {"groups": [{"kind": "full_attention", "block_size": 7, "tokens_per_state": 2}],
+         "parallel": {"tp": 2, "dcp": 2}, "lmcache": {"chunk_size": 224}},
+    ),
+    LMCacheFinding(
         "rswa-decode-store",
         "With save_decode_cache LMCache stores reference sliding-window blocks vLLM has freed",
         "With lmcache.mp.save_decode_cache LMCache stores each chunk of generated tokens when its last token is "
@@ -1074,6 +1119,7 @@ def partings_of(geom: Geometry, sheet: Mapping[str, Any]) -> list[Parting]:
         code = sheet.get("refused_code")
         fid = ("interleave-replicated-group" if code == "lmcache_interleave" and _interleave_only_replicated(geom)
                else "window-grid" if code == "lmcache_window_grid"
+               else "compressed-grid" if code == "lmcache_compressed_grid"
                else "encoder-only-model" if code == "lmcache_worker_no_kv_cache" else "refuses")
         msg = f"LMCache refuses this deployment: {sheet.get('refused_message', code)}"
         out.append(Parting(fid, "refused", None, code, None, _explain(fid, msg)))
@@ -1167,6 +1213,7 @@ def staging_partings(
 
 _LATE_REFUSALS = frozenset({"lmcache_dcp_with_pcp", "lmcache_interleave", "lmcache_servers", "lmcache_chunk_size",
                             "lmcache_window_grid", "lmcache_servers_split", "lmcache_servers_pp",
+                            "lmcache_compressed_grid",
                             "lmcache_worker_no_kv_cache"})
 
 
