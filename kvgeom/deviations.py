@@ -139,6 +139,19 @@ _ALL = (
         "A layer in no group has no KV cache: there is no geometry to answer with, and an answer that "
         "placed the layers would describe an engine that does not exist.",
     ),
+    Deviation(
+        "lookahead-past-unitary-window",
+        "One windowed group under lookahead hashes longer than its block is looked up",
+        "With one KV cache group (UnitaryKVCacheCoordinator) that is Mamba or sliding window, prefix caching on "
+        "and lookahead hashes of P tokens (multi-module MTP, no connector), the manager's find_longest_cache_hit "
+        "scans max_length // block_size blocks from the right, but the request has only (n - P) // H block "
+        "hashes: when P exceeds the block, the first schedule() raises IndexError (vLLM 0.33, run). Full "
+        "attention, hybrids and prefix caching off run.",
+        "Resolves the geometry and reads the hit only from the hashes the request has (as vLLM's hybrid "
+        "coordinator does): a 40-token request of Mamba block 2 with P = 3 holding the state at 36 hits 36.",
+        "The crash is an index past the hash list, not a geometry rule; the rule every other coordinator applies "
+        "is well defined.",
+    ),
 )
 
 DEVIATIONS: dict[str, Deviation] = {d.id: d for d in _ALL}

@@ -126,6 +126,15 @@ def test_packed_bucket_unbalanced():
     assert resolve_block_sizes({"model": {"block_size": 16, "layers": layers}}).group_layers
 
 
+def test_lookahead_past_unitary_window():
+    # vLLM 0.33 (run): IndexError on the first schedule (the unitary coordinator's Mamba scan reads past the
+    # (n - P) // H hashes); kvgeom resolves and reads the hit from the hashes the request has
+    g = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 2}],
+                        "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}})
+    assert (g.hash_lookahead_tokens, g.hash_block_size) == (3, 2)
+    assert kvgeom.prefix_hit(g, 40, {"0": [36, 38]}).hit_tokens == 36  # 38 needs a hash the request lacks
+
+
 def test_mamba_state_keyed_past_chunk_end():
     # vLLM 0.33 (run): chunks end at 144 and 167, the Mamba block 4 (tokens 128..160, holding the state after
     # 144) is stored as key 160 and a 254-token lookup hits 160; kvgeom stores no Mamba key and hits 0
