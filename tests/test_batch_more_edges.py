@@ -497,3 +497,19 @@ def test_key_maps_request_column_repeats_each_prefix_once_per_key():
         want = [i for i, n in enumerate([64, 40, 0, 100])
                 for _ in next(x for x in keys.key_map(SEED, n)["groups"] if x["index"] == g.index)["keys"]]
         assert g.request.tolist() == want
+
+
+def test_the_inclusive_edges_of_a_result_bound_and_of_a_prompt():
+    # check_total refuses only a result past MAX_RESULT elements (exactly MAX_RESULT is built); a prompt as long
+    # as its request is no excess (only a longer one is prompt_longer_than_request)
+    from kvgeom.batch._arrays import MAX_RESULT, check_total, prompt_tokens
+
+    check_total("hit_tokens", MAX_RESULT)
+    with pytest.raises(QueryError) as e:
+        check_total("hit_tokens", MAX_RESULT + 1)
+    assert e.value.code == "result_too_large"
+    n = np.array([32, 48], dtype=np.int64)
+    assert prompt_tokens([32, 48], n).tolist() == [32, 48]
+    with pytest.raises(QueryError) as e:
+        prompt_tokens([32, 49], n)
+    assert e.value.code == "prompt_longer_than_request"
