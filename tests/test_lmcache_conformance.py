@@ -119,36 +119,15 @@ def test_the_hash_chain_agrees_and_its_check_can_fail(monkeypatch):
     assert diffs and diffs[0][0] == "chunk_ranges"
 
 
+from test_engines_lmcache import KIND_ROWS  # noqa: E402  (the model's rows, run on LMCache's code here)
+
 _FA = {"kind": "full_attention", "block_size": 16}
-_MB = {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}
-_RSWA = {"kind": "rswa", "block_size": 16, "rswa_window": 40}
-_HOT = {"kind": "hisparse_hot", "block_size": 16, "blocks_per_request": 4}
-_RES = {"kind": "hisparse_resident", "block_size": 16}
 _ENC = {"kind": "encoder_only", "block_size": 16}
-_DCP2 = {"tp": 2, "dcp": 2}
 
 
-@pytest.mark.parametrize(("cfg", "refused", "spans", "block", "staged"), [
-    # vLLM 0.33's newer kinds alone, beside full attention, beside full attention and Mamba, under DCP: what
-    # LMCache itself answers (tests/test_engines_lmcache.py KIND_ROWS holds the same rows for the model)
-    ({"groups": [_RSWA]}, None, [16], 16, [16]),  # rswa: full attention to LMCache
-    ({"groups": [_RSWA, _FA]}, None, [16, 16], 16, [16, 16]),
-    ({"groups": [_FA, _MB, _RSWA]}, None, [16, 32, 16], 32, [16, 1, 16]),
-    ({"groups": [_FA, _RSWA], "parallel": _DCP2}, None, [32, 32], 32, [8, 8]),  # sharded like full attention
-    ({"groups": [_HOT]}, "lmcache_no_cacheable_group", None, None, None),  # a scratch group only
-    ({"groups": [_HOT, _FA]}, None, [0, 16], 16, [0, 16]),
-    ({"groups": [_FA, _MB, _HOT]}, None, [16, 32, 0], 32, [16, 1, 0]),
-    ({"groups": [_FA, _HOT], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
-    ({"groups": [_RES]}, "lmcache_no_cacheable_group", None, None, None),
-    ({"groups": [_RES, _FA]}, None, [0, 16], 16, [0, 16]),
-    ({"groups": [_FA, _MB, _RES]}, None, [16, 32, 0], 32, [16, 1, 0]),
-    ({"groups": [_FA, _RES], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
-    ({"groups": [_ENC]}, "lmcache_worker_no_kv_cache", [16], 16, None),  # the worker's StopIteration
-    ({"groups": [_ENC], "parallel": _DCP2}, "lmcache_worker_no_kv_cache", [32], 32, None),
-    ({"groups": [_FA, _ENC]}, None, [16, 0], 16, [16, 0]),  # the encoder-only group never reaches LMCache
-    ({"groups": [_FA, _MB, _ENC]}, None, [16, 32, 0], 32, [16, 1, 0]),
-    ({"groups": [_FA, _ENC], "parallel": _DCP2}, None, [32, 0], 32, [8, 0]),
-])
+# vLLM 0.33's newer kinds alone, beside full attention, beside full attention and Mamba, under DCP: the model's
+# rows (tests/test_engines_lmcache.py KIND_ROWS) are what LMCache itself answers, checked here on LMCache's code
+@pytest.mark.parametrize(("cfg", "refused", "spans", "block", "staged"), KIND_ROWS)
 def test_new_kinds_as_lmcache_answers_them(cfg, refused, spans, block, staged):
     geom = kvgeom.resolve(cfg)
     theirs = harness.lmcache_answers(geom, {})
