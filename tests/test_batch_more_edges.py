@@ -409,7 +409,9 @@ def test_gpu_prefix_cache_keeps_the_gpu_mask_under_an_offload_connector(row, off
     """The GPU keeps what vLLM 0.33's GPU managers keep (the vLLM rows of tests/test_sim.py, EAGLE without
     look-ahead hashes), also when the geometry has an offload section: the GPU mask is taken on the GPU side
     (its EAGLE shift) and aligned to the hit alignment, not to the connector's chunk (32 tokens with k = 2).
-    Without look-ahead hashes the connector changes no input of the GPU managers."""
+    Without look-ahead hashes the connector changes no input of the GPU managers: run on vLLM 0.33 with these
+    offload sections (``vllm_stores.run_store_then_lookup``'s ``gpu_cached``), the window group's entries are
+    the rows' own."""
     from test_sim import GPU_ROWS
 
     from kvgeom.sim import GPUPrefixCache
