@@ -257,6 +257,19 @@ class Geometry:
         sg = self.speculative
         return sg.prefill_lookahead_tokens if sg is not None and sg.lookahead_hashes else 0
 
+    def request_hashes(self, num_tokens: int) -> int:
+        """How many hashes vLLM's ``request.block_hashes`` holds for a request of ``num_tokens`` tokens:
+        ``max(num_tokens - P, 0) // H`` (P = :attr:`hash_lookahead_tokens`, H = ``hash_block_size``). The one
+        home of that count: the prefix lookups, the chain checks and the router read it.
+
+        Invariant: at most ``num_tokens // H``, and equal to it when P is 0.
+
+        >>> import kvgeom
+        >>> kvgeom.resolve(kvgeom.DEFAULT_CONFIG).request_hashes(100)
+        6
+        """
+        return max(num_tokens - self.hash_lookahead_tokens, 0) // self.hash_block_size
+
     def group(self, index: int) -> GroupGeometry:
         """Group ``index``; :class:`kvgeom.QueryError` when out of range."""
         if type(index) is int and 0 <= index < len(self.groups):  # fast path of the check below (benchmarks)

@@ -444,8 +444,7 @@ def _query_limit(candidate: int, margin: int | None, drop: bool, chain: int) -> 
 def _chain_tokens(geom: Geometry, n: int) -> int:
     """Tokens covered by the request's hash chain: ``floor(n / H) * H``, or ``floor((n - P) / H) * H``
     with look-ahead hashes (a hash is emitted once its P look-ahead tokens exist)."""
-    H = geom.hash_block_size
-    return max(n - geom.hash_lookahead_tokens, 0) // H * H
+    return geom.request_hashes(n) * geom.hash_block_size
 
 
 def prefix_hit(

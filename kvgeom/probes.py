@@ -616,7 +616,7 @@ def check_chain_length(geom: Geometry, num_tokens: int, block_hashes: Sequence[H
     ...     print(e.code, e.values)
     block_hashes_too_short {'num_hashes': 1, 'needed': 4}
     """
-    needed = max(0, num_tokens - geom.hash_lookahead_tokens) // geom.hash_block_size
+    needed = geom.request_hashes(num_tokens)
     if len(block_hashes) < needed:
         raise QueryError.single(
             "block_hashes_too_short",

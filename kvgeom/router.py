@@ -636,6 +636,13 @@ def _packed_chain(packed: PackedHolders, group: int, chain: Sequence[Hashable], 
     return rows
 
 
+def _hit_blocks(chain: Sequence[Hashable], n: int, S: int, s: int) -> Sequence[Hashable]:
+    """The hashes of the blocks that may hit (span S, ``s = S // H`` hashes per block): block j's hash is chain
+    entry ``(j + 1) * s - 1``, for every complete block of the chain below the last token (hits stop at
+    ``n - 1``). Both packed paths read these."""
+    return chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]
+
+
 def _rows_differ(alive: Words) -> npt.NDArray[np.bool_]:
     """Whether each row differs from the next: the words' inequalities folded with an OR over a uint64 view of
     the bool rows (numpy's ``any(axis=1)`` over a short row costs several times more)."""
@@ -770,19 +777,18 @@ def _one_packed(geom: Geometry, reader: KVEventReader, chains: Sequence[Sequence
         return None
     lg = setup.plan[0]
     S, ids = lg.span, lg.group_ids
-    m, H, P = len(chain), setup.H, geom.hash_lookahead_tokens
-    if len(ids) != 1 or (m != n // H and m != max(n - P, 0) // H):
+    hashed = geom.request_hashes(n)
+    if len(ids) != 1 or len(chain) not in (n // setup.H, hashed):
         return None
     seen = reader.hash_types
     if seen and chain and type(chain[0]) not in seen:
         return None
-    if P and m * H > n - P:  # as score_replicas: vLLM has not hashed the chain's last block yet
-        chain = chain[: max(n - P, 0) // H]
+    if len(chain) > hashed:  # as score_replicas: a router's n // H chain, read as far as vLLM hashes
+        chain = chain[:hashed]
     out = np.zeros((1, 1, R), dtype=np.int64)
     p = reader.packed(name)
     if p.has_group(ids[0]):
-        s = S // H
-        blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]
+        blocks = _hit_blocks(chain, n, S, S // setup.H)
         out[0, 0] = _packed_full_hits(_packed_chain(p, ids[0], chain, blocks, R, True), S, setup.A, R, True)
     return RouterScores(tiers=(name,), hit_tokens=out)
 
@@ -873,7 +879,6 @@ def score_replicas(
                 "num_tokens")
     setup = _setup(geom)
     plan, groups, H, A, drop = setup.plan, setup.groups, setup.H, setup.A, setup.drop
-    P = geom.hash_lookahead_tokens  # vLLM hashes a block once P tokens past it exist: (n - P) // H hashes
     bit_path = setup.bit_ok if matrix_path is None else not matrix_path
     if bit_path and not setup.bit_ok:
         raise QueryError.single(
@@ -893,11 +898,13 @@ def score_replicas(
     for q, (chain, n) in enumerate(zip(chains, counts, strict=True)):
         if type(n) is not int or not 0 <= n <= INT64_MAX:  # ints in range pass without a call
             n = nonneg(f"num_tokens[{q}]", n)
-        if len(chain) != n // H and len(chain) != max(n - P, 0) // H:
-            hashed = f"{n // H}" if not P else f"{n // H} (or {max(n - P, 0) // H}, hashed P={P} tokens ahead)"
+        hashed = geom.request_hashes(n)  # vLLM hashes a block once P tokens past it exist
+        if len(chain) != n // H and len(chain) != hashed:
+            P = geom.hash_lookahead_tokens
+            count = f"{n // H}" if hashed == n // H else f"{n // H} (or {hashed}, hashed P={P} tokens ahead)"
             raise QueryError.single(
                 "chain_length_mismatch",
-                f"chain {q} has {len(chain)} hashes but a {n}-token request has {hashed} complete blocks of the hash "
+                f"chain {q} has {len(chain)} hashes but a {n}-token request has {count} complete blocks of the hash "
                 f"unit H={H}; hash the request every H tokens (a chain at another block size would be read at the "
                 "wrong end tokens)", f"chains[{q}]", num_hashes=len(chain), num_tokens=n, hash_block_size=H)
         if seen_types and chain and type(chain[0]) not in seen_types:
@@ -907,10 +914,10 @@ def score_replicas(
                 f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
                 "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
                 f"chains[{q}]", chain_type=type(chain[0]).__name__)
-        if P and len(chain) * H > n - P:  # a router's n // H chain: vLLM has not hashed its last block yet
-            chain = chain[: max(n - P, 0) // H]
+        if len(chain) > hashed:  # a router's n // H chain: vLLM has not hashed its last block yet
+            chain = chain[:hashed]
         if packed is not None:
-            blocks = chain[s - 1 : min(len(chain) // s, max(n - 1, 0) // S) * s : s]  # what may hit
+            blocks = _hit_blocks(chain, n, S, s)
             below: dict[int, Words] = {}
             for t, name in enumerate(names):
                 p = packed[name]

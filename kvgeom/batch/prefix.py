@@ -240,7 +240,7 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
         n = np.full(rows, int(n[0]), np.int64)
     H = geom.hash_block_size
     P = geom.hash_lookahead_tokens
-    chain = np.maximum(n - P, 0) // H * H
+    chain = np.maximum(n - P, 0) // H * H  # Geometry.request_hashes per request, times H
     # Entries past the widest matrix are never held, and every lookup below reads a column past its
     # matrix as a miss; so the columns stop there, not at the longest chain (2^40 tokens would
     # otherwise allocate 2^36 columns for an empty residency: issue 19's hostile inputs).

@@ -449,3 +449,19 @@ def test_bit_path_work_is_linear_in_distinct_hits(cfg):
     # issue 23: _pmin paired every value with every value, quadratic in the distinct hits of a one-group model
     few, many = _partition_ops(cfg, 256, 32), _partition_ops(cfg, 256, 128)
     assert many <= 5 * few + 16, (few, many)
+
+
+@given(router_cases(), st.integers(0, 400))
+def test_request_hashes_is_the_chain_vllm_holds(case, n):
+    """``Geometry.request_hashes``, the one home of vLLM's ``request.block_hashes`` length: ``(n - P) // H``,
+    at most ``n // H`` and equal to it without lookahead hashes; the router accepts exactly that chain."""
+    geom = case[0]
+    H, P = geom.hash_block_size, geom.hash_lookahead_tokens
+    got = geom.request_hashes(n)
+    assert got == max(n - P, 0) // H <= n // H
+    assert P or got == n // H
+    chain = [f"x{i}" for i in range(got)]
+    try:
+        assert score_replicas(geom, kvgeom.Residency(), [chain], n, num_replicas=1).hit_tokens.shape == (1, 1, 1)
+    except kvgeom.QueryError as e:  # a geometry vLLM cannot look up is refused, never the chain
+        assert e.code != "chain_length_mismatch", e
