@@ -75,7 +75,7 @@ from kvgeom.geometry import Geometry
 from kvgeom.pages import attention_page_bytes, mamba_state_bytes
 from kvgeom.parallel import ParallelConfig
 from kvgeom.prefill import engine_block_size_of
-from kvgeom.specs import KINDS, DType
+from kvgeom.specs import KINDS, DType, dcp_sharded_by_default
 
 __all__ = [
     "BLOCK_OUTERMOST_LAYOUTS",
@@ -747,7 +747,7 @@ def _uniform_type_key(x: _Layer, first: _Layer) -> tuple[Any, ...]:
     """What must agree between ``x`` and the first layer for vLLM 0.33 to keep them in one group."""
     s = x.src
     family = _family(s.kind)
-    sharded = s.dcp_sharded if s.dcp_sharded is not None else not x.is_mamba  # specs.is_dcp_sharded's default
+    sharded = s.dcp_sharded if s.dcp_sharded is not None else dcp_sharded_by_default(s.kind)
     key: tuple[Any, ...] = (family, x.block, sharded)
     if family == "sliding":
         # a plain sliding-window first layer admits its MLA subclass; an MLA first layer admits only MLA

@@ -76,6 +76,7 @@ __all__ = [
     "SlidingWindowSpec",
     "UniformSpec",
     "family",
+    "dcp_sharded_by_default",
     "is_dcp_sharded",
     "is_prefix_cacheable",
     "iter_leaves",
@@ -432,37 +433,34 @@ def family(spec: AnySpec) -> Family:
             assert_never(spec)
 
 
+_REPLICATED_KINDS = frozenset({"mamba", "hisparse_hot", "hisparse_resident"})
+
+
+def dcp_sharded_by_default(kind: str) -> bool:
+    """Whether a group of ``kind`` is dealt across DCP ranks when its spec sets no ``dcp_sharded``: attention
+    kinds are, state kinds (``mamba``, the HiSparse pools) are replicated. The one home of the default that
+    :func:`is_dcp_sharded` and the layered resolver (:mod:`kvgeom.resolution`) read.
+
+    >>> dcp_sharded_by_default("mla"), dcp_sharded_by_default("mamba")
+    (True, False)
+    """
+    return kind not in _REPLICATED_KINDS
+
+
 def _sharded_by_kind(spec: AnySpec) -> bool:
-    match spec:
-        case (
-            FullAttentionSpec()
-            | MLASpec()
-            | SinkFullAttentionSpec()
-            | SlidingWindowSpec()
-            | SlidingWindowMLASpec()
-            | ChunkedLocalSpec()
-            | CrossAttentionSpec()
-            | CircularBufferSpec()
-            | RSWASpec()
-            | EncoderOnlySpec()
-        ):
-            return True
-        case MambaSpec() | HiSparseHotSpec() | HiSparseResidentSpec():
-            return False
-        case UniformSpec():
-            values = {is_dcp_sharded(layer) for layer in spec.layers}
-            if len(values) != 1:
-                flags = [is_dcp_sharded(layer) for layer in spec.layers]
-                raise GeometryError.single(
-                    "uniform_mixed_sharding",
-                    f"the layers of a uniform group disagree on dcp_sharded ({flags}); a group is "
-                    "either dealt across DCP ranks or replicated: split the layers into separate "
-                    "groups or set dcp_sharded on the container",
-                    flags=flags,
-                )
-            return values.pop()
-        case _:
-            assert_never(spec)
+    if isinstance(spec, UniformSpec):
+        values = {is_dcp_sharded(layer) for layer in spec.layers}
+        if len(values) != 1:
+            flags = [is_dcp_sharded(layer) for layer in spec.layers]
+            raise GeometryError.single(
+                "uniform_mixed_sharding",
+                f"the layers of a uniform group disagree on dcp_sharded ({flags}); a group is "
+                "either dealt across DCP ranks or replicated: split the layers into separate "
+                "groups or set dcp_sharded on the container",
+                flags=flags,
+            )
+        return values.pop()
+    return dcp_sharded_by_default(spec.kind)
 
 
 def is_dcp_sharded(spec: AnySpec) -> bool:

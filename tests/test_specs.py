@@ -6,9 +6,11 @@ module docstring (vLLM 0.33 ``v1/kv_cache_interface.py``).
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
 
 import kvgeom
+import kvgeom.strategies
 from kvgeom.specs import family, is_dcp_sharded, is_prefix_cacheable, sliding_window_of
 
 MLA = {"kind": "mla"}
@@ -102,3 +104,17 @@ def test_specs_are_hashable_values():
     assert kvgeom.MambaSpec.model_validate(s.model_dump()) == s
     cfg_model = kvgeom.load_config(kvgeom.DEFAULT_CONFIG)
     assert kvgeom.KVGeomConfig.model_validate(cfg_model.to_dict()) == cfg_model
+
+
+@hypothesis.given(kvgeom.strategies.configs(max_groups=3))
+def test_dcp_sharding_default_has_one_home(cfg):
+    # is_dcp_sharded of a group that sets no dcp_sharded is dcp_sharded_by_default(kind), the default the
+    # layered resolver also reads; an explicit value always wins
+    from kvgeom.specs import dcp_sharded_by_default
+
+    for spec in kvgeom.load_config(cfg).groups:
+        if spec.kind == "uniform":
+            continue
+        want = spec.dcp_sharded if spec.dcp_sharded is not None else dcp_sharded_by_default(spec.kind)
+        assert is_dcp_sharded(spec) == want
+    assert not dcp_sharded_by_default("mamba") and dcp_sharded_by_default("full_attention")
