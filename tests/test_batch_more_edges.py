@@ -398,35 +398,6 @@ def test_align_mamba_over_two_block_chunks_stores_one_state_block_per_chunk():
         assert sp.plan(i) == hits.plan_store(geom, num_tokens=tokens, num_computed_tokens=tokens), i
 
 
-# ---------------------------------------------------------------------------------------------
-# kvgeom.sim.GPUPrefixCache: the GPU side's mask, whatever the offload connector's
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("offload", [{}, {"blocks_per_chunk": 2}])
-@pytest.mark.parametrize("row", ["r0", "r64", "r0-100", "unmarked"])
-def test_gpu_prefix_cache_keeps_the_gpu_mask_under_an_offload_connector(row, offload):
-    """The GPU keeps what vLLM 0.33's GPU managers keep (the vLLM rows of tests/test_sim.py, EAGLE without
-    look-ahead hashes), also when the geometry has an offload section: the GPU mask is taken on the GPU side
-    (its EAGLE shift) and aligned to the hit alignment, not to the connector's chunk (32 tokens with k = 2).
-    Without look-ahead hashes the connector changes no input of the GPU managers: run on vLLM 0.33 with these
-    offload sections (``vllm_stores.run_store_then_lookup``'s ``gpu_cached``), the window group's entries are
-    the rows' own."""
-    from test_sim import GPU_ROWS
-
-    from kvgeom.sim import GPUPrefixCache
-
-    _name, groups, spec, retention, cache, n1, n2, window_entries, hit = next(r for r in GPU_ROWS if r[0] == row)
-    g = kvgeom.resolve({"groups": groups, "speculative": spec, "cache": {"retention_interval": retention, **cache},
-                        "offload": offload})
-    c = GPUPrefixCache(g)
-    c.cache_request(n1)
-    resident = c.resident()
-    assert resident["0"] == list(range(16, n1 // 16 * 16 + 1, 16))
-    assert resident["1"] == window_entries
-    assert kvgeom.prefix_hit(g, n2, resident).hit_tokens == hit
-
-
 @pytest.mark.parametrize("attention, window", [(32, 16), (64, 16), (64, 20), (64, 33)])
 @pytest.mark.parametrize("finished", [False, True])
 def test_sliding_final_tail_and_revisits_equal_the_scalar(attention, window, finished):

@@ -170,13 +170,23 @@ GPU_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "groups", "spec", "retention", "cache", "n1", "n2", "window_entries", "hit"),
-                         GPU_ROWS, ids=[r[0] for r in GPU_ROWS])
+# Every row also with an offload section (k = 1 and 2), except look-ahead hashes, which a connector turns off:
+# without look-ahead hashes the connector changes no input of the GPU managers, so the GPU mask is the GPU
+# side's (its EAGLE shift, aligned to the hit alignment, not to the connector's chunk). Run on vLLM 0.33
+# (vllm_stores.run_store_then_lookup's gpu_cached with these offload sections: the rows' window entries).
+_GPU_CASES = [pytest.param(*row, offload, id=f"{row[0]}-{label}") for row in GPU_ROWS
+              for label, offload in (("no-offload", None), ("offload", {}), ("offload-k2", {"blocks_per_chunk": 2}))
+              if offload is None or row[0] != "lookahead"]
+
+
+@pytest.mark.parametrize(("name", "groups", "spec", "retention", "cache", "n1", "n2", "window_entries", "hit",
+                          "offload"), _GPU_CASES)
 def test_gpu_prefix_cache_under_the_eagle_drop_matches_vllm(name, groups, spec, retention, cache, n1, n2,
-                                                            window_entries, hit):
+                                                            window_entries, hit, offload):
     from kvgeom.sim import GPUPrefixCache
 
-    g = kvgeom.resolve({"groups": groups, "speculative": spec, "cache": {"retention_interval": retention, **cache}})
+    cfg = {"groups": groups, "speculative": spec, "cache": {"retention_interval": retention, **cache}}
+    g = kvgeom.resolve(cfg if offload is None else {**cfg, "offload": offload})
     c = GPUPrefixCache(g)
     c.cache_request(n1)
     resident = c.resident()
