@@ -396,3 +396,20 @@ def test_multi_module_mtp_scores_no_block_vllm_has_not_hashed(groups, via_reader
             [[[80]]]
         assert score_replicas(geom, source, [chain, chain], 98, num_replicas=1, tiers=["GPU"]).hit_tokens.tolist() == \
             [[[80]], [[80]]]
+
+
+@pytest.mark.xfail(strict=True, reason="open: the router's chunked-local kernel re-applies the chunk rule at the "
+                   "lowered candidate when attention_chunk_size is not a multiple of the block (found by the router "
+                   "law under the dev profile on 2026-12-02; present since before that session)")
+@pytest.mark.parametrize(("n", "held", "vllm_hit"), [(6, [], 2), (29, [3, 6], 26), (23, [1, 3, 7, 8], 20)])
+def test_chunked_local_with_a_chunk_off_the_block_grid_scores_as_vllm(n, held, vllm_hit):
+    # chunked local, block 2, attention_chunk_size 3: vLLM 0.33's coordinator (kvgeom.conformance.vllm_prefix,
+    # run) and the scalar prefix_hit answer vllm_hit; score_replicas answers one block less
+    geom = kvgeom.resolve({"groups": [{"kind": "chunked_local", "block_size": 2, "attention_chunk_size": 3}],
+                           "cache": {"retention_interval": 0}})
+    chain = [f"h{i}" for i in range(n // 2)]
+    res = kvgeom.Residency()
+    for i in held:
+        res.add(0, chain[i], holder=0)
+    assert kvgeom.prefix_hit(geom, n, res.probe(geom, chain, holder=0)).hit_tokens == vllm_hit
+    assert score_replicas(geom, res, [chain], n, num_replicas=1).hit_tokens[0, 0, 0] == vllm_hit
