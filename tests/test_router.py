@@ -398,13 +398,12 @@ def test_multi_module_mtp_scores_no_block_vllm_has_not_hashed(groups, via_reader
             [[[80]], [[80]]]
 
 
-@pytest.mark.xfail(strict=True, reason="open: the router's chunked-local kernel re-applies the chunk rule at the "
-                   "lowered candidate when attention_chunk_size is not a multiple of the block (found by the router "
-                   "law under the dev profile on 2026-12-02; present since before that session)")
 @pytest.mark.parametrize(("n", "held", "vllm_hit"), [(6, [], 2), (29, [3, 6], 26), (23, [1, 3, 7, 8], 20)])
 def test_chunked_local_with_a_chunk_off_the_block_grid_scores_as_vllm(n, held, vllm_hit):
     # chunked local, block 2, attention_chunk_size 3: vLLM 0.33's coordinator (kvgeom.conformance.vllm_prefix,
-    # run) and the scalar prefix_hit answer vllm_hit; score_replicas answers one block less
+    # run) and the scalar prefix_hit answer vllm_hit. score_replicas answered one block less until its kernel
+    # stopped re-applying the chunk rule at the lowered candidate (one group: one lookup, as vLLM's
+    # UnitaryKVCacheCoordinator); found by the router law under the dev profile
     geom = kvgeom.resolve({"groups": [{"kind": "chunked_local", "block_size": 2, "attention_chunk_size": 3}],
                            "cache": {"retention_interval": 0}})
     chain = [f"h{i}" for i in range(n // 2)]
