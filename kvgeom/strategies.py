@@ -683,8 +683,9 @@ def _configs(
         cache["prefix_match_unit"] = H
     for d in dumped:
         if d["kind"] in {"full_attention", "mla"} and draw(st.integers(0, 7)) == 7:
-            # A (H or L) must be a multiple of tokens_per_state; H divides both.
-            tps = [x for x in _divisors(H) if x > 1]
+            # A (H or L) must be a multiple of tokens_per_state (H divides both), and a per-rank block must
+            # hold a state (block_smaller_than_state: vLLM 0.33 cannot plan a 0-byte page).
+            tps = [x for x in _divisors(H) if 1 < x <= d["block_size"]]
             if tps:
                 d["tokens_per_state"] = draw(st.sampled_from(tps))
     retention = draw(st.sampled_from(["default", "zero", "dense", "interval"]))

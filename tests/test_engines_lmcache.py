@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import kvgeom
 from kvgeom.cli import main
 from kvgeom.engines import lmcache as lm
-from kvgeom.errors import KVGeomError
+from kvgeom.errors import GeometryError, KVGeomError
 from kvgeom.strategies import configs
 
 KINDS = ("full_attention", "mla", "mamba", "sliding_window", "chunked_local", "circular_buffer")
@@ -394,13 +394,14 @@ def test_compressed_grid_rows_from_lmcache_runs(block, dcp, tps, chunk, refused)
         assert "compressed-grid" in {p.finding for p in lm.partings(geom, s)}
 
 
-def test_a_block_holding_no_state_is_not_a_registration_to_predict():
-    # tokens_per_state above the block: vLLM cannot plan the cache (a 0-byte page), so there is no LMCache
-    # registration; the model neither crashes nor invents a refusal for it
-    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1, "tokens_per_state": 2}],
-                           "parallel": {"tp": 2, "dcp": 2}})
-    assert lm.states_per_block(geom.groups[0]) == 0
-    assert lm.sheet(geom)["refused"] is False
+def test_a_block_holding_no_state_is_refused_before_lmcache():
+    # tokens_per_state above the per-rank block: vLLM 0.33 cannot plan the cache (a 0-byte page: its
+    # get_kv_cache_config_from_groups raises ZeroDivisionError, run), so kvgeom refuses the geometry and there
+    # is no LMCache registration to predict
+    with pytest.raises(GeometryError) as e:
+        kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1, "tokens_per_state": 2}],
+                        "parallel": {"tp": 2, "dcp": 2}})
+    assert [(p.code, p.field) for p in e.value.problems] == [("block_smaller_than_state", "groups[0].tokens_per_state")]
 
 
 @st.composite

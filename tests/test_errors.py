@@ -126,6 +126,15 @@ ERROR_TABLE = [
     # compressed attention state not aligned with A
     ({"groups": [{"kind": "mla", "block_size": 16, "tokens_per_state": 3}]}, GeometryError,
      "hit_alignment_not_multiple_of_compression", "groups[0].tokens_per_state", ["tokens_per_state=3", "A=16"]),
+    # a per-rank block smaller than one compressed state: a 0-byte page vLLM 0.33 cannot plan (its
+    # get_kv_cache_config_from_groups raises ZeroDivisionError, run); the span (2 x 2) alone would pass A
+    ({"groups": [{"kind": "mla", "block_size": 2, "tokens_per_state": 4}], "parallel": {"tp": 2, "dcp": 2}},
+     GeometryError, "block_smaller_than_state", "groups[0].tokens_per_state",
+     ["tokens_per_state=4", "2-token block", "multiple of 4"]),
+    ({"groups": [FA16, {"kind": "uniform", "block_size": 1, "layers": [
+        {"kind": "mla"}, {"kind": "mla", "tokens_per_state": 2, "cache_role": "indexer"}]}],
+      "parallel": {"tp": 2, "dcp": 2}},
+     GeometryError, "block_smaller_than_state", "groups[1].layers[1].tokens_per_state", ["tokens_per_state=2"]),
     # sink not covering whole blocks under DCP
     ({"groups": [{"kind": "sink_full_attention", "block_size": 16, "sink_len": 16}], "parallel": {"tp": 2, "dcp": 2}},
      GeometryError, "sink_len_not_multiple_of_span", "groups[0].sink_len", ["sink_len=16", "span 32"]),

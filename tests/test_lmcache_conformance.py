@@ -187,21 +187,27 @@ def test_the_workers_refuse_compressed_attention_off_the_slot_grid(block, chunk,
 
 def test_a_block_holding_no_state_is_a_geometry_vllm_cannot_plan():
     # tokens_per_state 2 over a 1-token block (DCP 2 makes the span 2): vLLM's page is 0 bytes and its own
-    # KV-cache planning divides by it, so the harness skips the case instead of crashing in its stand-in
+    # KV-cache planning divides by it. kvgeom refuses the geometry (block_smaller_than_state); the harness's
+    # own guard still skips such objects instead of crashing in its stand-in
+    import dataclasses
     import types
 
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
 
     from kvgeom.conformance import vllm_objects as vo
 
-    geom = kvgeom.resolve(_compressed(1))
+    with pytest.raises(kvgeom.GeometryError) as e:
+        kvgeom.resolve(_compressed(1))
+    assert e.value.problems[0].code == "block_smaller_than_state"
+    geom = kvgeom.resolve(_compressed(2))  # one state per block; vLLM's spec with the block lowered to 1
     vc, kcc = vo.build_vllm_config(geom), vo.build_kv_cache_config(geom)
+    group = kcc.kv_cache_groups[0]
+    group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, block_size=1)
+    assert group.kv_cache_spec.page_size_bytes == 0
     vc.attention_config = types.SimpleNamespace(hisparse_config=None)
     vc.cache_config.kv_cache_layout = "LBNHC"
     with pytest.raises(ZeroDivisionError):
         get_kv_cache_config_from_groups(vc, kcc.kv_cache_groups, 1 << 30)
-    assert harness.lmcache_answers(geom, {})["skip"].startswith("vLLM rejects the objects: group 0: a 1-token block")
-    assert harness.check_case(_compressed(1), {}) is None
     with pytest.raises(transfer.VLLMRejects):
         transfer.check_vllm_plans(kcc)
     transfer.check_vllm_plans(vo.build_kv_cache_config(kvgeom.resolve(_compressed(32))))  # 16 states: plans

@@ -104,11 +104,15 @@ def test_edge_case_is_reachable(name, condition):
 
 
 def test_dcp_seven_shrinks_to_the_simplest_geometry_with_dcp_seven():
-    # (The kind is not asserted: Hypothesis seeds generation with constants from the loaded modules,
-    # so in a full-suite run the shrinker can stop at another one-group, block-1 geometry.)
+    # (The kind is not asserted: Hypothesis seeds generation with constants from the loaded modules, so
+    # with other test modules loaded the shrinker can stop at another one-group geometry, e.g. a
+    # hisparse_resident group of block 513 when tests/test_engines_lmcache.py and test_resolve.py run first:
+    # a local minimum of that kind. Only a full-attention answer must reach block 1.)
     cfg = minimal(kst.configs(), lambda c: c["parallel"]["dcp"] == 7)
-    assert len(cfg["groups"]) == 1 and cfg["groups"][0]["block_size"] == 1
+    assert len(cfg["groups"]) == 1
+    assert cfg["groups"][0]["kind"] != "full_attention" or cfg["groups"][0]["block_size"] == 1
     assert cfg["parallel"]["dcp"] == 7 and cfg["parallel"]["tp"] == 7
+    kvgeom.resolve(cfg)
 
 
 def test_minimal_config_is_one_full_attention_group():

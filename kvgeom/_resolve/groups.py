@@ -33,6 +33,7 @@ from kvgeom.specs import (
     iter_leaves,
     scheduler_view,
     sliding_window_of,
+    tokens_per_state_of,
 )
 
 __all__ = [
@@ -181,6 +182,32 @@ def _check_kind(i: int, spec: AnySpec, fam: Family, mode: MambaMode | None, cfg:
         )
 
 
+def _check_states(i: int, spec: AnySpec, out: Collector) -> None:
+    """A compressed attention layer needs ``block_size >= tokens_per_state``.
+
+    vLLM 0.33 keeps ``block_size // tokens_per_state`` states in a block (``AttentionSpec.num_states``), per
+    DCP rank when the group is sharded, so a block smaller than one state is a page of 0 bytes, and vLLM's
+    KV-cache planning divides by it (``get_kv_cache_config_from_groups``: ZeroDivisionError, run on vLLM 0.33).
+    At DCP 1 the hit-alignment rule already refuses it; under DCP the span (``block_size * dcp``) can be a
+    multiple of the compression while the per-rank block is not, so it is checked here, per layer, on the
+    per-rank block. Invariant: every resolved compressed layer's page holds at least one state."""
+    for j, leaf in enumerate(iter_leaves(spec)):
+        tps = tokens_per_state_of(leaf)
+        block = leaf.block_size or spec.block_size
+        if tps is not None and block is not None and block < tps:
+            field = f"groups[{i}]" + (f".layers[{j}]" if isinstance(spec, UniformSpec) else "")
+            out.add(
+                GeometryError,
+                "block_smaller_than_state",
+                f"group {i} ({leaf.kind}) compresses tokens_per_state={tps} tokens per state, more than its "
+                f"{block}-token block (per DCP rank), so a block holds no state (a page of 0 bytes) and vLLM 0.33 "
+                f"cannot plan the KV cache: give the group a block_size that is a multiple of {tps}",
+                f"{field}.tokens_per_state",
+                tokens_per_state=tps,
+                block_size=block,
+            )
+
+
 def _check_dealing(i: int, spec: AnySpec, fam: Family, sharded: bool | None, cfg: KVGeomConfig, out: Collector) -> None:
     """Rules of a group dealt over KV shards: its family, the interleave, and a sink of whole spans."""
     where, kind, shards = f"groups[{i}]", spec.kind, cfg.parallel.kv_shards
@@ -234,6 +261,7 @@ def check_group(
     fam = family(spec)
     mode = resolve_mamba_mode(spec, cfg.cache.prefix_caching)
     _check_kind(i, spec, fam, mode, cfg, out)
+    _check_states(i, spec, out)
     if fam == "mamba" and spec.dcp_sharded:
         sharded = False
     _check_dealing(i, spec, fam, sharded, cfg, out)

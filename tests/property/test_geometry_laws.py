@@ -14,6 +14,7 @@ import _laws as laws
 import pytest
 from _laws import H49964, H50287, H50883_D2, H50883_D8, LMC4809
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom.strategies import configs
@@ -130,3 +131,17 @@ def test_historical_mamba_row_is_32_not_16():
     # #50287 Example 4: attention row cdiv(512, 32) = 16, Mamba row cdiv(512, 16) = 32.
     g = kvgeom.resolve(H50287)
     assert [x.row_width for x in g.groups] == [16, 32]
+
+
+@given(cfg=configs(), tps=st.integers(2, 64), dcp=st.sampled_from([1, 2, 4, 8]))
+def test_a_compressed_layer_resolves_only_if_its_per_rank_block_holds_a_state(cfg, tps, dcp):
+    # vLLM 0.33 keeps block_size // tokens_per_state states per (per-rank) block and cannot plan a 0-byte page
+    # (ZeroDivisionError in get_kv_cache_config_from_groups, run); kvgeom refuses exactly those blocks
+    group = {"kind": "mla", "block_size": cfg["groups"][0]["block_size"], "tokens_per_state": tps}
+    try:
+        geom = kvgeom.resolve({"groups": [group], "parallel": {"tp": dcp, "dcp": dcp}})
+    except kvgeom.KVGeomError as e:
+        codes = {p.code for p in e.problems}
+        assert ("block_smaller_than_state" in codes) == (group["block_size"] < tps), codes
+        return
+    assert geom.groups[0].block_size >= tps
