@@ -165,3 +165,25 @@ def test_prefix_question_has_teeth(vllm_answers, monkeypatch):
     monkeypatch.setattr(kvgeom.prefix, "_query_limit", lambda candidate, margin, drop, chain: candidate)
     diffs = compare(vllm_answers(g, scenario), kvgeom_answers(g, scenario))
     assert (diffs[0].question, diffs[0].engine, diffs[0].kvgeom) == ("prefix.hit_tokens", 1, 0)
+
+
+def test_vllm_answers_invalid_where_a_block_holds_no_compressed_state(vllm_answers):
+    # kvgeom refuses it (block_smaller_than_state), so only a geometry forced past resolve reaches the harness:
+    # vLLM's planning divides by the 0-byte page, so its sheet must say invalid, or a kvgeom that accepted the
+    # config again would pass conformance unseen
+    import dataclasses
+
+    from kvgeom.conformance import compare, kvgeom_answers
+
+    cfg = {"groups": [{"kind": "full_attention", "block_size": 2, "tokens_per_state": 2}],
+           "parallel": {"tp": 2, "dcp": 2}}
+    geom = kvgeom.resolve(cfg)
+    g = geom.groups[0]
+    forced = dataclasses.replace(
+        geom, groups=(dataclasses.replace(g, spec=g.spec.model_copy(update={"block_size": 1}), block_size=1, span=2),))
+    scenario = {"num_tokens": 8, "stored_tokens": 0, "local_computed_tokens": 0, "evict": []}
+    engine = vllm_answers(forced, scenario)
+    assert engine["valid"] is False
+    assert "1-token block holds no state at tokens_per_state 2" in engine["error"]
+    assert [d.question for d in compare(engine, kvgeom_answers(forced, scenario))] == ["valid"]
+    assert vllm_answers(geom, scenario)["valid"] is True  # one state per block: vLLM plans it

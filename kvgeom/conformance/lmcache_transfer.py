@@ -134,17 +134,12 @@ def _rows_per_block(spec: Any) -> int:
 
 
 def check_vllm_plans(kcc: Any) -> None:
-    """:class:`VLLMRejects` when vLLM 0.33 cannot plan the KV cache of ``kcc``: an attention layer whose block
-    holds no state (``tokens_per_state`` above its block: ``num_states`` 0, a page of 0 bytes) makes vLLM's
-    ``get_kv_cache_config_from_groups`` divide by a zero page (ZeroDivisionError) before any connector is
-    built, so there is no LMCache behaviour to compare."""
-    for i, group in enumerate(kcc.kv_cache_groups):
-        for leaf in _leaves(group.kv_cache_spec):
-            if isinstance(leaf, AttentionSpec) and leaf.num_states == 0:
-                raise VLLMRejects(
-                    f"group {i}: a {leaf.block_size}-token block holds no state at tokens_per_state "
-                    f"{leaf.tokens_per_state} (page {leaf.page_size_bytes} bytes); vLLM's KV-cache planning "
-                    "divides by the page (ZeroDivisionError)")
+    """:class:`VLLMRejects` when vLLM 0.33 cannot plan the KV cache of ``kcc``
+    (:func:`kvgeom.conformance.vllm_objects.empty_pages`: a block holding no state), so there is no LMCache
+    behaviour to compare."""
+    problems = vo.empty_pages(kcc)
+    if problems:
+        raise VLLMRejects(problems[0])
 
 
 class _StandInContext:

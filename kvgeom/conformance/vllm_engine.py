@@ -7,6 +7,8 @@ builds (vLLM 0.33):
   (``v1/core/kv_cache_coordinator.py::get_kv_cache_coordinator``), ``VllmConfig.validate_block_size``
   (called on the stand-in config), the offloading config (``offloading/config.py::build_offloading_config``)
   and ``SchedulerOffloadConfig.from_spec``; any exception they raise means "vLLM rejects", with its text;
+  so does a block holding no compressed state, on which vLLM's KV-cache planning divides by a 0-byte page
+  (:func:`kvgeom.conformance.vllm_objects.empty_pages`);
 * spans: ``resolve_dcp_kv_block_size``; L and H: ``resolve_kv_cache_block_sizes``; A:
   ``resolve_cache_hit_alignment_tokens``;
 * offload config: the ``SchedulerOffloadConfig`` of vLLM's ``OffloadingConnectorScheduler`` and its
@@ -59,6 +61,10 @@ def _geometry_answers(geom: Geometry, sheet: dict[str, Any]) -> vo.VllmObjects |
         kcc = vo.build_kv_cache_config(geom)
     except Exception as e:
         sheet.update(valid=False, error=_error("building vLLM's config objects", e))
+        return None
+    empty = vo.empty_pages(kcc)
+    if empty:
+        sheet.update(valid=False, error=f"get_kv_cache_config_from_groups: {empty[0]}")
         return None
     dcp = geom.config.parallel.dcp
     sheet["spans"] = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in kcc.kv_cache_groups]

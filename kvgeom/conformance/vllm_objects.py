@@ -79,6 +79,7 @@ from vllm.v1.core.kv_cache_utils import (
     make_block_hash_with_group_id,
 )
 from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
@@ -126,6 +127,7 @@ __all__ = [
     "build_request",
     "build_scheduler",
     "build_vllm_config",
+    "empty_pages",
     "gpu_blocks_for_load",
     "offload_key",
 ]
@@ -325,6 +327,25 @@ SPECULATIVE_FIELDS = (
     "num_prefill_lookahead_tokens",
     "num_hash_lookahead_tokens",
 )
+
+
+def empty_pages(kcc: KVCacheConfig) -> list[str]:
+    """The attention layers of ``kcc`` whose block holds no state, one line each (``[]``: none).
+
+    vLLM 0.33 keeps ``num_states`` (``get_num_kernel_states(block_size)``: ``block_size // tokens_per_state``)
+    states in a block, so ``tokens_per_state`` above the block is a page of 0 bytes, and vLLM's KV-cache
+    planning (``get_kv_cache_config_from_groups``) divides by it: ZeroDivisionError before any scheduler or
+    connector exists (run in tests/test_lmcache_conformance.py). Read from vLLM's own spec objects."""
+    out = []
+    for i, group in enumerate(kcc.kv_cache_groups):
+        spec = group.kv_cache_spec
+        leaves = list(spec.kv_cache_specs.values()) if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
+        for leaf in leaves:
+            if isinstance(leaf, AttentionSpec) and leaf.num_states == 0:
+                out.append(f"group {i}: a {leaf.block_size}-token block holds no state at tokens_per_state "
+                           f"{leaf.tokens_per_state} (page {leaf.page_size_bytes} bytes); vLLM's KV-cache planning "
+                           "divides by the page (ZeroDivisionError)")
+    return out
 
 
 def build_vllm_config(geom: Geometry) -> Any:
