@@ -485,7 +485,7 @@ def test_lookup_trace_asks_the_windowed_passes_vllm_asks(name, geom, n, stored, 
 # vLLM 0.33 asks an unverified eagle window group's keys once each, right to left, from the chunk past the
 # candidate (the widened _sliding_window_lookup, a run one chunk longer, the top one popped). kvgeom's pair scan
 # asked each chunk with the next one (left to right within a pair, every chunk twice; a lone chunk never):
-# these rows differed from vLLM in issue 19's sweep (/work/wt/pairscan-sweep.py --cases 200 --seed 19, cases
+# these rows differed from vLLM in issue 19's sweep of random eagle window geometries (200 cases, seed 19: cases
 # 87, 77, 136, 173, 105, 43, 131). Every hit and key list is vLLM 0.33's, from run_lookup_trace (2026-12-02).
 def _eagle_sw(groups, spec, bpc=1, pmu=None):
     cache = {"retention_interval": None, **({"prefix_match_unit": pmu} if pmu else {})}
