@@ -234,8 +234,9 @@ def lookup_hit(
     stopping at the first miss; windowed groups from the candidate end backwards, each chunk once,
     stopping when a run is long enough (and asked again in every pass of the windowed groups, as vLLM
     asks them). A probe that knows where its next held chunk is (:meth:`kvgeom.probes.Probe.below`) lets
-    a long run of misses be jumped; otherwise the keys asked are vLLM 0.33's (:func:`lookup_trace`). The
-    stored set is never validated or sorted as a whole.
+    a long run of misses be jumped; otherwise the keys asked are the ones :func:`lookup_trace` lists: vLLM
+    0.33's, but where kvgeom's re-alignment to the Mamba chunk (the registered ``realign-after-clamp``
+    deviation) ends or moves a scan. The stored set is never validated or sorted as a whole.
 
     The local prefix is rounded down to the scheduler block L first, as the scheduler hands it to
     the connector.
