@@ -51,7 +51,6 @@ from kvgeom.probes import (
     RecordingProbe,
     as_probe,
     check_chain_length,
-    eagle_pair_held,
 )
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
@@ -140,14 +139,20 @@ def _offload(geom: Geometry) -> OffloadGeometry:
 _MISSES_BEFORE_SKIP = 8
 
 
-def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: int, start_chunk: int) -> int | None:
+def _scan_window(
+    g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: int, start_chunk: int, pop: int = 0
+) -> int | None:
     """Right-to-left scan for a run of stored chunks that serves a hit ending at ``end``.
 
     Returns the new candidate end (the right edge of the run found), or None.
     The first run may end inside a chunk; later runs end on chunk boundaries.
     A run that reaches the start of the scan counts even when short (vLLM 0.33
     ``offloading/scheduler.py::_sliding_window_lookup``). Chunks are probed from the one holding
-    ``end - 1`` downwards, and the scan stops as soon as the run is long enough.
+    ``end - 1`` downwards, each once, and the scan stops as soon as the run is long enough.
+
+    ``pop`` 1 is an unverified eagle group (vLLM 0.33 ``_lookup_complete_chunks``): the scan starts one chunk
+    higher (the volatile chunk past ``end``), every run needs one chunk more, and the run found is answered
+    without its top chunk (popped). Chunks are still asked once each, right to left, as vLLM asks them.
     """
     C = og.tokens_per_chunk
     w = g.window_need  # None: Mamba, one key
@@ -158,14 +163,14 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
     # single key ending at the candidate; a chunked-local group, its fixed window of chunks
     # (``load_window_size_in_chunks``, not padded for a candidate inside a chunk); a sliding window, at least
     # the group's window in chunks, even when the positions before the hit fit in fewer (a window of 1 needs
-    # no stored position at all): max(cdiv(w + (-at) % C, C), window).
+    # no stored position at all): max(cdiv(w + (-at) % C, C), window); plus the popped chunk.
     if not sliding:
         w = None if w is None else 0
-    run_end = end
-    cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
+    run_end = end  # the right edge of the current run once its popped chunk is off
+    cur = pop + (1 if w is None else max(-(-(w + (-run_end) % C) // C), window))
     run = 0
     misses = 0
-    j = -(-end // C) - 1
+    j = -(-end // C) - 1 + pop
     while j >= start_chunk:
         if cur <= run:
             return run_end
@@ -175,8 +180,8 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
             j -= 1
             continue
         run = 0
-        run_end = j * C
-        cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
+        run_end = (j - pop) * C
+        cur = pop + (1 if w is None else max(-(-(w + (-run_end) % C) // C), window))
         if cur <= 0:
             return run_end
         misses += 1
@@ -186,8 +191,8 @@ def _scan_window(g: GroupGeometry, og: OffloadGroupGeometry, probe: Probe, end: 
             # grid always needs the same run: jump there (a long request with few keys stays cheap).
             nxt = max(probe.below(index, C, j), start_chunk - 1)
             if nxt < j - 1:
-                run_end = (nxt + 1) * C
-                cur = 1 if w is None else max(-(-(w + (-run_end) % C) // C), window)
+                run_end = (nxt + 1 - pop) * C
+                cur = pop + (1 if w is None else max(-(-(w + (-run_end) % C) // C), window))
         j = nxt
     if run >= cur or run > 0:
         return run_end
@@ -226,9 +231,12 @@ def lookup_hit(
     as ``offload_keys`` with its manager instead: keys are then read, never built (a geometry with
     partial tails needs ``block_hashes`` as well, for the partial-tail key). The tier is probed
     lazily, key by key in vLLM's order: full-attention groups from the local prefix forwards,
-    stopping at the first miss; windowed groups from the candidate end backwards, stopping when a
-    run is long enough. Keys the answer does not depend on are never probed and the stored set is
-    never validated or sorted as a whole.
+    stopping at the first miss; windowed groups from the candidate end backwards, each chunk once,
+    stopping when a run is long enough (and asked again in every pass of the windowed groups, as vLLM
+    asks them). A probe that knows where its next held chunk is (:meth:`kvgeom.probes.Probe.below`) lets
+    a long run of misses be jumped; otherwise the keys asked are the ones :func:`lookup_trace` lists: vLLM
+    0.33's, but where kvgeom's re-alignment to the Mamba chunk (the registered ``realign-after-clamp``
+    deviation) ends or moves a scan. The stored set is never validated or sorted as a whole.
 
     The local prefix is rounded down to the scheduler block L first, as the scheduler hands it to
     the connector.
@@ -307,8 +315,10 @@ def lookup_hit(
     if block_hashes is not None and len(block_hashes) < n // order.H:
         check_chain_length(geom, n, block_hashes)
     # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
-    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None)
-    found = _partial_tail(geom, order, probe, n, prompt, c, done, limit) if order.partial_tail_span else None
+    # a partial tail asks its bridge chunk only of the groups whose prefix scan did not reach past it
+    reach: dict[int, int] | None = {} if order.partial_tail_span else None
+    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None, reach)
+    found = _partial_tail(geom, order, probe, n, prompt, c, done, limit, reach) if reach is not None else None
     if found is None:
         found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
         if found is None:
@@ -353,11 +363,12 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
 
     ``stored``, ``block_hashes``, ``holder``, ``req_context`` and ``options`` (``num_prompt_tokens``,
     ``local_computed_tokens``, ``max_load_tokens``, ``max_num_new_tokens``) are :func:`lookup_hit`'s. The
-    tier is wrapped in a :class:`kvgeom.probes.RecordingProbe`, so keys are asked one at a time (no jump
-    over a run of misses) -- the order vLLM 0.33's ``_lookup_complete_chunks`` and ``_lookup`` ask the
-    offload manager's ``lookup`` in, a key asked again listed again (checked on vLLM runs in
-    ``tests/test_store_conformance.py``; where kvgeom re-aligns a candidate to the Mamba chunk after a clamp,
-    the registered ``realign-after-clamp`` deviation, the keys asked differ with the hit).
+    tier is wrapped in a :class:`kvgeom.probes.RecordingProbe`, which only records (and has no bound, so no
+    run of misses is jumped): the keys :func:`lookup_hit` asks, in the order vLLM 0.33's
+    ``_lookup_complete_chunks`` and ``_lookup`` ask the offload manager's ``lookup`` in, a key asked again
+    listed again (checked on vLLM runs in ``tests/test_store_conformance.py`` and ``tests/test_hits_edges.py``;
+    where kvgeom re-aligns a candidate to the Mamba chunk after a clamp, the registered
+    ``realign-after-clamp`` deviation, kvgeom may stop asking earlier, or the keys asked differ with the hit).
 
     Postconditions: ``hit`` equals :func:`lookup_hit`'s; each probe's ``held`` is the tier's answer; every
     key the hit loads was asked and held.
@@ -420,24 +431,25 @@ def _order(geom: Geometry) -> _Order:
 
 
 def _partial_tail(
-    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, c: int, done: int, limit: int
+    geom: Geometry, order: _Order, probe: Probe, n: int, prompt: int, c: int, done: int, limit: int,
+    reach: Mapping[int, int],
 ) -> Hit | None:
     """The partial-tail hit past the complete chunks ending at ``done`` (up to ``limit``, the candidate
-    before the alignment), or None; only for a geometry with partial tails."""
+    before the alignment), or None; only for a geometry with partial tails. ``reach``: per full-attention
+    group, the chunk its complete-chunk prefix scan stopped at (:func:`_complete`)."""
     H = order.H
     span = order.partial_tail_span
     contains = probe.contains
     groups = order.off.groups
     b = partial_tail_max_boundary(geom, n, prompt, done, limit)
-    # A tail past the next block also loads that block's chunk: it must be stored. vLLM 0.33 asks it only of
-    # the groups whose complete-chunk lookup did not already confirm it (``_lookup``: a full-attention group
-    # whose prefix scan reached past it, an eagle group's popped chunk included, is not asked again). Only a
-    # recording probe (lookup_trace) can tell: its log holds that scan's answer, and for any other probe
-    # asking again gives the same answer.
+    # A tail past the next block also loads that block's chunk (index done // span: one block per chunk):
+    # it must be stored. vLLM 0.33 asks it only of the groups whose complete-chunk lookup did not already
+    # confirm it (``_lookup``: a full-attention group whose prefix scan reached past it, an eagle group's
+    # popped chunk included, is not asked again; a group not scanned, or a windowed one, is asked).
+    bridge = done // span
     if b >= done + span and not all(
         contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
-        and not (type(probe) is RecordingProbe and og.window_chunks is None
-                 and (og.index, done + span, True) in probe.calls)
+        and reach.get(og.index, 0) <= bridge
     ):
         b = done + span - H
     while b > done:
@@ -475,18 +487,21 @@ def _hit(end: int, c: int, partial_tail: bool) -> Hit:
     return hit
 
 
-def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool) -> int:
+def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool,
+              reach: dict[int, int] | None = None) -> int:
     """Complete-chunk hit end: each group in turn clamps the candidate (re-aligned to the Mamba chunk
     after every clamp, kvgeom's difference from vLLM), then scans its keys; windowed groups repeat
     until a pass in which no group but the first lowers the candidate (the first one, by its own run end
-    alone). A candidate less than one chunk past ``c`` is no hit."""
+    alone). A candidate less than one chunk past ``c`` is no hit. ``reach`` (when given) receives, per
+    full-attention group scanned, the chunk its prefix scan stopped at (vLLM 0.33's
+    ``lookup_hit_end_chunk_idx``: one past the last held chunk asked, an eagle group's popped one included)."""
     Cm = order.Cm
     keyed = n // order.H
     verified: set[int] = set()  # eagle groups that popped their volatile chunk at the current candidate
     m = M
     for og in order.full:
         before = m
-        found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
+        found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified, reach)
         if found is None:
             return c
         m = _align_to_mamba_chunk(found, Cm)
@@ -495,17 +510,11 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
         if verified and m < before and not og.eagle_group:
             verified.clear()
     windowed = order.windowed
-    # A windowed group whose scan ended exactly at the candidate it left (not lowered further by the
-    # re-alignment) is settled there: its scan from that candidate finds the same run, so it is not asked
-    # again while the candidate stays put. Eagle groups pop, and are always asked. A recording probe
-    # (:func:`lookup_trace`) is asked every key vLLM 0.33 asks, so nothing is skipped for it.
-    settled: dict[int, int] | None = None
-    skip_settled = type(probe) is not RecordingProbe
+    # Every windowed group is asked again in every pass, one that found its run at the current candidate
+    # too, as vLLM 0.33 asks it (its keys are asked again: lookup_trace lists them twice).
     while windowed:
         changed = False
         for og in windowed:
-            if settled is not None and settled.get(og.index) == m:
-                continue
             before = m
             found = _group_end(geom, probe, og, c, _clamp(og, m, keyed, load_capped, Cm), keyed, verified)
             if found is None:
@@ -523,10 +532,6 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
             # the pass's first group lowering to exactly its own run end, at rest there, needs no second look
             # (vLLM 0.33 asks no key again then); any other lowering sends every group round once more
             changed = changed or (m < before and (og is not windowed[0] or m != found or not at_rest))
-            if skip_settled and m == found and at_rest and not og.eagle_group:
-                if settled is None:
-                    settled = {}
-                settled[og.index] = m
         if not changed:
             break
     return m
@@ -735,38 +740,47 @@ def eagle_query_end(og: OffloadGroupGeometry, m: int, keyed_end: int, pop: int) 
 
 
 def _group_end(
-    geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed_hashes: int, verified: set[int]
+    geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed_hashes: int, verified: set[int],
+    reach: dict[int, int] | None = None,
 ) -> int | None:
     """One group's lookup from a clamped candidate ``m``: the lowered candidate (not yet re-aligned),
     or None when the group cannot serve any hit past ``c``. This is the per-group rule; a rule that
     changes what one group probes (an extra look-ahead chunk, say) changes only this function.
 
     An eagle group not yet verified at this candidate queries one chunk more and pops it
-    (:func:`eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``)."""
+    (:func:`eagle_pops`, vLLM 0.33 ``_lookup_complete_chunks``). A full-attention group's prefix scan
+    writes the chunk it stopped at to ``reach`` (when given)."""
     if m - c < og.tokens_per_chunk:
         return None
     if og.eagle_group and eagle_pops(og, verified):
-        return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk)
+        return _eagle_group_end(geom, probe, og, c, m, keyed_hashes // og.hashes_per_chunk, reach)
     if og.window_chunks is None:
         C = og.tokens_per_chunk
-        end = C * probe.forward(og.index, C, c // C, m)
+        j = probe.forward(og.index, C, c // C, m)
+        if reach is not None:
+            reach[og.index] = j
+        end = C * j
         return end if end < m else m
     found = _scan_window(geom.groups[og.index], og, probe, m, c // og.tokens_per_chunk)
     return found if found is None or found < m else m
 
 
-def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int) -> int | None:
+def _eagle_group_end(geom: Geometry, probe: Probe, og: OffloadGroupGeometry, c: int, m: int, keyed: int,
+                     reach: dict[int, int] | None = None) -> int | None:
     """An unverified eagle group: the run of held chunks up to one chunk past ``m`` (capped at the keyed
-    chunks), minus the last one. A windowed group scans the chunks whose next chunk is held too
-    (:func:`kvgeom.probes.eagle_pair_held`); None when nothing is left after the pop."""
+    chunks), minus the last one. A windowed group scans its chunks right to left, each once, for a run one
+    chunk longer than the window and pops its top chunk (:func:`_scan_window` with ``pop``, as vLLM 0.33's
+    ``_sliding_window_lookup`` over the widened keys); None when nothing is left after the pop. A
+    full-attention group's prefix scan writes the chunk it stopped at to ``reach`` (when given)."""
     C = og.tokens_per_chunk
     query = eagle_query_end(og, m, keyed * C, 1)
     if og.window_chunks is None:
         j = probe.forward(og.index, C, c // C, query)
+        if reach is not None:
+            reach[og.index] = j
         return None if j == c // C else min(m, C * (j - 1))
     stop = min(cdiv(query, C), keyed)
-    found = _scan_window(geom.groups[og.index], og, eagle_pair_held(probe, C, stop * C), min(m, (stop - 1) * C),
-                         c // C)
+    found = _scan_window(geom.groups[og.index], og, probe, min(m, (stop - 1) * C), c // C, 1)
     return None if found is None else min(m, found)
 
 

@@ -35,8 +35,11 @@ Invariants (``tests/property/test_probe_laws.py``):
 * :meth:`Probe.below` never skips a held chunk: every chunk it jumps over is a miss, and
   :meth:`Probe.forward` stops exactly where stepping with ``contains`` would.
 
-A windowed eagle group asks a derived question, "are this chunk and the next one both held?"
-(:func:`eagle_pair_held`), so the ordinary window scan over it gives the popped answer.
+A windowed eagle group's popped answer is the ordinary window scan's over a derived question, "are this
+chunk and the next one both held?" (:func:`eagle_pair_held`, the rule stated as a probe). The lookup
+itself does not ask it: it scans the group's chunks right to left, each once, for a run one chunk longer
+and pops the top one, as vLLM 0.33 asks them (:func:`kvgeom.hits.lookup_hit`; a law checks both give the
+same run, ``tests/property/test_probe_laws.py``).
 """
 
 from __future__ import annotations
@@ -831,7 +834,9 @@ def eagle_pair_held(probe: Probe, chunk: int, stop: int) -> Probe:
     """A probe in which chunk end ``e`` is held iff the chunk ending at ``e`` and the next one are both held,
     the next one ending at or before ``stop``. A windowed eagle group needs its window plus one more chunk
     and pops that one: a run of ``w + 1`` held chunks ending at ``e + C`` is a run of ``w`` such pairs ending
-    at ``e``, so the ordinary window scan over this probe gives the popped answer directly.
+    at ``e``, so the ordinary window scan over this probe gives the popped answer directly. (The lookup
+    scans the raw chunks once each instead, as vLLM 0.33 asks them, and finds the same run; this probe
+    asks each chunk twice, once per pair it is in.)
 
     >>> from kvgeom.probes import as_probe
     >>> import kvgeom

@@ -408,8 +408,8 @@ def test_an_eagle_partial_tail_may_lie_past_the_popped_chunk(name, geom, n, stor
 # Windowed groups repeat their lookups until a pass in which no group but the first lowers the candidate;
 # the first group lowering to exactly its own run end, at rest there, needs no second look. An eagle group
 # pops again after a non-eagle group lowers the candidate. Each hit is vLLM 0.33's (run_lookup_trace, the
-# same day); the key lists are vLLM's where written (elsewhere kvgeom's keys differ from vLLM's by the
-# registered realign-after-clamp deviation or the order of an eagle sliding-window pair scan: see the report).
+# same day); the key lists are vLLM's where written (None: kvgeom's keys differ from vLLM's by the registered
+# realign-after-clamp deviation, kvgeom asking Mamba at the re-aligned candidate only).
 def _win_geom(groups, spec=None, bpc=None):
     cfg = {"groups": groups, "cache": NO_RETENTION, "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
     if spec:
@@ -426,22 +426,28 @@ WINDOWED_PASS_ROWS = [
     # sliding window 24 (2 chunks of 16) and Mamba 32: the window group finds its run ending at 48, the
     # candidate re-aligns to 32 (off its run end: another pass), Mamba holds 32; the second pass asks the window
     # group at 32, where the run needs 16 and 32 and 16 is missing: no hit (vLLM: 0)
-    ("realigned-below-the-run-end", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [32, 48], "2": [32]}, 0),
+    ("realigned-below-the-run-end", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [32, 48], "2": [32]}, 0, None),
     # Mamba (not the pass's first group) lowers 64 to 32: every windowed group is asked again, and the window
     # group has no run ending at 32 (vLLM: 0)
-    ("a-later-group-lowers", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [48, 64], "2": [32]}, 0),
+    ("a-later-group-lowers", _FA_SW24_M32, 65, {"0": [16, 32, 48, 64], "1": [48, 64], "2": [32]}, 0,
+     [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (1, 64, True), (1, 48, True), (2, 64, False),
+      (2, 32, True), (1, 32, False), (1, 16, False)]),
     # an eagle sliding-window drafter (window 2 chunks + the popped one) and Mamba 16: the drafter pops at 80
     # (run 48-80, candidate 64), Mamba lowers 64 to 16, so the drafter pops again at 16 and needs the chunk
-    # ending at 32 as well: missing, no hit (vLLM: 0)
+    # ending at 32 as well: missing, no hit (vLLM: 0; both pops ask each chunk once, right to left)
     ("the-eagle-group-pops-again", _win_geom([_FA16, _sw(16, 24, drafter=True), {"kind": "mamba", "block_size": 16}],
-                                             _E), 80, {"0": [16, 32, 48, 64], "1": [16, 48, 64, 80], "2": [16]}, 0),
+                                             _E), 80, {"0": [16, 32, 48, 64], "1": [16, 48, 64, 80], "2": [16]}, 0,
+     [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (1, 80, True), (1, 64, True), (1, 48, True),
+      (2, 64, False), (2, 48, False), (2, 32, False), (2, 16, True), (1, 32, False), (1, 16, True)]),
 ]
 
 
-@pytest.mark.parametrize(("name", "geom", "n", "stored", "hit"), WINDOWED_PASS_ROWS,
+@pytest.mark.parametrize(("name", "geom", "n", "stored", "hit", "keys"), WINDOWED_PASS_ROWS,
                          ids=[r[0] for r in WINDOWED_PASS_ROWS])
-def test_a_lowered_candidate_sends_the_windowed_groups_round_again(name, geom, n, stored, hit):
+def test_a_lowered_candidate_sends_the_windowed_groups_round_again(name, geom, n, stored, hit, keys):
     assert lookup_hit(geom, n, stored=stored).hit_tokens == hit
+    if keys is not None:
+        assert [(p.group, p.end_token, p.held) for p in hits.lookup_trace(geom, n, stored=stored).probes] == keys
 
 
 _DRAFT_SW40_M16 = _win_geom([{**_FA16, "drafter": True}, _sw(16, 40), {"kind": "mamba", "block_size": 16}], _E)
@@ -456,8 +462,8 @@ WINDOWED_TRACE_ROWS = [
     ("drafter-then-window", _DRAFT_SW40_M16, 48, {"0": [16, 32, 48], "1": [16], "2": [16]}, 16,
      [(0, 16, True), (0, 32, True), (0, 48, True), (1, 32, False), (1, 16, True), (2, 16, True)]),
     # the drafter pops 96 (candidate 80), the window group holds its run at 80, Mamba lowers 80 to 64: both
-    # windowed groups go round again, Mamba too although it settled at 64 (a lookup over a plain tier skips
-    # it); a recording probe asks every key vLLM asks (vLLM: 64)
+    # windowed groups go round again, Mamba too although it found its key at 64 already: vLLM asks it again,
+    # and so does every lookup (vLLM: 64)
     ("a-settled-group-is-asked-again", _DRAFT_SW40_M16, 96, {"0": list(range(16, 97, 16)), "1": [32, 48, 64, 80],
                                                               "2": [64]}, 64,
      [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (0, 80, True), (0, 96, True), (1, 80, True),
@@ -473,6 +479,70 @@ def test_lookup_trace_asks_the_windowed_passes_vllm_asks(name, geom, n, stored, 
     assert trace.hit.hit_tokens == hit
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
     assert lookup_hit(geom, n, stored=stored) == trace.hit  # the skipping path finds the same hit
+
+
+# -- an eagle sliding-window group's widened scan (_scan_window with the pop) ------------------------------
+# vLLM 0.33 asks an unverified eagle window group's keys once each, right to left, from the chunk past the
+# candidate (the widened _sliding_window_lookup, a run one chunk longer, the top one popped). kvgeom's pair scan
+# asked each chunk with the next one (left to right within a pair, every chunk twice; a lone chunk never):
+# these rows differed from vLLM in issue 19's sweep of random eagle window geometries (200 cases, seed 19: cases
+# 87, 77, 136, 173, 105, 43, 131). Every hit and key list is vLLM 0.33's, from run_lookup_trace (2026-12-02).
+def _eagle_sw(groups, spec, bpc=1, pmu=None):
+    cache = {"retention_interval": None, **({"prefix_match_unit": pmu} if pmu else {})}
+    return kvgeom.resolve({"groups": groups, "speculative": spec, "cache": cache,
+                           "offload": {"blocks_per_chunk": bpc} if bpc > 1 else {}})
+
+
+_E3K3 = {"method": "eagle3", "num_speculative_tokens": 3}
+_MTP3 = {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 3}
+_FA32, _M16 = {"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 16}
+EAGLE_WINDOW_TRACE_ROWS = [
+    # one chunk below a 17-token request: the widened scan asks it (a run of one, nothing left after the pop);
+    # the pair scan asked nothing
+    ("a-lone-chunk-is-asked", _eagle_sw([_sw(16, 16, drafter=True)], _E3K3), 17, 0, {"0": []}, 0,
+     [(0, 16, False)]),
+    # window 24 (2 chunks + the popped one) from 80 down: 80, 64, 48, once each (the pair scan: 64, 80, 48, 64)
+    ("right-to-left-once-each", _eagle_sw([_sw(16, 24, drafter=True)], _E3K3), 91, 0,
+     {"0": [16, 32, 48, 64, 80]}, 64, [(0, 80, True), (0, 64, True), (0, 48, True)]),
+    # k = 2 behind full attention 32: the drafter's chunks of 32 from 96 (the popped one) down to 64
+    ("chunks-of-two-blocks", _eagle_sw([{"kind": "full_attention", "block_size": 32}, _sw(16, 17, drafter=True)],
+                                       {"method": "eagle", "num_speculative_tokens": 1}, bpc=2, pmu=16), 122, 0,
+     {"0": [16, 32, 64, 96], "1": [16, 32, 48, 64, 80, 96, 112]}, 64,
+     [(0, 64, True), (1, 96, True), (1, 64, True)]),
+    # a Mamba group beside the drafter, from a local prefix of 145 (128 on L = 32)
+    ("beside-mamba-from-a-local-prefix", _eagle_sw([_sw(32, 100, drafter=True), {"kind": "mamba", "block_size": 32}],
+                                                   {"method": "eagle", "num_speculative_tokens": 2}), 249, 145,
+     {"0": [32, 64, 160, 192, 224], "1": [32, 64, 128, 160, 192, 224]}, 64,
+     [(0, 224, True), (0, 192, True), (0, 160, True), (1, 192, True)]),
+    ("mamba-full-attention-k2", _eagle_sw([{"kind": "mamba", "block_size": 32}, _sw(16, 64, drafter=True),
+                                           {"kind": "full_attention", "block_size": 32}],
+                                          {"method": "eagle3", "num_speculative_tokens": 2}, bpc=2), 165, 0,
+     {"0": [16, 32, 48, 64, 80, 112, 128, 144, 160], "1": list(range(16, 161, 16)),
+      "2": [32, 64, 80, 96, 112, 128, 144, 160]}, 128,
+     [(2, 64, True), (2, 128, True), (1, 160, True), (1, 128, True), (1, 96, True), (0, 128, True)]),
+    # a miss at the top (128): the drafter's scan goes on from 96 for a run of its window (2 chunks) + 1, then
+    # the second window group holds its run at 64
+    ("a-second-window-group", _eagle_sw([_sw(16, 40, drafter=True), _FA16, _sw(16, 64)],
+                                        {"method": "eagle3", "num_speculative_tokens": 1}, bpc=2), 196, 0,
+     {"0": [16, 32, 48, 64, 80, 96, 112, 160, 176], "1": [16, 32, 48, 64, 80, 96, 112, 144, 160, 176, 192],
+      "2": [16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 192]}, 64,
+     [(1, 32, True), (1, 64, True), (1, 96, True), (1, 128, False), (0, 128, False), (0, 96, True), (0, 64, True),
+      (0, 32, True), (2, 64, True), (2, 32, True)]),
+    # Mamba misses 96 and lowers the candidate to 80: the drafter pops again from 96, each chunk once again
+    ("pops-again-after-mamba-lowers", _eagle_sw([_sw(16, 33, drafter=True), _FA32, _M16], _MTP3), 120, 0,
+     {"0": [48, 64, 80, 96, 112], "1": [16, 32, 48, 64, 80, 96, 112], "2": [48, 80]}, 80,
+     [(1, 32, True), (1, 64, True), (1, 96, True), (0, 112, True), (0, 96, True), (0, 80, True), (0, 64, True),
+      (2, 96, False), (2, 80, True), (0, 96, True), (0, 80, True), (0, 64, True), (0, 48, True), (2, 80, True)]),
+]
+
+
+@pytest.mark.parametrize(("name", "geom", "n", "local", "stored", "hit", "keys"), EAGLE_WINDOW_TRACE_ROWS,
+                         ids=[r[0] for r in EAGLE_WINDOW_TRACE_ROWS])
+def test_an_eagle_window_scan_asks_each_chunk_once_right_to_left(name, geom, n, local, stored, hit, keys):
+    trace = hits.lookup_trace(geom, n, stored=stored, local_computed_tokens=local)
+    assert trace.hit.hit_tokens == hit
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
+    assert lookup_hit(geom, n, stored=stored, local_computed_tokens=local) == trace.hit
 
 
 # -- the tier's own arguments on the main lookup path ------------------------------------------------------
@@ -644,26 +714,31 @@ def test_plan_load_lists_every_group_and_the_skip_in_the_first_chunk():
 
 # -- an eagle group's lookup from a local prefix inside a chunk (_eagle_group_end) --------------------------
 # Chunks of 32 (two blocks of 16), L = 16: the local prefix 16 (or 48) lies inside chunk 0 (or 1), whose key
-# the eagle group's scan still starts at (c // C, an int chunk index). vLLM 0.33 (run_lookup_trace): 48 and 0.
+# the eagle group's scan still starts at (c // C, an int chunk index). vLLM 0.33 (run_lookup_trace): 48 and 0,
+# asking the keys written.
 _EAGLE_K2 = [{**_FA16, "drafter": True}, {"kind": "mamba", "block_size": 16}]
 _EAGLE_SW_K2 = [_FA16, _sw(16, 40, drafter=True), {"kind": "mamba", "block_size": 16}]
 
 
 @pytest.mark.parametrize(
-    ("groups", "n", "stored", "local", "hit"),
+    ("groups", "n", "stored", "local", "hit", "keys"),
     [
         # an eagle FA drafter: keys 32, 64, 96 held from chunk 0, the last popped: hit ends at 64
-        (_EAGLE_K2, 97, {"0": [32, 64, 96], "1": [32, 64, 96]}, 16, (48, 64)),
+        (_EAGLE_K2, 97, {"0": [32, 64, 96], "1": [32, 64, 96]}, 16, (48, 64),
+         [(0, 32, True), (0, 64, True), (0, 96, True), (1, 64, True)]),
         # an eagle sliding-window drafter (window 2 chunks + the popped one): from chunk 1 its held keys 96, 128
-        # and the missing 64 leave no run of two pairs: no hit
-        (_EAGLE_SW_K2, 128, {"0": [64, 96], "1": [96, 128], "2": [96]}, 48, (0, 48)),
+        # and the missing 64 leave no run of three chunks: no hit (asked 128, 96, 64, once each)
+        (_EAGLE_SW_K2, 128, {"0": [64, 96], "1": [96, 128], "2": [96]}, 48, (0, 48),
+         [(0, 64, True), (0, 96, True), (1, 128, True), (1, 96, True), (1, 64, False)]),
     ],
 )
-def test_an_eagle_group_scans_from_the_chunk_holding_the_local_prefix(groups, n, stored, local, hit):
+def test_an_eagle_group_scans_from_the_chunk_holding_the_local_prefix(groups, n, stored, local, hit, keys):
     geom = _win_geom(groups, _E, bpc=2)
     got = lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
     assert (got.hit_tokens, got.end_token) == hit
     assert type(got.end_token) is int
+    trace = hits.lookup_trace(geom, n, stored=stored, local_computed_tokens=local)
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
 
 
 def test_a_one_token_hit_is_loaded():

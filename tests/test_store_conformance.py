@@ -261,13 +261,18 @@ _TRACE_GEOMS = [
     {"groups": [_fa(16), _sw(16, 24), _m(16)], "offload": {"blocks_per_chunk": 2}},
     {"groups": [_fa(16, drafter=True), _sw(16, 40), _m(16)], "offload": {},
      "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # an eagle sliding-window drafter: its widened scan, each chunk once right to left (issue 19's pair scan)
+    {"groups": [_fa(16), {**_sw(16, 24), "drafter": True}], "offload": {}, "cache": {"retention_interval": None},
+     "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    {"groups": [_fa(16), {**_sw(16, 40), "drafter": True}, _m(32)], "offload": {"blocks_per_chunk": 2},
+     "cache": {"retention_interval": None}, "speculative": {"method": "eagle3", "num_speculative_tokens": 1}},
 ]
 
 
 def test_lookup_trace_asks_the_keys_vllm_asks_in_its_order(st):
-    """Seeded random tiers over seven deployments (sliding windows, Mamba, k = 2, H below the block, an eagle
-    drafter): kvgeom's lookup_trace lists exactly the keys vLLM's connector asks its tier's lookup(), in
-    order, and the same hit."""
+    """Seeded random tiers over nine deployments (sliding windows, Mamba, k = 2, H below the block, eagle
+    drafters of full attention and of a sliding window): kvgeom's lookup_trace lists exactly the keys vLLM's
+    connector asks its tier's lookup(), in order, and the same hit."""
     import random
 
     from kvgeom.hits import lookup_trace

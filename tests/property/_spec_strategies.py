@@ -94,3 +94,28 @@ def tail_speculative_geometries(draw: st.DrawFn) -> kvgeom.Geometry:
     geom = kvgeom.resolve(cfg)
     assert geom.offload is not None and geom.offload.supports_partial_tail
     return geom
+
+
+@st.composite
+def eagle_window_geometries(draw: st.DrawFn) -> kvgeom.Geometry:
+    """A sliding-window eagle drafter (window 1-100, block 16 or 32), with or without full attention, an align
+    Mamba group and a second (target) window; k = 1 or 2, DCP 1: the geometries of vLLM 0.33's widened
+    ``_sliding_window_lookup`` (issue 19's pair-scan sweep)."""
+    block = draw(st.sampled_from([16, 32]))
+    groups: list[dict[str, Any]] = [{"kind": "sliding_window", "block_size": block,
+                                     "sliding_window": draw(st.integers(1, 100)), "drafter": True}]
+    if draw(st.booleans()):
+        groups.append({"kind": "full_attention", "block_size": draw(st.sampled_from([16, 32]))})
+    if draw(st.booleans()):
+        groups.append({"kind": "mamba", "block_size": draw(st.sampled_from([16, 32]))})
+    if draw(st.integers(0, 3)) == 0:
+        groups.append({"kind": "sliding_window", "block_size": block, "sliding_window": draw(st.integers(1, 80))})
+    cfg = {"groups": draw(st.permutations(groups)), "cache": {"retention_interval": None},
+           "offload": {"blocks_per_chunk": draw(st.sampled_from([1, 2]))},
+           "speculative": {"method": draw(st.sampled_from(["eagle", "eagle3", "mtp"])),
+                           "num_speculative_tokens": draw(st.integers(1, 3))}}
+    try:
+        return kvgeom.resolve(cfg)
+    except KVGeomError:
+        assume(False)
+        raise

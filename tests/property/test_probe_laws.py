@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from _laws import H49964
-from _spec_strategies import speculative_geometries, tail_speculative_geometries
+from _spec_strategies import eagle_window_geometries, speculative_geometries, tail_speculative_geometries
 from _store_strategies import LookupResult, Manager, chain_of, requests
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -126,6 +126,74 @@ def test_full_attention_probes_run_forward_from_the_local_prefix_and_stop_at_the
         scan = [e for g, e in asked[:first_windowed] if g == og.index]
         assert scan == [(c // C + i + 1) * C for i in range(len(scan))]
         assert all(e in held for e in scan[:-1])
+
+
+_EAGLE_SW = {
+    "groups": [{"kind": "full_attention", "block_size": 16},
+               {"kind": "sliding_window", "block_size": 16, "sliding_window": 64, "drafter": True}],
+    "cache": {"retention_interval": None},
+    "offload": {},
+    "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+}
+
+
+@example(geom=kvgeom.resolve(_EAGLE_SW), data=None)  # the pair scan asked 224, 240, 208, 224, ... (issue 19)
+@example(geom=kvgeom.resolve(_SWA), data=None)
+@given(geom=st.one_of(eagle_window_geometries(), speculative_geometries(offload=True),
+                      geometries(offload=True, max_block_size=16)), data=st.data())
+def test_a_windowed_scan_asks_each_chunk_once_from_the_right(geom, data):
+    """vLLM 0.33's ``_sliding_window_lookup`` asks a windowed group's keys right to left, each once per scan,
+    an eagle group's widened scan too (issue 19: the pair scan asked each chunk twice, left to right within a
+    pair). Two scans of one group are never adjacent (a pass asks every windowed group in turn; a lone windowed
+    group is asked in one pass), so every stretch of consecutive asks of one windowed group strictly decreases.
+    Partial tails ask every group per boundary after the scans: not this law's (the trace rows cover them)."""
+    if data is None:
+        req = (247, 0, 247, None, None, {0: list(range(16, 241, 16)),
+                                         1: [16, 32, 48, 64, 96, 128, 144, 192, 208, 224, 240]})
+    else:
+        req = data.draw(requests(geom))
+    if geom.offload.supports_partial_tail:
+        return
+    stored = {g: set(v) for g, v in req[5].items()}
+    asked = []
+
+    def contains(g, e):
+        asked.append((g, e))
+        return e in stored.get(g, ())
+
+    assert _lookup(geom, req, stored=contains) == _lookup(geom, req, stored=req[5])
+    windowed = {og.index for og in geom.offload.groups if og.window_chunks is not None}
+    for i in range(1, len(asked)):
+        (g0, e0), (g1, e1) = asked[i - 1], asked[i]
+        if g0 == g1 and g1 in windowed:
+            assert e1 < e0, (g1, [e for g, e in asked if g == g1])
+
+
+@given(geom=eagle_window_geometries(), data=st.data())
+def test_the_popped_window_scan_finds_the_run_of_the_pair_probe(geom, data):
+    """An unverified eagle window group's scan (``hits._scan_window`` with the pop, over the raw chunks) finds
+    the run the ordinary scan over :func:`kvgeom.probes.eagle_pair_held` finds (the rule, stated as a probe),
+    with or without jumps over a run of misses (a set probe's ``below``), asking each chunk of
+    ``[start, stop)`` at most once, right to left. A run of one chunk reaching the start has nothing left after
+    the pop: the pair probe has no run there, the popped scan answers at most ``start * C`` (no hit either)."""
+    og = next(o for o in geom.offload.groups if o.eagle_group and o.window_chunks is not None)
+    g, C = geom.groups[og.index], og.tokens_per_chunk
+    stop = data.draw(st.integers(1, 40), label="chunks the widened scan covers")
+    m = data.draw(st.integers(max((stop - 2) * C + 1, C), max(stop * C, C)), label="candidate")
+    start = data.draw(st.integers(0, (m - 1) // C), label="start chunk")
+    held = data.draw(st.sets(st.integers(start, stop - 1)), label="held chunks")
+    ends = {(j + 1) * C for j in held}
+    end = min(m, (stop - 1) * C)
+    for probe in (kvgeom.probes.as_probe(geom, {og.index: ends}), lambda gi, e: e in ends):
+        probe = kvgeom.probes.as_probe(geom, probe)
+        pairs = hits._scan_window(g, og, kvgeom.probes.eagle_pair_held(probe, C, stop * C), end, start)
+        popped = hits._scan_window(g, og, probe, end, start, 1)
+        assert (None if popped is None or popped <= start * C else popped) == pairs
+    recorder = kvgeom.probes.RecordingProbe(kvgeom.probes.as_probe(geom, {og.index: ends}))
+    assert hits._scan_window(g, og, recorder, end, start, 1) == popped
+    asked = [e for _, e, _ in recorder.calls]
+    assert asked == sorted(set(asked), reverse=True)
+    assert all((start + 1) * C <= e <= stop * C for e in asked)
 
 
 class _TriState:
