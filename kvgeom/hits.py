@@ -1172,7 +1172,11 @@ def _swa_revisited_chunks(
     points: tuple[int, ...],
     final_mask: frozenset[int] | None,
 ) -> tuple[int, ...]:
-    """Chunks in ``[revisit, start)`` stored now: kept under the final horizon, skipped under the prompt's."""
+    """Chunks in ``[revisit, min(start, storable))`` stored now: kept under the final horizon, skipped under the
+    prompt's. Capped at ``storable``: no mask holds a block past it (:func:`reachable_block_mask`'s domain), and an
+    earlier store may reach far past it (``stored_chunks`` 1.3e17 with 132 storable chunks made this a loop of
+    1.3e17 steps; found by the batch-vs-scalar store law under the ``thorough`` profile). The batch twin
+    (``kvgeom.batch.hits.plan_stores``) draws its candidates from ``[first, storable)`` the same way."""
     off = geom.offload
     assert off is not None
     k = off.blocks_per_chunk
@@ -1183,5 +1187,6 @@ def _swa_revisited_chunks(
     if prompt_mask is None:
         return ()
     return tuple(
-        j for j in range(revisit, start) if not _chunk_kept(prompt_mask, j, k) and _chunk_kept(final_mask, j, k)
+        j for j in range(revisit, min(start, storable))
+        if not _chunk_kept(prompt_mask, j, k) and _chunk_kept(final_mask, j, k)
     )

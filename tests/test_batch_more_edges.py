@@ -486,3 +486,41 @@ def test_the_inclusive_edges_of_a_result_bound_and_of_a_prompt():
     with pytest.raises(QueryError) as e:
         prompt_tokens([32, 49], n)
     assert e.value.code == "prompt_longer_than_request"
+
+
+@pytest.mark.parametrize("stored", [20, 10**6, 2**57])
+def test_a_finished_revisit_below_a_stored_start_far_past_the_storable_chunks_stops_at_them(stored):
+    """A finished sliding request (retention None, no replay boundary) whose stored start lies past its storable
+    chunks: the revisited chunks are those in [revisit, storable), none past storable (no mask holds a block
+    there). The scalar once walked [revisit, stored) chunk by chunk: 1.3e17 steps for the case the thorough profile
+    drew (a hang); the batch twin caps at storable."""
+    import signal
+
+    from kvgeom import hits
+
+    geom = kvgeom.resolve(
+        {"groups": [{"kind": "full_attention", "block_size": 64},
+                    {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}],
+         "cache": {"retention_interval": None, "prefix_match_unit": 16}, "offload": {}}
+    )
+    kw = dict(num_tokens=100, num_computed_tokens=100, num_prompt_tokens=64, finished=True,
+              offload_prompt_only=False)
+    # a hang guard with the fuzz tests' CPU bound (tests/property/test_fuzz.py: 15 s), not a speed check: the old
+    # walk to the stored start never ended for 2^57, so the alarm turns a hang into a failure
+    def hang(*_: object) -> None:
+        raise AssertionError("plan_store walked towards the stored start (a hang)")
+
+    old = signal.signal(signal.SIGPROF, hang)
+    signal.setitimer(signal.ITIMER_PROF, 15.0)
+    try:
+        want = hits.plan_store(geom, stored_chunks={1: stored}, reachable=(), **kw)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+    # a stored start past the 6 storable chunks revisits as a start at them: chunks 4 and 5 (the last partial
+    # segment, kept under the final horizon and skipped under the prompt's), none at or past 6
+    assert want == hits.plan_store(geom, stored_chunks={1: 6}, reachable=(), **kw)
+    assert want.groups[1].chunks == (4, 5)
+    sp = batch.plan_stores(geom, num_tokens=[100], num_computed_tokens=[100], num_prompt_tokens=[64], finished=True,
+                           offload_prompt_only=False, stored_chunks={1: [stored]}, reachable=[[-1]])
+    assert sp.plan(0) == want
