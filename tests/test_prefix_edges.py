@@ -15,6 +15,7 @@ import pytest
 from _prefix_rows import _cl, _fa, _m, _sw, geometry
 
 import kvgeom
+from kvgeom._math import INT64_MAX
 from kvgeom.batch.prefix import prefix_hits
 from kvgeom.prefix import (
     PrefixHit,
@@ -355,6 +356,24 @@ def test_batch_prefix_hits_refuse_bad_input(n, held, want):
     assert (code, field) == want
 
 
+@pytest.mark.parametrize(
+    ("n", "held", "quoted"),
+    [
+        (np.array([1.5]), {}, "float64"),
+        (np.array([[100]]), {}, "(1, 1)"),
+        (100, {"x": np.zeros((1, 6), bool)}, "'x'"),
+        (100, {0: np.zeros((1, 6), int)}, "int64"),
+        (np.array([100, -1]), {}, "token counts are >= 0"),
+        (np.array([2**63], dtype=np.uint64), {}, "past int64"),
+    ],
+)
+def test_batch_prefix_hits_refusals_quote_the_bad_value(n, held, quoted):
+    """A refusal's message names what was wrong (the dtype, the shape, the key) or the bound it broke."""
+    with pytest.raises(kvgeom.QueryError) as info:
+        prefix_hits(DEFAULT, n, held)
+    assert quoted in info.value.problems[0].message
+
+
 def test_batch_group_refusal_quotes_the_group():
     assert _problem(lambda: prefix_hits(_FA_CB, 100, {1: np.zeros((1, 6), bool)})) == (
         "group_not_prefix_cacheable", "held.1", {"group": 1})
@@ -475,6 +494,10 @@ VLLM_ROWS = [
     # chunk 1: every token is its own chunk, so a chunked-local group never needs a block; attention's 1 stands
     # (a 1-token candidate starts a new chunk at 1). vLLM: 1
     ("cl1-chunk1", {"groups": [_fa(1), _cl(1, 1)]}, (), 10, {"0": [1], "1": []}, 1, [[1], []]),
+    # the drop on fine-grained attention (DCP 2, span 32, margin 16) over a residency that ends at 64: the proof
+    # reads 64, the partial step finds 48 before the drop's limit. vLLM: 48, attention blocks [32, 64], Mamba [48]
+    ("drop-fine-ends-at-64", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 2, "tp": 2}}, (0,), 200,
+     {"0": [16, 32, 48, 64], "1": [16, 32, 48, 64]}, 48, [[32, 64], [48]]),
 ]
 
 
@@ -489,6 +512,20 @@ def test_prefix_hit_edges_match_vllm(name, cfg, drop, n, resident, hit, ends):
     held = {int(k): np.array([[(i + 1) * geom.hash_block_size in set(v) for i in range(n)]]) for k, v in
             resident.items()}
     assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]  # the batch twin on the same row
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop", "n", "resident", "hit", "ends"), VLLM_ROWS,
+                         ids=[r[0] for r in VLLM_ROWS])
+def test_batch_prefix_hits_read_matrices_that_end_at_their_last_entry(name, cfg, drop, n, resident, hit, ends):
+    """The vLLM rows with each group's matrix cut after its last held entry (narrower than the request's chain):
+    the columns past every matrix are misses, so the batch twin gives vLLM's hit. A lookup that reads past the
+    widest matrix (the drop's limit reaching one entry further, a partial step clipped onto the last column)
+    would read a held entry there instead."""
+    geom = geometry(cfg, drop)
+    H = geom.hash_block_size
+    held = {int(k): np.array([[(i + 1) * H in set(v) for i in range(max(v, default=0) // H)]], dtype=bool)
+            for k, v in resident.items()}
+    assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]
 
 
 @pytest.mark.parametrize(
@@ -556,7 +593,7 @@ def test_batch_prefix_hits_at_the_last_column(cfg, n, resident):
     [_fa(16), _sw(16, 40)],
     [_fa(16), _cl(16, 64)],
 ], ids=["full", "full+mamba", "full+sliding", "full+chunked"])
-@pytest.mark.parametrize("num_tokens", [2**40, 2**20 + 7, 200])
+@pytest.mark.parametrize("num_tokens", [INT64_MAX, 2**40, 2**20 + 7, 200])  # INT64_MAX: the inclusive bound
 def test_a_chain_far_longer_than_the_matrices_is_answered_from_the_matrices(groups, num_tokens):
     """Entries past the widest held matrix are never held: ``prefix_hits`` stops its columns there (a
     2^40-token request over an empty residency raised MemoryError before, issue 19) and answers as the
