@@ -365,6 +365,7 @@ def test_batch_prefix_hits_refuse_bad_input(n, held, want):
         (100, {0: np.zeros((1, 6), int)}, "int64"),
         (np.array([100, -1]), {}, "token counts are >= 0"),
         (np.array([2**63], dtype=np.uint64), {}, "past int64"),
+        (100, {0: np.zeros((1, 6), bool), 1: np.zeros((2, 6), bool)}, "[1, 2]"),
     ],
 )
 def test_batch_prefix_hits_refusals_quote_the_bad_value(n, held, quoted):
@@ -498,6 +499,19 @@ VLLM_ROWS = [
     # reads 64, the partial step finds 48 before the drop's limit. vLLM: 48, attention blocks [32, 64], Mamba [48]
     ("drop-fine-ends-at-64", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 2, "tp": 2}}, (0,), 200,
      {"0": [16, 32, 48, 64], "1": [16, 32, 48, 64]}, 48, [[32, 64], [48]]),
+    # DCP 4 (span 64, H = A = 16) with entry 16 alone: the partial step scans 48, 32, 16 and hits 16. vLLM: 16
+    ("dcp4-one-entry", {"groups": [_fa(16), _m(16)], "parallel": _D4}, (), 100, {"0": [16], "1": [16]}, 16,
+     [[16], [16]]),
+    # Mamba 64 over A = 16 (fine-grained) between attention and a chunked-local group: Mamba's 112 is a partial
+    # state, the chunk [96, 128) needs its block 6 (end 112). vLLM: 112, [16..112], [112], [112]
+    ("fa16-m64-cl32", {"groups": [_fa(16), _m(64), _cl(16, 32)]}, (), 200,
+     {"0": _A16[:8], "1": [64, 112], "2": _A16[:7]}, 112, [_A16[:7], [112], [112]]),
+    # A = 64 over Mamba 16: a Mamba state counts only on the A grid; 192 is. vLLM: 192, [64, 128, 192], [192]
+    ("fa64-m16-on-A", {"groups": [_fa(64), _m(16)]}, (), 200, {"0": [64, 128, 192], "1": [64, 128, 192]}, 192,
+     [[64, 128, 192], [192]]),
+    # the same with Mamba states only off the A grid (32, 96, 160): none counts. vLLM: 0
+    ("fa64-m16-off-A", {"groups": [_fa(64), _m(16)]}, (), 200, {"0": [64, 128, 192], "1": [32, 96, 160]}, 0,
+     [[], []]),
 ]
 
 
