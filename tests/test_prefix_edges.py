@@ -211,6 +211,7 @@ def test_no_prefix_cacheable_group_and_caching_off_give_no_hit():
     assert prefix_hits(g, np.array([100, 50]), {}).tolist() == [0, 0]
     off = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"prefix_caching": False}})
     assert prefix_hits(off, np.array([100]), {0: np.ones((1, 6), bool), 1: np.ones((1, 6), bool)}).tolist() == [0]
+    assert prefix_hits(off, np.array([100]), {}).dtype == np.int64  # the early answers are int64 too
 
 
 # -- the batch twin: the scalar prefix_hit on the same rows is the oracle --------------------------------
@@ -329,6 +330,18 @@ def test_batch_prefix_hits_ignore_entries_past_each_rows_chain():
     assert la.hash_lookahead_tokens == 3
     assert prefix_hits(la, np.array([98, 99, 2]), full).tolist() == [80, 96, 0] == [
         prefix_hit(la, n, {0: range(16, 129, 16), 1: range(16, 129, 16)}).hit_tokens for n in (98, 99, 2)]
+
+
+def test_batch_prefix_hits_read_no_hash_past_a_rows_chain_under_lookahead():
+    """Deviation ``lookahead-past-unitary-window`` (vLLM 0.33 raises IndexError there; kvgeom reads only the
+    (n - P) // H hashes the request has, tests/test_deviations.py): in a batch whose matrices are wider than a
+    short row's chain, that row still holds nothing past its own chain. Mamba 2 alone, P = 3: 40 tokens have 18
+    hashes, so the state at 38 (hash 19) is not the 40-token row's, but it is the 60-token row's."""
+    g = kvgeom.resolve({"groups": [_m(2)], "speculative": _MTP3})
+    held = np.zeros((2, 30), bool)
+    held[:, [17, 18]] = True  # the states at 36 and 38
+    assert prefix_hits(g, np.array([40, 60]), {0: held}).tolist() == [36, 38] == [
+        prefix_hit(g, n, {"0": [36, 38]}).hit_tokens for n in (40, 60)]
 
 
 @pytest.mark.parametrize(
@@ -512,6 +525,12 @@ VLLM_ROWS = [
     # the same with Mamba states only off the A grid (32, 96, 160): none counts. vLLM: 0
     ("fa64-m16-off-A", {"groups": [_fa(64), _m(16)]}, (), 200, {"0": [64, 128, 192], "1": [32, 96, 160]}, 0,
      [[], []]),
+    # Mamba 16 (S = A) between attention and a chunked-local group: Mamba's state 80, the chunk [64, 96) needs
+    # its block 4 (end 80). vLLM: 80, [16..80], [80], [80]
+    ("fa16-m16-cl32", {"groups": [_fa(16), _m(16), _cl(16, 32)]}, (), 100,
+     {"0": _A16[:6], "1": [32, 64, 80], "2": [16, 64, 80]}, 80, [_A16[:5], [80], [80]]),
+    # one token: the lookup is capped at n - 1 = 0 tokens, so entry 1 is never reused. vLLM: 0
+    ("fa1-one-token", {"groups": [_fa(1)]}, (), 1, {"0": [1]}, 0, [[]]),
 ]
 
 
