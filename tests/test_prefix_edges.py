@@ -531,6 +531,8 @@ VLLM_ROWS = [
      {"0": _A16[:6], "1": [32, 64, 80], "2": [16, 64, 80]}, 80, [_A16[:5], [80], [80]]),
     # one token: the lookup is capped at n - 1 = 0 tokens, so entry 1 is never reused. vLLM: 0
     ("fa1-one-token", {"groups": [_fa(1)]}, (), 1, {"0": [1]}, 0, [[]]),
+    # two tokens: the cap 1 reuses entry 1, never entry 2. vLLM: 1, [1]
+    ("fa1-two-tokens", {"groups": [_fa(1)]}, (), 2, {"0": [1, 2]}, 1, [[1]]),
 ]
 
 
