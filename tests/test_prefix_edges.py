@@ -533,6 +533,12 @@ VLLM_ROWS = [
     ("fa1-one-token", {"groups": [_fa(1)]}, (), 1, {"0": [1]}, 0, [[]]),
     # two tokens: the cap 1 reuses entry 1, never entry 2. vLLM: 1, [1]
     ("fa1-two-tokens", {"groups": [_fa(1)]}, (), 2, {"0": [1, 2]}, 1, [[1]]),
+    # the same cap 1 in a hybrid (chunked local 4 beside attention): the convergence loop runs for it. vLLM: 1
+    ("fa1-cl4-two-tokens", {"groups": [_fa(1), _cl(1, 4)]}, (), 2, {"0": [1, 2], "1": [1, 2]}, 1, [[1], [1]]),
+    # three groups with the drop on attention and the window: the loop must go past its first pass (one pass
+    # stops at 32, Mamba's state under the first candidate); no candidate survives. vLLM: 0
+    ("drop-sw-second-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (0, 1), 89,
+     {"0": _A16[:7], "1": _A16[1:7], "2": [32, 80, 128]}, 0, [[], [], []]),
 ]
 
 
