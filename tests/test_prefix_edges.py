@@ -539,6 +539,11 @@ VLLM_ROWS = [
     # stops at 32, Mamba's state under the first candidate); no candidate survives. vLLM: 0
     ("drop-sw-second-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (0, 1), 89,
      {"0": _A16[:7], "1": _A16[1:7], "2": [32, 80, 128]}, 0, [[], [], []]),
+    # three groups, no drop: Mamba lowers 192 to 160, the window cannot serve 160 (no 160), so every group after
+    # attention is asked again on every pass until 112. vLLM: 112, [16..112], [96, 112], [112]
+    ("three-later-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (), 361,
+     {"0": _A16[:12], "1": [*_A16[1:9], 176, 192], "2": [16, 32, 96, 112, 160]}, 112,
+     [_A16[:7], [96, 112], [112]]),
 ]
 
 
