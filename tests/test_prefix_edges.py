@@ -15,6 +15,7 @@ import pytest
 from _prefix_rows import _cl, _fa, _m, _sw, geometry
 
 import kvgeom
+from kvgeom._math import INT64_MAX
 from kvgeom.batch.prefix import prefix_hits
 from kvgeom.prefix import (
     PrefixHit,
@@ -210,6 +211,7 @@ def test_no_prefix_cacheable_group_and_caching_off_give_no_hit():
     assert prefix_hits(g, np.array([100, 50]), {}).tolist() == [0, 0]
     off = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"prefix_caching": False}})
     assert prefix_hits(off, np.array([100]), {0: np.ones((1, 6), bool), 1: np.ones((1, 6), bool)}).tolist() == [0]
+    assert prefix_hits(off, np.array([100]), {}).dtype == np.int64  # the early answers are int64 too
 
 
 # -- the batch twin: the scalar prefix_hit on the same rows is the oracle --------------------------------
@@ -330,6 +332,18 @@ def test_batch_prefix_hits_ignore_entries_past_each_rows_chain():
         prefix_hit(la, n, {0: range(16, 129, 16), 1: range(16, 129, 16)}).hit_tokens for n in (98, 99, 2)]
 
 
+def test_batch_prefix_hits_read_no_hash_past_a_rows_chain_under_lookahead():
+    """Deviation ``lookahead-past-unitary-window`` (vLLM 0.33 raises IndexError there; kvgeom reads only the
+    (n - P) // H hashes the request has, tests/test_deviations.py): in a batch whose matrices are wider than a
+    short row's chain, that row still holds nothing past its own chain. Mamba 2 alone, P = 3: 40 tokens have 18
+    hashes, so the state at 38 (hash 19) is not the 40-token row's, but it is the 60-token row's."""
+    g = kvgeom.resolve({"groups": [_m(2)], "speculative": _MTP3})
+    held = np.zeros((2, 30), bool)
+    held[:, [17, 18]] = True  # the states at 36 and 38
+    assert prefix_hits(g, np.array([40, 60]), {0: held}).tolist() == [36, 38] == [
+        prefix_hit(g, n, {"0": [36, 38]}).hit_tokens for n in (40, 60)]
+
+
 @pytest.mark.parametrize(
     ("n", "held", "want"),
     [
@@ -353,6 +367,25 @@ def test_batch_prefix_hits_ignore_entries_past_each_rows_chain():
 def test_batch_prefix_hits_refuse_bad_input(n, held, want):
     code, field, _values = _problem(lambda: prefix_hits(DEFAULT, n, held))
     assert (code, field) == want
+
+
+@pytest.mark.parametrize(
+    ("n", "held", "quoted"),
+    [
+        (np.array([1.5]), {}, "float64"),
+        (np.array([[100]]), {}, "(1, 1)"),
+        (100, {"x": np.zeros((1, 6), bool)}, "'x'"),
+        (100, {0: np.zeros((1, 6), int)}, "int64"),
+        (np.array([100, -1]), {}, "token counts are >= 0"),
+        (np.array([2**63], dtype=np.uint64), {}, "past int64"),
+        (100, {0: np.zeros((1, 6), bool), 1: np.zeros((2, 6), bool)}, "[1, 2]"),
+    ],
+)
+def test_batch_prefix_hits_refusals_quote_the_bad_value(n, held, quoted):
+    """A refusal's message names what was wrong (the dtype, the shape, the key) or the bound it broke."""
+    with pytest.raises(kvgeom.QueryError) as info:
+        prefix_hits(DEFAULT, n, held)
+    assert quoted in info.value.problems[0].message
 
 
 def test_batch_group_refusal_quotes_the_group():
@@ -475,6 +508,42 @@ VLLM_ROWS = [
     # chunk 1: every token is its own chunk, so a chunked-local group never needs a block; attention's 1 stands
     # (a 1-token candidate starts a new chunk at 1). vLLM: 1
     ("cl1-chunk1", {"groups": [_fa(1), _cl(1, 1)]}, (), 10, {"0": [1], "1": []}, 1, [[1], []]),
+    # the drop on fine-grained attention (DCP 2, span 32, margin 16) over a residency that ends at 64: the proof
+    # reads 64, the partial step finds 48 before the drop's limit. vLLM: 48, attention blocks [32, 64], Mamba [48]
+    ("drop-fine-ends-at-64", {"groups": [_fa(16), _m(16)], "parallel": {"dcp": 2, "tp": 2}}, (0,), 200,
+     {"0": [16, 32, 48, 64], "1": [16, 32, 48, 64]}, 48, [[32, 64], [48]]),
+    # DCP 4 (span 64, H = A = 16) with entry 16 alone: the partial step scans 48, 32, 16 and hits 16. vLLM: 16
+    ("dcp4-one-entry", {"groups": [_fa(16), _m(16)], "parallel": _D4}, (), 100, {"0": [16], "1": [16]}, 16,
+     [[16], [16]]),
+    # Mamba 64 over A = 16 (fine-grained) between attention and a chunked-local group: Mamba's 112 is a partial
+    # state, the chunk [96, 128) needs its block 6 (end 112). vLLM: 112, [16..112], [112], [112]
+    ("fa16-m64-cl32", {"groups": [_fa(16), _m(64), _cl(16, 32)]}, (), 200,
+     {"0": _A16[:8], "1": [64, 112], "2": _A16[:7]}, 112, [_A16[:7], [112], [112]]),
+    # A = 64 over Mamba 16: a Mamba state counts only on the A grid; 192 is. vLLM: 192, [64, 128, 192], [192]
+    ("fa64-m16-on-A", {"groups": [_fa(64), _m(16)]}, (), 200, {"0": [64, 128, 192], "1": [64, 128, 192]}, 192,
+     [[64, 128, 192], [192]]),
+    # the same with Mamba states only off the A grid (32, 96, 160): none counts. vLLM: 0
+    ("fa64-m16-off-A", {"groups": [_fa(64), _m(16)]}, (), 200, {"0": [64, 128, 192], "1": [32, 96, 160]}, 0,
+     [[], []]),
+    # Mamba 16 (S = A) between attention and a chunked-local group: Mamba's state 80, the chunk [64, 96) needs
+    # its block 4 (end 80). vLLM: 80, [16..80], [80], [80]
+    ("fa16-m16-cl32", {"groups": [_fa(16), _m(16), _cl(16, 32)]}, (), 100,
+     {"0": _A16[:6], "1": [32, 64, 80], "2": [16, 64, 80]}, 80, [_A16[:5], [80], [80]]),
+    # one token: the lookup is capped at n - 1 = 0 tokens, so entry 1 is never reused. vLLM: 0
+    ("fa1-one-token", {"groups": [_fa(1)]}, (), 1, {"0": [1]}, 0, [[]]),
+    # two tokens: the cap 1 reuses entry 1, never entry 2. vLLM: 1, [1]
+    ("fa1-two-tokens", {"groups": [_fa(1)]}, (), 2, {"0": [1, 2]}, 1, [[1]]),
+    # the same cap 1 in a hybrid (chunked local 4 beside attention): the convergence loop runs for it. vLLM: 1
+    ("fa1-cl4-two-tokens", {"groups": [_fa(1), _cl(1, 4)]}, (), 2, {"0": [1, 2], "1": [1, 2]}, 1, [[1], [1]]),
+    # three groups with the drop on attention and the window: the loop must go past its first pass (one pass
+    # stops at 32, Mamba's state under the first candidate); no candidate survives. vLLM: 0
+    ("drop-sw-second-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (0, 1), 89,
+     {"0": _A16[:7], "1": _A16[1:7], "2": [32, 80, 128]}, 0, [[], [], []]),
+    # three groups, no drop: Mamba lowers 192 to 160, the window cannot serve 160 (no 160), so every group after
+    # attention is asked again on every pass until 112. vLLM: 112, [16..112], [96, 112], [112]
+    ("three-later-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (), 361,
+     {"0": _A16[:12], "1": [*_A16[1:9], 176, 192], "2": [16, 32, 96, 112, 160]}, 112,
+     [_A16[:7], [96, 112], [112]]),
 ]
 
 
@@ -489,6 +558,20 @@ def test_prefix_hit_edges_match_vllm(name, cfg, drop, n, resident, hit, ends):
     held = {int(k): np.array([[(i + 1) * geom.hash_block_size in set(v) for i in range(n)]]) for k, v in
             resident.items()}
     assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]  # the batch twin on the same row
+
+
+@pytest.mark.parametrize(("name", "cfg", "drop", "n", "resident", "hit", "ends"), VLLM_ROWS,
+                         ids=[r[0] for r in VLLM_ROWS])
+def test_batch_prefix_hits_read_matrices_that_end_at_their_last_entry(name, cfg, drop, n, resident, hit, ends):
+    """The vLLM rows with each group's matrix cut after its last held entry (narrower than the request's chain):
+    the columns past every matrix are misses, so the batch twin gives vLLM's hit. A lookup that reads past the
+    widest matrix (the drop's limit reaching one entry further, a partial step clipped onto the last column)
+    would read a held entry there instead."""
+    geom = geometry(cfg, drop)
+    H = geom.hash_block_size
+    held = {int(k): np.array([[(i + 1) * H in set(v) for i in range(max(v, default=0) // H)]], dtype=bool)
+            for k, v in resident.items()}
+    assert prefix_hits(geom, np.array([n]), held).tolist() == [hit]
 
 
 @pytest.mark.parametrize(
@@ -556,7 +639,7 @@ def test_batch_prefix_hits_at_the_last_column(cfg, n, resident):
     [_fa(16), _sw(16, 40)],
     [_fa(16), _cl(16, 64)],
 ], ids=["full", "full+mamba", "full+sliding", "full+chunked"])
-@pytest.mark.parametrize("num_tokens", [2**40, 2**20 + 7, 200])
+@pytest.mark.parametrize("num_tokens", [INT64_MAX, 2**40, 2**20 + 7, 200])  # INT64_MAX: the inclusive bound
 def test_a_chain_far_longer_than_the_matrices_is_answered_from_the_matrices(groups, num_tokens):
     """Entries past the widest held matrix are never held: ``prefix_hits`` stops its columns there (a
     2^40-token request over an empty residency raised MemoryError before, issue 19) and answers as the
