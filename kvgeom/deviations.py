@@ -141,14 +141,17 @@ _ALL = (
     ),
     Deviation(
         "lookahead-past-unitary-window",
-        "One windowed group under lookahead hashes longer than its block is looked up",
-        "With one KV cache group (UnitaryKVCacheCoordinator) that is Mamba or sliding window, prefix caching on "
-        "and lookahead hashes of P tokens (multi-module MTP, no connector), the manager's find_longest_cache_hit "
-        "scans max_length // block_size blocks from the right, but the request has only (n - P) // H block "
-        "hashes: when P exceeds the block, the first schedule() raises IndexError (vLLM 0.33, run). Full "
-        "attention, hybrids and prefix caching off run.",
-        "Resolves the geometry and reads the hit only from the hashes the request has (as vLLM's hybrid "
-        "coordinator does): a 40-token request of Mamba block 2 with P = 3 holding the state at 36 hits 36.",
+        "A windowed first lookup under lookahead hashes is looked up",
+        "With lookahead hashes of P >= 2 tokens (multi-module MTP, no connector) and prefix caching on, when no "
+        "full-attention group leads the GPU lookup (one Mamba or sliding-window group under the "
+        "UnitaryKVCacheCoordinator, or a hybrid of sliding-window and Mamba groups only), the first manager's "
+        "find_longest_cache_hit scans (n - 1) // S blocks from the right while the request has only (n - P) // H "
+        "block hashes: whenever floor((n - 1) / S) * S exceeds floor((n - P) / H) * H (block 16, P = 3: n = 17, 18, "
+        "33) the first schedule() raises IndexError (vLLM 0.33, run). A full-attention group first (it reads "
+        "only the hashes there are) or prefix caching off runs.",
+        "Resolves the geometry and reads the hit only from the hashes the request has (as vLLM does where a "
+        "full-attention group leads): a 40-token request of Mamba block 2 with P = 3 holding the state at 36 "
+        "hits 36.",
         "The crash is an index past the hash list, not a geometry rule; the rule every other coordinator applies "
         "is well defined.",
     ),

@@ -135,6 +135,38 @@ def test_lookahead_past_unitary_window():
     assert kvgeom.prefix_hit(g, 40, {"0": [36, 38]}).hit_tokens == 36  # 38 needs a hash the request lacks
 
 
+# (config, n, vLLM 0.33's hit or None where its coordinator raises IndexError; kvgeom.conformance.vllm_prefix,
+# run): not only a block below P. Mamba 16 with P = 3 crashes where floor((n-1)/16)*16 passes the hashed
+# tokens; a hybrid without full attention crashes too; full attention first never does
+_MTP3 = {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}
+_M16 = {"kind": "mamba", "block_size": 16}
+_SW_M = {"groups": [{"kind": "sliding_window", "block_size": 2, "sliding_window": 3, "drafter": True},
+                    {"kind": "mamba", "block_size": 2}],
+         "cache": {"prefix_match_unit": 1}, "speculative": {"method": "mtp", "num_speculative_tokens": 2,
+                                                            "mtp_modules": 2}}
+LOOKAHEAD_ROWS = [
+    ({"groups": [_M16], "speculative": _MTP3}, 17, {"0": [16, 32]}, None, 0),
+    ({"groups": [_M16], "speculative": _MTP3}, 18, {"0": [16, 32]}, None, 0),
+    ({"groups": [_M16], "speculative": _MTP3}, 19, {"0": [16, 32]}, 16, 16),
+    ({"groups": [_M16], "speculative": _MTP3}, 33, {"0": [16, 32]}, None, 16),
+    ({"groups": [{"kind": "full_attention", "block_size": 16}, _M16], "speculative": _MTP3}, 33,
+     {"0": [16, 32], "1": [16, 32]}, 16, 16),
+    (_SW_M, 5, {"0": list(range(1, 9)), "1": list(range(1, 9))}, None, 2),
+    (_SW_M, 7, {"0": list(range(1, 9)), "1": list(range(1, 9))}, None, 4),
+    (_SW_M, 30, {"0": list(range(1, 9)), "1": list(range(1, 9))}, 8, 8),
+]
+
+
+@pytest.mark.parametrize(("cfg", "n", "resident", "vllm_hit", "kvgeom_hit"), LOOKAHEAD_ROWS)
+def test_lookahead_past_a_windowed_first_lookup(cfg, n, resident, vllm_hit, kvgeom_hit):
+    g = kvgeom.resolve(cfg)
+    S = g.groups[0].span
+    crashes = (n - 1) // S * S > g.request_hashes(n) * g.hash_block_size and g.groups[0].family != "full"
+    assert crashes == (vllm_hit is None)  # the deviation's condition, as the rows from vLLM runs show it
+    assert kvgeom.prefix_hit(g, n, resident).hit_tokens == kvgeom_hit
+    assert vllm_hit is None or vllm_hit == kvgeom_hit
+
+
 def test_mamba_state_keyed_past_chunk_end():
     # vLLM 0.33 (run): chunks end at 144 and 167, the Mamba block 4 (tokens 128..160, holding the state after
     # 144) is stored as key 160 and a 254-token lookup hits 160; kvgeom stores no Mamba key and hits 0
