@@ -139,18 +139,19 @@ def test_slot_mapping_into_a_buffer():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda pos: np.empty(len(pos), dtype=np.int32),  # another dtype
-        lambda pos: np.empty(len(pos) + 1, dtype=np.int64),  # another length
-        lambda pos: np.empty(2 * len(pos), dtype=np.int64)[::2],  # not contiguous
-        lambda pos: pos,  # the positions themselves: overlapping an input
-        lambda pos: [0] * len(pos),  # a list
+        lambda pos, req: np.empty(len(pos), dtype=np.int32),  # another dtype
+        lambda pos, req: np.empty(len(pos) + 1, dtype=np.int64),  # another length
+        lambda pos, req: np.empty(2 * len(pos), dtype=np.int64)[::2],  # not contiguous
+        lambda pos, req: pos,  # the positions themselves: overlapping an input
+        lambda pos, req: req,  # the request indices themselves: overlapping the other input
+        lambda pos, req: [0] * len(pos),  # a list
     ],
 )
 def test_slot_mapping_refuses_a_bad_buffer(make):
     g = geom()
-    pos = np.arange(8, dtype=np.int64)
+    pos, req = np.arange(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
     with pytest.raises(kvgeom.QueryError) as e:
-        batch.slot_mapping(g, 0, pos, np.array([[1]]), np.zeros(8, dtype=np.int64), out=make(pos))
+        batch.slot_mapping(g, 0, pos, np.array([[1]]), req, out=make(pos, req))
     assert e.value.code == "bad_out"
 
 

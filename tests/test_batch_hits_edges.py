@@ -787,3 +787,118 @@ def test_eagle_pair_view_needs_both_chunks_and_passes_hash_keys_through():
     r = np.zeros(7, dtype=np.int64)
     assert v(r, np.arange(7)).tolist() == [True, True, False, False, True, False, False]
     assert v.hashes(r[:6], np.arange(6)).tolist() == m[0].tolist()
+
+
+# Store masks (kvgeom/batch/masks.py): one geometry per mask rule plan_stores branches on, each under the
+# retention settings that change the mask: None (segments of the alignment and a final tail), 0 (reachable
+# boundaries only: kept_from_points), and periodic R (segments of R plus the reachable boundaries).
+_FA64 = {"kind": "full_attention", "block_size": 64}
+_PMU16 = {"prefix_match_unit": 16}
+_EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
+MASK_CONFIGS = {
+    # sliding block 16 under a 64-token alignment: segments of 4 blocks keep their last 2 (window 20)
+    "swa64": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20}],
+               "offload": {}}, _PMU16, (None, 0, 64, 128)),
+    # a window of 40 tokens (3 blocks) under the same alignment
+    "swa64_w40": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                   "offload": {}}, _PMU16, (None, 0, 128)),
+    # two blocks per chunk (a chunk survives when one of its blocks is kept)
+    "swa_k2": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
+                "offload": {"blocks_per_chunk": 2}}, {}, (None, 0, 96)),
+    # an EAGLE sliding drafter: runs of need + 1 blocks, one block later; no final tail
+    "eagle_swa64": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40,
+                                        "drafter": True}], "offload": {}, "speculative": _EAGLE2},
+                    _PMU16, (None, 0, 64, 128)),
+    # a sliding block (32) wider than the alignment (16): the mask is dense
+    "swa32_fa16": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 32, "sliding_window": 40}],
+                    "offload": {}}, {}, (None, 0, 64)),
+    # a one-token window needs no history: nothing is stored
+    "swa_w1": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 1}],
+                "offload": {}}, _PMU16, (None, 0, 64)),
+    # align Mamba (state block per chunk), k = 1 and k = 4, alignment 32 and 64
+    "mamba_align": (kvgeom.DEFAULT_CONFIG, {}, (None, 0, 32, 64)),
+    "mamba_align64": ({"groups": [_FA64, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                       "offload": {}}, _PMU16, (0, 64, 128)),
+    "mamba_align_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                        "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
+    # positional Mamba ("all"): a chunk of k blocks survives when one of its blocks is kept
+    "mamba_all": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
+                   "offload": {}}, {}, (0, 32, 48)),
+    "mamba_all_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
+                      "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
+}
+MASK_GEOMS = {
+    (name, R): kvgeom.resolve({**cfg, "cache": {**cache, "retention_interval": R}})
+    for name, (cfg, cache, retentions) in MASK_CONFIGS.items()
+    for R in retentions
+}
+
+
+def _mask_case(geom, seed, size=14):
+    """Requests, stored starts and reachable boundaries on and next to the edges a store mask branches on:
+    multiples of the alignment, of R and of a chunk, one token and one block either side."""
+    rng = np.random.default_rng(seed)
+    og = geom.offload.groups[-1]
+    C = og.tokens_per_chunk
+    unit = max(C, geom.offload.alignment_tokens or C, geom.hit_alignment_tokens or C,
+               geom.config.cache.retention_interval or C)
+    step = [0, 1, -1, og.tokens_per_block, -og.tokens_per_block, C, -C]
+
+    def near(top):
+        return int(max(int(rng.integers(0, top + 1)) * unit + step[int(rng.integers(0, len(step)))], 0))
+
+    n = [near(6) for _ in range(size)]
+    n[0], n[1] = 0, 6 * unit + 1
+    prompt = [x if rng.random() < 0.5 else min(near(4), x) for x in n]
+    computed = [x if rng.random() < 0.7 else near(6) for x in n]
+    fin = [bool(rng.random() < 0.5) for _ in n]
+    stored = {og.index: [int(rng.integers(0, 4)) if rng.random() < 0.5 else max(x // C - int(rng.integers(0, 4)), 0)
+                         for x in n]}
+    width = 0 if seed == 5 else 3  # seed 5: a reachable array with no column
+    reach = [[near(6) if rng.random() < 0.75 else -1 for _ in range(width)] for _ in n] if seed % 2 else None
+    return n, computed, prompt, stored, reach, fin
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_store_masks_equal_the_scalar_masks(key, seed):
+    """plan_stores through each store-mask rule (batch/masks.py: chunk_kept, kept_from_points,
+    swa_store_horizons) equals plan_store request by request: sliding windows (k = 1, 2, EAGLE drop, a one-token
+    window) and Mamba (align and positional, k = 1, 4) under retention None, 0 and periodic R, with stored starts,
+    finished and decoding requests, and reachable boundaries (seeds 1, 3; seed 5: none at all) or the default
+    replay boundary."""
+    geom = MASK_GEOMS[key]
+    n, computed, prompt, stored, reach, fin = _mask_case(geom, seed)
+    for opo in (True, False):
+        sp = batch.plan_stores(
+            geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt, stored_chunks=stored,
+            reachable=None if reach is None else np.array(reach, dtype=np.int64).reshape(len(n), -1),
+            offload_prompt_only=opo,
+            finished=np.array(fin),
+        )
+        for i in range(len(n)):
+            want = scalar(("mask", key, seed, opo, i), hits.plan_store,
+                geom, num_tokens=n[i], num_computed_tokens=computed[i], num_prompt_tokens=prompt[i],
+                stored_chunks={g: v[i] for g, v in stored.items()},
+                reachable=None if reach is None else tuple(t for t in reach[i] if t >= 0),
+                offload_prompt_only=opo, finished=fin[i],
+            )
+            assert sp.plan(i) == want, (i, n[i], computed[i], prompt[i], fin[i])
+
+
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_swa_store_horizons_equal_the_scalar_horizon(key):
+    """batch.masks.swa_store_horizons is masks.swa_store_horizon per request (-1, or None for the whole batch,
+    where the scalar has no final tail) for every offloaded group: none under a retention interval, none for
+    a Mamba or attention group, none for an EAGLE sliding group; a sliding group's at the storable chunks once
+    finished, at the prompt's chunks while the storable chunks are within them, else none."""
+    from kvgeom.batch.masks import swa_store_horizons
+    from kvgeom.masks import swa_store_horizon
+
+    geom = MASK_GEOMS[key]
+    rows = [(s, p, f) for s in (0, 1, 3, 4) for p in (0, 3, 5) for f in (False, True)]
+    storable, prompt, fin = (np.array(col) for col in zip(*rows, strict=True))
+    for og in geom.offload.groups:
+        got = swa_store_horizons(geom, geom.groups[og.index], storable, prompt, fin)
+        want = [swa_store_horizon(geom, og.index, storable_chunks=s, prompt_chunks=p, finished=f) for s, p, f in rows]
+        assert ([None] * len(rows) if got is None else [None if h < 0 else int(h) for h in got]) == want, og.index
