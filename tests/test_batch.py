@@ -164,6 +164,17 @@ def test_slot_mapping_refuses_a_read_only_buffer():
     assert e.value.code == "bad_out"
 
 
+@pytest.mark.parametrize("rank", [None, 1])
+def test_slot_mapping_of_no_position_is_an_empty_int64_array_or_the_buffer(rank):
+    # no position: no slot; an empty int64 array, or the caller's (empty) buffer itself
+    g = geom()
+    empty = np.zeros(0, dtype=np.int64)
+    got = batch.slot_mapping(g, 0, empty, np.array([[1]]), empty, rank=rank)
+    assert isinstance(got, np.ndarray) and got.dtype == np.int64 and got.shape == (0,)
+    buf = np.empty(0, dtype=np.int64)
+    assert batch.slot_mapping(g, 0, [], np.array([[1]]), [], rank=rank, out=buf) is buf
+
+
 def test_negative_entries_outside_the_used_columns_are_fine():
     # a -1 padded table row: the scalar checks only the entry it uses, and so does the batch
     g = geom()

@@ -888,10 +888,11 @@ def test_store_masks_equal_the_scalar_masks(key, seed):
 
 @pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
 def test_swa_store_horizons_equal_the_scalar_horizon(key):
-    """batch.masks.swa_store_horizons is masks.swa_store_horizon per request (-1, or None for the whole batch,
-    where the scalar has no final tail) for every offloaded group: none under a retention interval, none for
-    a Mamba or attention group, none for an EAGLE sliding group; a sliding group's at the storable chunks once
-    finished, at the prompt's chunks while the storable chunks are within them, else none."""
+    """batch.masks.swa_store_horizons is masks.swa_store_horizon per request (-1 where the scalar has no final
+    tail, or None for the whole batch when no request can have one) for every offloaded group: none under a
+    retention interval, none for a Mamba or attention group, none for an EAGLE sliding group; a sliding group's
+    at the storable chunks once finished, at the prompt's chunks while the storable chunks are within them,
+    else none."""
     from kvgeom.batch.masks import swa_store_horizons
     from kvgeom.masks import swa_store_horizon
 
@@ -901,4 +902,71 @@ def test_swa_store_horizons_equal_the_scalar_horizon(key):
     for og in geom.offload.groups:
         got = swa_store_horizons(geom, geom.groups[og.index], storable, prompt, fin)
         want = [swa_store_horizon(geom, og.index, storable_chunks=s, prompt_chunks=p, finished=f) for s, p, f in rows]
-        assert ([None] * len(rows) if got is None else [None if h < 0 else int(h) for h in got]) == want, og.index
+        if got is None:
+            assert want == [None] * len(rows), og.index
+        else:
+            assert got.tolist() == [-1 if w is None else w for w in want], og.index
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_kept_chunks_equal_the_scalar_mask(key, seed):
+    """batch.masks.kept_from_points and chunk_kept, called directly, keep the chunks ``[start, storable)`` the
+    scalar reachable_block_mask keeps (a positional chunk: one of its k blocks; align Mamba: its state block;
+    a sliding group under retention None: with the final segment's tail at swa_store_horizon), and give None
+    exactly where the scalar mask is dense (kept_from_points: also for any retention but 0). Seed 2: reachable
+    arrays with no column."""
+    from kvgeom.batch.masks import chunk_kept, kept_from_points
+    from kvgeom.boundaries import state_block_for_boundary
+    from kvgeom.masks import reachable_block_mask, swa_store_horizon
+
+    geom = MASK_GEOMS[key]
+    R = geom.config.cache.retention_interval
+    rng = np.random.default_rng(seed)
+    k = geom.offload.blocks_per_chunk
+    for og in geom.offload.groups:
+        g = geom.groups[og.index]
+        C = og.tokens_per_chunk
+        unit = max(C, geom.offload.alignment_tokens, geom.hit_alignment_tokens, R or C)
+        size = 10
+        storable = rng.integers(0, 6 * unit // C + 2, size=size)
+        storable[0] = 0
+        start = np.minimum(rng.integers(0, 4, size=size), storable)
+        prompt_chunks = rng.integers(0, 6 * unit // C + 2, size=size)
+        fin = rng.random(size) < 0.5
+        width = 0 if seed == 2 else 3
+        points = np.array([[int(max(rng.integers(0, 7) * unit + rng.choice([0, 1, -1, C, -C, og.tokens_per_block]), 0))
+                            if rng.random() < 0.75 else -1 for _ in range(width)] for _ in range(size)],
+                          dtype=np.int64).reshape(size, width)
+        want, dense = [], False
+        horizons = []
+        for i in range(size):
+            s, st = int(storable[i]), int(start[i])
+            h = swa_store_horizon(geom, og.index, storable_chunks=s, prompt_chunks=int(prompt_chunks[i]),
+                                  finished=bool(fin[i]))
+            horizons.append(-1 if h is None else h * k)
+            mask = reachable_block_mask(geom, og.index, s * k, first_block=st * k,
+                                        reachable=[int(t) for t in points[i] if t >= 0],
+                                        final_segment_end_block=None if h is None else h * k)
+            dense = mask is None
+            for j in range(st, s):
+                if g.is_align_mamba:
+                    kept = mask is None or state_block_for_boundary(geom, og.index, (j + 1) * C) in mask
+                else:
+                    kept = mask is None or any(b in mask for b in range(j * k, (j + 1) * k))
+                if kept:
+                    want.append((i, j))
+        counts = np.maximum(storable - start, 0)
+        req = np.repeat(np.arange(size, dtype=np.int64), counts)
+        chunk = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts - start, counts)
+        keep = chunk_kept(geom, og, g, chunk, req, storable * k, points, np.array(horizons, dtype=np.int64))
+        assert (keep is None) == dense, og.index
+        if keep is not None:
+            assert list(zip(req[keep].tolist(), chunk[keep].tolist(), strict=True)) == want, og.index
+        direct = kept_from_points(geom, og, g, start, storable, points)
+        sparse = R == 0 and g.family in ("mamba", "sliding") and not dense
+        assert (direct is not None) == sparse, og.index
+        if direct is not None:
+            rows, chunks = direct
+            assert rows.dtype == chunks.dtype == np.int64, og.index
+            assert list(zip(rows.tolist(), chunks.tolist(), strict=True)) == want, og.index
