@@ -175,6 +175,33 @@ def test_slot_mapping_of_no_position_is_an_empty_int64_array_or_the_buffer(rank)
     assert batch.slot_mapping(g, 0, [], np.array([[1]]), [], rank=rank, out=buf) is buf
 
 
+@pytest.mark.parametrize(
+    "block, entry, position, slot",
+    [
+        (16, (1 << 59) - 1, 15, INT64_MAX),  # the last slot fits
+        (16, 1 << 59, 0, 1 << 63),  # one block id further: past int64
+        # B = 27 divides 2**63 + 1: the largest block id whose offsets all fit is (2**63 + 1) // 27 - 2
+        (27, (2**63 + 1) // 27 - 1, 25, INT64_MAX),  # its next id fits up to offset 25 ...
+        (27, (2**63 + 1) // 27 - 1, 26, 1 << 63),  # ... and reaches 2**63 at offset 26
+    ],
+)
+def test_slot_mapping_at_the_int64_edge_equals_dcp_slot(block, entry, position, slot):
+    # the pre-multiplied fast path is taken only when every slot fits; the largest fitting table entry is
+    # (INT64_MAX - (B - 1)) // B, exact in ints: one id more must be checked slot by slot, as dcp_slot does
+    g = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": block}]})
+    table = np.array([[entry]], dtype=np.int64)
+    assert entry * block + position == slot
+    if slot <= INT64_MAX:
+        assert ranks.dcp_slot(g, 0, position, [entry]) == (None, slot)
+        assert batch.slot_mapping(g, 0, [position], table, [0]).tolist() == [slot]
+        return
+    for call in (lambda: ranks.dcp_slot(g, 0, position, [entry]),
+                 lambda: batch.slot_mapping(g, 0, [position], table, [0])):
+        with pytest.raises(kvgeom.QueryError) as e:
+            call()
+        assert e.value.code == "int64_overflow" and e.value.problems[0].values == {"slot": slot}
+
+
 def test_negative_entries_outside_the_used_columns_are_fine():
     # a -1 padded table row: the scalar checks only the entry it uses, and so does the batch
     g = geom()
