@@ -826,6 +826,11 @@ MASK_CONFIGS = {
                    "offload": {}}, {}, (0, 32, 48)),
     "mamba_all_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
                       "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
+    # one-token Mamba blocks (alignment 1): a reachable boundary at 0 keeps no block
+    "mamba1_align": ({"groups": [{"kind": "mamba", "block_size": 1, "mamba_cache_mode": "align"}], "offload": {}},
+                     {}, (None, 0, 4)),
+    "mamba1_all": ({"groups": [{"kind": "mamba", "block_size": 1, "mamba_cache_mode": "all"}], "offload": {}},
+                   {}, (0, 4)),
 }
 MASK_GEOMS = {
     (name, R): kvgeom.resolve({**cfg, "cache": {**cache, "retention_interval": R}})
