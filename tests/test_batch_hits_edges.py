@@ -812,6 +812,9 @@ MASK_CONFIGS = {
     # a sliding block (32) wider than the alignment (16): the mask is dense
     "swa32_fa16": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 32, "sliding_window": 40}],
                     "offload": {}}, {}, (None, 0, 64)),
+    # a one-block run (window 16 over blocks of 16)
+    "swa64_w16": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                   "offload": {}}, _PMU16, (None, 0, 64)),
     # a one-token window needs no history: nothing is stored
     "swa_w1": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 1}],
                 "offload": {}}, _PMU16, (None, 0, 64)),
@@ -913,14 +916,14 @@ def test_swa_store_horizons_equal_the_scalar_horizon(key):
             assert got.tolist() == [-1 if w is None else w for w in want], og.index
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
 def test_kept_chunks_equal_the_scalar_mask(key, seed):
     """batch.masks.kept_from_points and chunk_kept, called directly, keep the chunks ``[start, storable)`` the
     scalar reachable_block_mask keeps (a positional chunk: one of its k blocks; align Mamba: its state block;
     a sliding group under retention None: with the final segment's tail at swa_store_horizon), and give None
-    exactly where the scalar mask is dense (kept_from_points: also for any retention but 0). Seed 2: reachable
-    arrays with no column."""
+    exactly where the scalar mask is dense (kept_from_points: also for any retention but 0). Reachable arrays of
+    3 columns (seed 1), none (seed 2) and 2 (seed 3: two runs of one request to merge in order)."""
     from kvgeom.batch.masks import chunk_kept, kept_from_points
     from kvgeom.boundaries import state_block_for_boundary
     from kvgeom.masks import reachable_block_mask, swa_store_horizon
@@ -939,7 +942,7 @@ def test_kept_chunks_equal_the_scalar_mask(key, seed):
         start = np.minimum(rng.integers(0, 4, size=size), storable)
         prompt_chunks = rng.integers(0, 6 * unit // C + 2, size=size)
         fin = rng.random(size) < 0.5
-        width = 0 if seed == 2 else 3
+        width = {1: 3, 2: 0, 3: 2}[seed]
         points = np.array([[int(max(rng.integers(0, 7) * unit + rng.choice([0, 1, -1, C, -C, og.tokens_per_block]), 0))
                             if rng.random() < 0.75 else -1 for _ in range(width)] for _ in range(size)],
                           dtype=np.int64).reshape(size, width)
