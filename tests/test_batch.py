@@ -202,6 +202,16 @@ def test_slot_mapping_at_the_int64_edge_equals_dcp_slot(block, entry, position, 
         assert e.value.code == "int64_overflow" and e.value.problems[0].values == {"slot": slot}
 
 
+def test_slot_mapping_with_one_token_blocks_equals_dcp_slot():
+    # B = 1 (a shift by 0 on the power-of-two path): slot = row[position]
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}]})
+    table = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    pos, req = [0, 1, 2, 3, 3], [0, 0, 0, 1, 0]
+    want = [ranks.dcp_slot(g, 0, p, table[r].tolist())[1] for p, r in zip(pos, req, strict=True)]
+    assert want == [5, 6, 7, 12, 8]
+    assert batch.slot_mapping(g, 0, pos, table, req).tolist() == want
+
+
 def test_negative_entries_outside_the_used_columns_are_fine():
     # a -1 padded table row: the scalar checks only the entry it uses, and so does the batch
     g = geom()

@@ -826,7 +826,13 @@ MASK_CONFIGS = {
                         "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
     # positional Mamba ("all"): a chunk of k blocks survives when one of its blocks is kept
     "mamba_all": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
-                   "offload": {}}, {}, (0, 32, 48)),
+                   "offload": {}}, {}, (0, 16, 32, 48)),
+    # R = span: every block is a retention boundary, the mask is dense
+    "mamba_align16": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                       "offload": {}}, {}, (16,)),
+    # chunked local attention: never thinned (the only other family offloaded beside full attention)
+    "chunked": ({"groups": [FA16, {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 32}],
+                 "offload": {}}, {}, (None, 0)),
     "mamba_all_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
                       "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
     # one-token Mamba blocks (alignment 1): a reachable boundary at 0 keeps no block
