@@ -984,3 +984,23 @@ def test_kept_chunks_equal_the_scalar_mask(key, seed):
             rows, chunks = direct
             assert rows.dtype == chunks.dtype == np.int64, og.index
             assert list(zip(rows.tolist(), chunks.tolist(), strict=True)) == want, og.index
+
+
+@pytest.mark.parametrize(("mode", "R", "kept"), [("align", 32, [[0, 2, 4, 6, 8]] * 2),
+                                                 ("all", 32, [[0, 2, 4, 6, 8]] * 2),
+                                                 ("all", 48, [[1, 4, 7], [2, 5, 8]])])
+def test_periodic_mamba_masks_at_int64_scale_equal_the_scalar(mode, R, kept):
+    """Decode chunks near 2**58 (requests of 2**62 tokens, the last 9 chunks left to store): the periodic
+    retention terms stay exact integer arithmetic (a float quotient rounds chunk indices of that size), equal to
+    plan_store; ``kept`` is the stored chunks relative to the first candidate."""
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": mode}],
+                           "offload": {}, "cache": {"retention_interval": R}})
+    n = [(1 << 62) + 5, (1 << 62) + 37]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, num_prompt_tokens=[100, 100],
+                           stored_chunks=start, offload_prompt_only=False)
+    for i in range(len(n)):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i], num_prompt_tokens=100,
+                               stored_chunks={g: v[i] for g, v in start.items()}, offload_prompt_only=False)
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
+        assert sp.plan(i) == want, i
