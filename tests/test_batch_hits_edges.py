@@ -805,6 +805,9 @@ MASK_CONFIGS = {
     # two blocks per chunk (a chunk survives when one of its blocks is kept)
     "swa_k2": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
                 "offload": {"blocks_per_chunk": 2}}, {}, (None, 0, 96)),
+    # a run of 3 blocks in chunks of 2 (per - need odd under R = 96: a tail starts inside a chunk)
+    "swa_k2_w40": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                    "offload": {"blocks_per_chunk": 2}}, {}, (None, 0, 96)),
     # an EAGLE sliding drafter: runs of need + 1 blocks, one block later; no final tail
     "eagle_swa64": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40,
                                         "drafter": True}], "offload": {}, "speculative": _EAGLE2},
@@ -1002,5 +1005,22 @@ def test_periodic_mamba_masks_at_int64_scale_equal_the_scalar(mode, R, kept):
     for i in range(len(n)):
         want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i], num_prompt_tokens=100,
                                stored_chunks={g: v[i] for g, v in start.items()}, offload_prompt_only=False)
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
+        assert sp.plan(i) == want, i
+
+
+def test_sliding_final_segments_at_int64_scale_equal_the_scalar():
+    """Retention None, segments of 4 sliding blocks keeping their last 2, chunks near 2**58 (requests of 2**62
+    tokens, the last 9 chunks left to store): the segment arithmetic stays exact integer arithmetic (a float
+    quotient rounds chunk indices of that size), equal to plan_store; the kept chunks relative to the first
+    candidate are written out."""
+    geom = MASK_GEOMS[("swa64", None)]
+    n = [(1 << 62) + 5, (1 << 62) + 37, (1 << 62) + 100]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, stored_chunks=start)
+    kept = [[0, 3, 4, 7, 8], [1, 2, 5, 6, 7, 8], [1, 2, 5, 6, 7, 8]]
+    for i in range(len(n)):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i],
+                               stored_chunks={g: v[i] for g, v in start.items()})
         assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
         assert sp.plan(i) == want, i
