@@ -212,6 +212,14 @@ def test_slot_mapping_with_one_token_blocks_equals_dcp_slot():
     assert batch.slot_mapping(g, 0, pos, table, req).tolist() == want
 
 
+def test_block_id_zero_on_the_checked_path_is_no_negative_entry():
+    # a -1 elsewhere in the table sends slot_mapping down its checked path; block id 0 is a valid id there
+    g = geom()
+    table = np.array([[0, -1]])
+    assert batch.slot_mapping(g, 0, [3, 31], table, [0, 0]).tolist() == [
+        ranks.dcp_slot(g, 0, 3, [0, -1])[1], ranks.dcp_slot(g, 0, 31, [0, -1])[1]] == [1, 15]
+
+
 def test_negative_entries_outside_the_used_columns_are_fine():
     # a -1 padded table row: the scalar checks only the entry it uses, and so does the batch
     g = geom()
@@ -433,6 +441,11 @@ def test_lookup_hits_refuses(kwargs, code):
     [
         # powers of two, token round robin, the owner's slots (the shift kernel)
         (16, 2, 1, None),
+        # ... and rank 1's view with pads (the owner is p mod D)
+        (16, 2, 1, 1),
+        # powers of two with I = 2 (neither token nor block dealing), the owner's slots and rank 1's view
+        (16, 2, 2, None),
+        (16, 2, 2, 1),
         # block-level dealing (I = B), rank 1's view with pads
         (16, 8, 16, 1),
         # general interleave I = 4 under D = 4, rank 3's view
