@@ -1024,3 +1024,31 @@ def test_sliding_final_segments_at_int64_scale_equal_the_scalar():
                                stored_chunks={g: v[i] for g, v in start.items()})
         assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
         assert sp.plan(i) == want, i
+
+
+def test_periodic_sliding_masks_at_int64_scale_and_at_token_zero_equal_the_scalar():
+    """Periodic retention over a sliding group: reachable boundaries near 2**62 keep their runs in exact integer
+    arithmetic (a float quotient rounds block indices of that size); with one-token blocks (alignment 1) a
+    boundary at token 0 has no block before it, so it keeps nothing. Equal to plan_store, kept chunks written
+    out (relative to the first candidate for the int64-sized requests)."""
+    geom = kvgeom.resolve({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20}],
+                           "offload": {}, "cache": {**_PMU16, "retention_interval": 128}})
+    n = [(1 << 62) + 5, (1 << 62) + 37]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    reach = np.array([[x - 70, x - 130] for x in n], dtype=np.int64)
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, stored_chunks=start, reachable=reach)
+    for i, kept in enumerate([[0, 7, 8], [1, 2, 5, 6]]):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i],
+                               stored_chunks={g: v[i] for g, v in start.items()}, reachable=reach[i].tolist())
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept
+        assert sp.plan(i) == want, i
+    one = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1},
+                                     {"kind": "sliding_window", "block_size": 1, "sliding_window": 2}],
+                          "offload": {}, "cache": {"retention_interval": 4}})
+    reach = [[0, 5], [0, -1]]
+    sp = batch.plan_stores(one, num_tokens=[10, 11], num_computed_tokens=[10, 11], reachable=np.array(reach))
+    for i, (tokens, kept) in enumerate([(10, (3, 4, 7)), (11, (3, 7))]):
+        want = hits.plan_store(one, num_tokens=tokens, num_computed_tokens=tokens,
+                               reachable=[t for t in reach[i] if t >= 0])
+        assert want.groups[1].chunks == kept
+        assert sp.plan(i) == want, i
