@@ -212,6 +212,16 @@ def test_slot_mapping_with_one_token_blocks_equals_dcp_slot():
     assert batch.slot_mapping(g, 0, pos, table, req).tolist() == want
 
 
+def test_slot_overflow_names_the_first_position_past_int64():
+    # B = 27: block id (2**63 + 1) // 27 - 1 fits up to offset 25; the problem holds the slot of the first
+    # position past int64 (the second one here), as dcp_slot's for that position
+    g = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 27}]})
+    entry = (2**63 + 1) // 27 - 1
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.slot_mapping(g, 0, [25, 26], np.array([[entry]], dtype=np.int64), [0, 0])
+    assert e.value.code == "int64_overflow" and e.value.problems[0].values == {"slot": 1 << 63}
+
+
 def test_block_id_zero_on_the_checked_path_is_no_negative_entry():
     # a -1 elsewhere in the table sends slot_mapping down its checked path; block id 0 is a valid id there
     g = geom()
