@@ -818,6 +818,10 @@ MASK_CONFIGS = {
     # a one-block run (window 16 over blocks of 16)
     "swa64_w16": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
                    "offload": {}}, _PMU16, (None, 0, 64)),
+    # the EAGLE drafter under a 128-token alignment: retention None keeps segment tails, still no final tail
+    "eagle_swa128": ({"groups": [{"kind": "full_attention", "block_size": 128},
+                                 {"kind": "sliding_window", "block_size": 16, "sliding_window": 40, "drafter": True}],
+                      "offload": {}, "speculative": _EAGLE2}, _PMU16, (None,)),
     # a one-token window needs no history: nothing is stored
     "swa_w1": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 1}],
                 "offload": {}}, _PMU16, (None, 0, 64)),
