@@ -139,18 +139,19 @@ def test_slot_mapping_into_a_buffer():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda pos: np.empty(len(pos), dtype=np.int32),  # another dtype
-        lambda pos: np.empty(len(pos) + 1, dtype=np.int64),  # another length
-        lambda pos: np.empty(2 * len(pos), dtype=np.int64)[::2],  # not contiguous
-        lambda pos: pos,  # the positions themselves: overlapping an input
-        lambda pos: [0] * len(pos),  # a list
+        lambda pos, req: np.empty(len(pos), dtype=np.int32),  # another dtype
+        lambda pos, req: np.empty(len(pos) + 1, dtype=np.int64),  # another length
+        lambda pos, req: np.empty(2 * len(pos), dtype=np.int64)[::2],  # not contiguous
+        lambda pos, req: pos,  # the positions themselves: overlapping an input
+        lambda pos, req: req,  # the request indices themselves: overlapping the other input
+        lambda pos, req: [0] * len(pos),  # a list
     ],
 )
 def test_slot_mapping_refuses_a_bad_buffer(make):
     g = geom()
-    pos = np.arange(8, dtype=np.int64)
+    pos, req = np.arange(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
     with pytest.raises(kvgeom.QueryError) as e:
-        batch.slot_mapping(g, 0, pos, np.array([[1]]), np.zeros(8, dtype=np.int64), out=make(pos))
+        batch.slot_mapping(g, 0, pos, np.array([[1]]), req, out=make(pos, req))
     assert e.value.code == "bad_out"
 
 
@@ -161,6 +162,72 @@ def test_slot_mapping_refuses_a_read_only_buffer():
     with pytest.raises(kvgeom.QueryError) as e:
         batch.slot_mapping(g, 0, [1, 2, 3, 4], np.array([[1]]), [0, 0, 0, 0], out=buf)
     assert e.value.code == "bad_out"
+
+
+@pytest.mark.parametrize("rank", [None, 1])
+def test_slot_mapping_of_no_position_is_an_empty_int64_array_or_the_buffer(rank):
+    # no position: no slot; an empty int64 array, or the caller's (empty) buffer itself
+    g = geom()
+    empty = np.zeros(0, dtype=np.int64)
+    got = batch.slot_mapping(g, 0, empty, np.array([[1]]), empty, rank=rank)
+    assert isinstance(got, np.ndarray) and got.dtype == np.int64 and got.shape == (0,)
+    buf = np.empty(0, dtype=np.int64)
+    assert batch.slot_mapping(g, 0, [], np.array([[1]]), [], rank=rank, out=buf) is buf
+
+
+@pytest.mark.parametrize(
+    "block, entry, position, slot",
+    [
+        (16, (1 << 59) - 1, 15, INT64_MAX),  # the last slot fits
+        (16, 1 << 59, 0, 1 << 63),  # one block id further: past int64
+        # B = 27 divides 2**63 + 1: the largest block id whose offsets all fit is (2**63 + 1) // 27 - 2
+        (27, (2**63 + 1) // 27 - 1, 25, INT64_MAX),  # its next id fits up to offset 25 ...
+        (27, (2**63 + 1) // 27 - 1, 26, 1 << 63),  # ... and reaches 2**63 at offset 26
+    ],
+)
+def test_slot_mapping_at_the_int64_edge_equals_dcp_slot(block, entry, position, slot):
+    # the pre-multiplied fast path is taken only when every slot fits; the largest fitting table entry is
+    # (INT64_MAX - (B - 1)) // B, exact in ints: one id more must be checked slot by slot, as dcp_slot does
+    g = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": block}]})
+    table = np.array([[entry]], dtype=np.int64)
+    assert entry * block + position == slot
+    if slot <= INT64_MAX:
+        assert ranks.dcp_slot(g, 0, position, [entry]) == (None, slot)
+        assert batch.slot_mapping(g, 0, [position], table, [0]).tolist() == [slot]
+        return
+    for call in (lambda: ranks.dcp_slot(g, 0, position, [entry]),
+                 lambda: batch.slot_mapping(g, 0, [position], table, [0])):
+        with pytest.raises(kvgeom.QueryError) as e:
+            call()
+        assert e.value.code == "int64_overflow" and e.value.problems[0].values == {"slot": slot}
+
+
+def test_slot_mapping_with_one_token_blocks_equals_dcp_slot():
+    # B = 1 (a shift by 0 on the power-of-two path): slot = row[position]
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1}]})
+    table = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    pos, req = [0, 1, 2, 3, 3], [0, 0, 0, 1, 0]
+    want = [ranks.dcp_slot(g, 0, p, table[r].tolist())[1] for p, r in zip(pos, req, strict=True)]
+    assert want == [5, 6, 7, 12, 8]
+    assert batch.slot_mapping(g, 0, pos, table, req).tolist() == want
+
+
+def test_slot_overflow_names_the_first_position_past_int64():
+    # B = 27: block id (2**63 + 1) // 27 - 1 fits up to offset 25; the problem holds the slot of the first
+    # position past int64 (the second one here), as dcp_slot's for that position
+    g = kvgeom.resolve({"groups": [{"kind": "mla", "block_size": 27}]})
+    entry = (2**63 + 1) // 27 - 1
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.slot_mapping(g, 0, [25, 26], np.array([[entry]], dtype=np.int64), [0, 0])
+    assert e.value.code == "int64_overflow" and e.value.problems[0].values == {"slot": 1 << 63}
+
+
+def test_block_id_zero_on_the_checked_path_is_no_negative_entry():
+    # a -1 elsewhere in the table sends slot_mapping down its checked path; block id 0 is a valid id there
+    g = geom()
+    table = np.array([[0, -1]])
+    assert batch.slot_mapping(g, 0, [3, 31], table, [0, 0]).tolist() == [
+        ranks.dcp_slot(g, 0, 3, [0, -1])[1], ranks.dcp_slot(g, 0, 31, [0, -1])[1]] == [1, 15]
 
 
 def test_negative_entries_outside_the_used_columns_are_fine():
@@ -384,6 +451,11 @@ def test_lookup_hits_refuses(kwargs, code):
     [
         # powers of two, token round robin, the owner's slots (the shift kernel)
         (16, 2, 1, None),
+        # ... and rank 1's view with pads (the owner is p mod D)
+        (16, 2, 1, 1),
+        # powers of two with I = 2 (neither token nor block dealing), the owner's slots and rank 1's view
+        (16, 2, 2, None),
+        (16, 2, 2, 1),
         # block-level dealing (I = B), rank 1's view with pads
         (16, 8, 16, 1),
         # general interleave I = 4 under D = 4, rank 3's view

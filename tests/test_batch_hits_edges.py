@@ -787,3 +787,272 @@ def test_eagle_pair_view_needs_both_chunks_and_passes_hash_keys_through():
     r = np.zeros(7, dtype=np.int64)
     assert v(r, np.arange(7)).tolist() == [True, True, False, False, True, False, False]
     assert v.hashes(r[:6], np.arange(6)).tolist() == m[0].tolist()
+
+
+# Store masks (kvgeom/batch/masks.py): one geometry per mask rule plan_stores branches on, each under the
+# retention settings that change the mask: None (segments of the alignment and a final tail), 0 (reachable
+# boundaries only: kept_from_points), and periodic R (segments of R plus the reachable boundaries).
+_FA64 = {"kind": "full_attention", "block_size": 64}
+_PMU16 = {"prefix_match_unit": 16}
+_EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
+MASK_CONFIGS = {
+    # sliding block 16 under a 64-token alignment: segments of 4 blocks keep their last 2 (window 20)
+    "swa64": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20}],
+               "offload": {}}, _PMU16, (None, 0, 64, 128)),
+    # a window of 40 tokens (3 blocks) under the same alignment
+    "swa64_w40": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                   "offload": {}}, _PMU16, (None, 0, 128)),
+    # two blocks per chunk (a chunk survives when one of its blocks is kept)
+    "swa_k2": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
+                "offload": {"blocks_per_chunk": 2}}, {}, (None, 0, 96)),
+    # a run of 3 blocks in chunks of 2 (per - need odd under R = 96: a tail starts inside a chunk)
+    "swa_k2_w40": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                    "offload": {"blocks_per_chunk": 2}}, {}, (None, 0, 96)),
+    # an EAGLE sliding drafter: runs of need + 1 blocks, one block later; no final tail
+    "eagle_swa64": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 40,
+                                        "drafter": True}], "offload": {}, "speculative": _EAGLE2},
+                    _PMU16, (None, 0, 64, 128)),
+    # a sliding block (32) wider than the alignment (16): the mask is dense
+    "swa32_fa16": ({"groups": [FA16, {"kind": "sliding_window", "block_size": 32, "sliding_window": 40}],
+                    "offload": {}}, {}, (None, 0, 64)),
+    # a one-block run (window 16 over blocks of 16)
+    "swa64_w16": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                   "offload": {}}, _PMU16, (None, 0, 64)),
+    # the EAGLE drafter under a 128-token alignment: retention None keeps segment tails, still no final tail
+    "eagle_swa128": ({"groups": [{"kind": "full_attention", "block_size": 128},
+                                 {"kind": "sliding_window", "block_size": 16, "sliding_window": 40, "drafter": True}],
+                      "offload": {}, "speculative": _EAGLE2}, _PMU16, (None,)),
+    # a one-token window needs no history: nothing is stored
+    "swa_w1": ({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 1}],
+                "offload": {}}, _PMU16, (None, 0, 64)),
+    # align Mamba (state block per chunk), k = 1 and k = 4, alignment 32 and 64
+    "mamba_align": (kvgeom.DEFAULT_CONFIG, {}, (None, 0, 32, 64)),
+    "mamba_align64": ({"groups": [_FA64, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                       "offload": {}}, _PMU16, (0, 64, 128)),
+    "mamba_align_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                        "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
+    # positional Mamba ("all"): a chunk of k blocks survives when one of its blocks is kept
+    "mamba_all": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
+                   "offload": {}}, {}, (0, 16, 32, 48)),
+    # R = span: every block is a retention boundary, the mask is dense
+    "mamba_align16": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}],
+                       "offload": {}}, {}, (16,)),
+    # chunked local attention: never thinned (the only other family offloaded beside full attention)
+    "chunked": ({"groups": [FA16, {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 32}],
+                 "offload": {}}, {}, (None, 0)),
+    "mamba_all_k4": ({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "all"}],
+                      "offload": {"blocks_per_chunk": 4}}, {}, (None, 0, 64, 128)),
+    # one-token Mamba blocks (alignment 1): a reachable boundary at 0 keeps no block
+    "mamba1_align": ({"groups": [{"kind": "mamba", "block_size": 1, "mamba_cache_mode": "align"}], "offload": {}},
+                     {}, (None, 0, 4)),
+    "mamba1_all": ({"groups": [{"kind": "mamba", "block_size": 1, "mamba_cache_mode": "all"}], "offload": {}},
+                   {}, (0, 4)),
+}
+MASK_GEOMS = {
+    (name, R): kvgeom.resolve({**cfg, "cache": {**cache, "retention_interval": R}})
+    for name, (cfg, cache, retentions) in MASK_CONFIGS.items()
+    for R in retentions
+}
+
+
+def _mask_case(geom, seed, size=14):
+    """Requests, stored starts and reachable boundaries on and next to the edges a store mask branches on:
+    multiples of the alignment, of R and of a chunk, one token and one block either side."""
+    rng = np.random.default_rng(seed)
+    og = geom.offload.groups[-1]
+    C = og.tokens_per_chunk
+    unit = max(C, geom.offload.alignment_tokens or C, geom.hit_alignment_tokens or C,
+               geom.config.cache.retention_interval or C)
+    step = [0, 1, -1, og.tokens_per_block, -og.tokens_per_block, C, -C]
+
+    def near(top):
+        return int(max(int(rng.integers(0, top + 1)) * unit + step[int(rng.integers(0, len(step)))], 0))
+
+    n = [near(6) for _ in range(size)]
+    n[0], n[1] = 0, 6 * unit + 1
+    prompt = [x if rng.random() < 0.5 else min(near(4), x) for x in n]
+    computed = [x if rng.random() < 0.7 else near(6) for x in n]
+    fin = [bool(rng.random() < 0.5) for _ in n]
+    stored = {og.index: [int(rng.integers(0, 4)) if rng.random() < 0.5 else max(x // C - int(rng.integers(0, 4)), 0)
+                         for x in n]}
+    width = 0 if seed == 5 else 3  # seed 5: a reachable array with no column
+    reach = [[near(6) if rng.random() < 0.75 else -1 for _ in range(width)] for _ in n] if seed % 2 else None
+    return n, computed, prompt, stored, reach, fin
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_store_masks_equal_the_scalar_masks(key, seed):
+    """plan_stores through each store-mask rule (batch/masks.py: chunk_kept, kept_from_points,
+    swa_store_horizons) equals plan_store request by request: sliding windows (k = 1, 2, EAGLE drop, a one-token
+    window) and Mamba (align and positional, k = 1, 4) under retention None, 0 and periodic R, with stored starts,
+    finished and decoding requests, and reachable boundaries (seeds 1, 3; seed 5: none at all) or the default
+    replay boundary."""
+    geom = MASK_GEOMS[key]
+    n, computed, prompt, stored, reach, fin = _mask_case(geom, seed)
+    for opo in (True, False):
+        sp = batch.plan_stores(
+            geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt, stored_chunks=stored,
+            reachable=None if reach is None else np.array(reach, dtype=np.int64).reshape(len(n), -1),
+            offload_prompt_only=opo,
+            finished=np.array(fin),
+        )
+        for i in range(len(n)):
+            want = scalar(("mask", key, seed, opo, i), hits.plan_store,
+                geom, num_tokens=n[i], num_computed_tokens=computed[i], num_prompt_tokens=prompt[i],
+                stored_chunks={g: v[i] for g, v in stored.items()},
+                reachable=None if reach is None else tuple(t for t in reach[i] if t >= 0),
+                offload_prompt_only=opo, finished=fin[i],
+            )
+            assert sp.plan(i) == want, (i, n[i], computed[i], prompt[i], fin[i])
+
+
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_swa_store_horizons_equal_the_scalar_horizon(key):
+    """batch.masks.swa_store_horizons is masks.swa_store_horizon per request (-1 where the scalar has no final
+    tail, or None for the whole batch when no request can have one) for every offloaded group: none under a
+    retention interval, none for a Mamba or attention group, none for an EAGLE sliding group; a sliding group's
+    at the storable chunks once finished, at the prompt's chunks while the storable chunks are within them,
+    else none."""
+    from kvgeom.batch.masks import swa_store_horizons
+    from kvgeom.masks import swa_store_horizon
+
+    geom = MASK_GEOMS[key]
+    rows = [(s, p, f) for s in (0, 1, 3, 4) for p in (0, 3, 5) for f in (False, True)]
+    storable, prompt, fin = (np.array(col) for col in zip(*rows, strict=True))
+    for og in geom.offload.groups:
+        got = swa_store_horizons(geom, geom.groups[og.index], storable, prompt, fin)
+        want = [swa_store_horizon(geom, og.index, storable_chunks=s, prompt_chunks=p, finished=f) for s, p, f in rows]
+        if got is None:
+            assert want == [None] * len(rows), og.index
+        else:
+            assert got.tolist() == [-1 if w is None else w for w in want], og.index
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("key", list(MASK_GEOMS), ids=[f"{name}-R{R}" for name, R in MASK_GEOMS])
+def test_kept_chunks_equal_the_scalar_mask(key, seed):
+    """batch.masks.kept_from_points and chunk_kept, called directly, keep the chunks ``[start, storable)`` the
+    scalar reachable_block_mask keeps (a positional chunk: one of its k blocks; align Mamba: its state block;
+    a sliding group under retention None: with the final segment's tail at swa_store_horizon), and give None
+    exactly where the scalar mask is dense (kept_from_points: also for any retention but 0). Reachable arrays of
+    3 columns (seed 1), none (seed 2) and 2 (seed 3: two runs of one request to merge in order)."""
+    from kvgeom.batch.masks import chunk_kept, kept_from_points
+    from kvgeom.boundaries import state_block_for_boundary
+    from kvgeom.masks import reachable_block_mask, swa_store_horizon
+
+    geom = MASK_GEOMS[key]
+    R = geom.config.cache.retention_interval
+    rng = np.random.default_rng(seed)
+    k = geom.offload.blocks_per_chunk
+    for og in geom.offload.groups:
+        g = geom.groups[og.index]
+        C = og.tokens_per_chunk
+        unit = max(C, geom.offload.alignment_tokens, geom.hit_alignment_tokens, R or C)
+        size = 10
+        storable = rng.integers(0, 6 * unit // C + 2, size=size)
+        storable[0] = 0
+        start = np.minimum(rng.integers(0, 4, size=size), storable)
+        prompt_chunks = rng.integers(0, 6 * unit // C + 2, size=size)
+        fin = rng.random(size) < 0.5
+        width = {1: 3, 2: 0, 3: 2}[seed]
+        points = np.array([[int(max(rng.integers(0, 7) * unit + rng.choice([0, 1, -1, C, -C, og.tokens_per_block]), 0))
+                            if rng.random() < 0.75 else -1 for _ in range(width)] for _ in range(size)],
+                          dtype=np.int64).reshape(size, width)
+        want, dense = [], False
+        horizons = []
+        for i in range(size):
+            s, st = int(storable[i]), int(start[i])
+            h = swa_store_horizon(geom, og.index, storable_chunks=s, prompt_chunks=int(prompt_chunks[i]),
+                                  finished=bool(fin[i]))
+            horizons.append(-1 if h is None else h * k)
+            mask = reachable_block_mask(geom, og.index, s * k, first_block=st * k,
+                                        reachable=[int(t) for t in points[i] if t >= 0],
+                                        final_segment_end_block=None if h is None else h * k)
+            dense = mask is None
+            for j in range(st, s):
+                if g.is_align_mamba:
+                    kept = mask is None or state_block_for_boundary(geom, og.index, (j + 1) * C) in mask
+                else:
+                    kept = mask is None or any(b in mask for b in range(j * k, (j + 1) * k))
+                if kept:
+                    want.append((i, j))
+        counts = np.maximum(storable - start, 0)
+        req = np.repeat(np.arange(size, dtype=np.int64), counts)
+        chunk = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts - start, counts)
+        keep = chunk_kept(geom, og, g, chunk, req, storable * k, points, np.array(horizons, dtype=np.int64))
+        assert (keep is None) == dense, og.index
+        if keep is not None:
+            assert list(zip(req[keep].tolist(), chunk[keep].tolist(), strict=True)) == want, og.index
+        direct = kept_from_points(geom, og, g, start, storable, points)
+        sparse = R == 0 and g.family in ("mamba", "sliding") and not dense
+        assert (direct is not None) == sparse, og.index
+        if direct is not None:
+            rows, chunks = direct
+            assert rows.dtype == chunks.dtype == np.int64, og.index
+            assert list(zip(rows.tolist(), chunks.tolist(), strict=True)) == want, og.index
+
+
+@pytest.mark.parametrize(("mode", "R", "kept"), [("align", 32, [[0, 2, 4, 6, 8]] * 2),
+                                                 ("all", 32, [[0, 2, 4, 6, 8]] * 2),
+                                                 ("all", 48, [[1, 4, 7], [2, 5, 8]])])
+def test_periodic_mamba_masks_at_int64_scale_equal_the_scalar(mode, R, kept):
+    """Decode chunks near 2**58 (requests of 2**62 tokens, the last 9 chunks left to store): the periodic
+    retention terms stay exact integer arithmetic (a float quotient rounds chunk indices of that size), equal to
+    plan_store; ``kept`` is the stored chunks relative to the first candidate."""
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": mode}],
+                           "offload": {}, "cache": {"retention_interval": R}})
+    n = [(1 << 62) + 5, (1 << 62) + 37]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, num_prompt_tokens=[100, 100],
+                           stored_chunks=start, offload_prompt_only=False)
+    for i in range(len(n)):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i], num_prompt_tokens=100,
+                               stored_chunks={g: v[i] for g, v in start.items()}, offload_prompt_only=False)
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
+        assert sp.plan(i) == want, i
+
+
+def test_sliding_final_segments_at_int64_scale_equal_the_scalar():
+    """Retention None, segments of 4 sliding blocks keeping their last 2, chunks near 2**58 (requests of 2**62
+    tokens, the last 9 chunks left to store): the segment arithmetic stays exact integer arithmetic (a float
+    quotient rounds chunk indices of that size), equal to plan_store; the kept chunks relative to the first
+    candidate are written out."""
+    geom = MASK_GEOMS[("swa64", None)]
+    n = [(1 << 62) + 5, (1 << 62) + 37, (1 << 62) + 100]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, stored_chunks=start)
+    kept = [[0, 3, 4, 7, 8], [1, 2, 5, 6, 7, 8], [1, 2, 5, 6, 7, 8]]
+    for i in range(len(n)):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i],
+                               stored_chunks={g: v[i] for g, v in start.items()})
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept[i]
+        assert sp.plan(i) == want, i
+
+
+def test_periodic_sliding_masks_at_int64_scale_and_at_token_zero_equal_the_scalar():
+    """Periodic retention over a sliding group: reachable boundaries near 2**62 keep their runs in exact integer
+    arithmetic (a float quotient rounds block indices of that size); with one-token blocks (alignment 1) a
+    boundary at token 0 has no block before it, so it keeps nothing. Equal to plan_store, kept chunks written
+    out (relative to the first candidate for the int64-sized requests)."""
+    geom = kvgeom.resolve({"groups": [_FA64, {"kind": "sliding_window", "block_size": 16, "sliding_window": 20}],
+                           "offload": {}, "cache": {**_PMU16, "retention_interval": 128}})
+    n = [(1 << 62) + 5, (1 << 62) + 37]
+    start = {og.index: [x // og.tokens_per_chunk - (9 if og.index else 3) for x in n] for og in geom.offload.groups}
+    reach = np.array([[x - 70, x - 130] for x in n], dtype=np.int64)
+    sp = batch.plan_stores(geom, num_tokens=n, num_computed_tokens=n, stored_chunks=start, reachable=reach)
+    for i, kept in enumerate([[0, 7, 8], [1, 2, 5, 6]]):
+        want = hits.plan_store(geom, num_tokens=n[i], num_computed_tokens=n[i],
+                               stored_chunks={g: v[i] for g, v in start.items()}, reachable=reach[i].tolist())
+        assert [j - start[1][i] for j in want.groups[1].chunks] == kept
+        assert sp.plan(i) == want, i
+    one = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1},
+                                     {"kind": "sliding_window", "block_size": 1, "sliding_window": 2}],
+                          "offload": {}, "cache": {"retention_interval": 4}})
+    reach = [[0, 5], [0, -1]]
+    sp = batch.plan_stores(one, num_tokens=[10, 11], num_computed_tokens=[10, 11], reachable=np.array(reach))
+    for i, (tokens, kept) in enumerate([(10, (3, 4, 7)), (11, (3, 7))]):
+        want = hits.plan_store(one, num_tokens=tokens, num_computed_tokens=tokens,
+                               reachable=[t for t in reach[i] if t >= 0])
+        assert want.groups[1].chunks == kept
+        assert sp.plan(i) == want, i

@@ -68,6 +68,28 @@ ARRAY_PROBLEMS = [
         "request_index",
         {"shape": (1, 1)},
     ),
+    # int64 1-D arrays are read without a check; a negative entry is found (and named) by the index check, on
+    # the fast path (every table entry fits) and on the checked one (a negative entry in an unused column)
+    *(
+        (lambda t=t, pos=pos, req=req: batch.slot_mapping(SEED, 0, np.array([5, pos], dtype=np.int64), t,
+                                                          np.array([0, req], dtype=np.int64)),
+         "negative", field, {field: -1})
+        for t in (TABLE, np.array([[1, -2]]))
+        for pos, req, field in ((-1, 0, "positions"), (5, -1, "request_index"))
+    ),
+    # the int64 maxima are no negatives: past the table's columns and rows
+    (
+        lambda: batch.slot_mapping(SEED, 0, np.array([INT64_MAX], dtype=np.int64), TABLE, np.array([0])),
+        "row_too_short",
+        "block_row",
+        {"column": INT64_MAX // 32, "row_length": 2},
+    ),
+    (
+        lambda: batch.slot_mapping(SEED, 0, np.array([5]), TABLE, np.array([INT64_MAX], dtype=np.int64)),
+        "no_such_request",
+        "request_index",
+        {"request_index": INT64_MAX, "rows": 1},
+    ),
 ]
 
 
