@@ -871,3 +871,40 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
         Cm = geom.offload.mamba_align_size
         assert deviation == "realign-after-clamp" and hit.end_token == (c + vllm) // Cm * Cm < c + vllm
 
+
+# -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
+# The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
+# answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
+# re-alignment lowers its own run end, and ask the windowed groups again once the Mamba group answers there.
+# vLLM 0.33 (get_num_new_matched_tokens over exactly these answers, kvgeom.conformance.vllm_pending's harness,
+# 2026-12-02): the hit written, None = deferred. Before the pending path let the drafter pop again there,
+# kvgeom answered 32, deferred, 64, 64, 64, deferred, 96 and 96 (issue 19's mutation pass found it).
+_M32_HELD = {97: {0: list(range(16, 97, 16)), 1: [16, 32, 64, 80, 96], 2: [32, 64]},
+             129: {0: list(range(16, 129, 16)), 1: [48, 64, 96, 112, 128], 2: [64, 96]}}
+
+
+@pytest.mark.parametrize(
+    ("n", "group", "end", "answer", "vllm"),
+    [
+        (97, 0, 48, "pending", 0),
+        (97, 0, 16, "retry", 0),
+        (97, 1, 16, "pending", None),
+        (97, 1, 48, "retry", None),
+        (129, 0, 80, "pending", 0),
+        (129, 0, 32, "retry", 0),
+        (129, 1, 48, "pending", 0),
+        (129, 1, 64, "retry", None),
+    ],
+)
+def test_an_eagle_window_pops_again_after_the_mamba_realignment_over_a_pending_tier(n, group, end, answer, vllm):
+    held = _M32_HELD[n]
+    listed = {g: {e: "miss" for e in range(16, n + 1, 16) if e not in ends} for g, ends in held.items()}
+    listed[group][end] = answer
+    chain = [b"w%015d" % i for i in range(n // 16)]
+    tier = _ByEnd(chain, 16, listed)
+    if vllm is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(_SWA_DRAFTER_M32, n, stored=tier, block_hashes=chain)
+        assert info.value.problems[0].code == "lookup_not_ready"
+    else:
+        assert lookup_hit(_SWA_DRAFTER_M32, n, stored=tier, block_hashes=chain).hit_tokens == vllm
