@@ -839,6 +839,13 @@ PENDING_WALK_ROWS = [
      {0: {8: "pending"}}, None, None, None),
     ([_fa(16), _fa(16, num_kv_heads=4, drafter=True), _mamba(16)], 8, 2, None, 155, 21, None,
      {0: {136: "miss"}, 2: {80: "pending", 144: "pending"}}, (112, 128, 16, False), 112, None),
+    # the Mamba group first in the group order: a partial tail's bridge key is asked of every group after it
+    ([_mamba(16), _fa(16, num_kv_heads=4), _fa(16, drafter=True)], 4, 2, None, 42, 2, None,
+     {0: {20: "pending", 40: "retry"}, 1: {32: "pending"}}, (28, 28, 0, True), 28, None),
+    ([_mamba(16), _fa(16, drafter=True)], 8, 1, None, 48, 20, 30,
+     {0: {16: "miss", 24: "pending", 32: "pending"}, 1: {16: "retry", 32: "miss"}}, None, None, None),
+    ([_mamba(32), _fa(32), _fa(32, num_kv_heads=4, drafter=True)], 8, 1, None, 56, 0, None,
+     {0: {32: "pending"}, 1: {32: "retry"}, 2: {16: "pending"}}, (24, 24, 0, True), 24, None),
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
      {1: {96: "pending", 128: "miss"}}, (96, 112, 16, False), 104, "realign-after-clamp"),
 ]
