@@ -830,3 +830,18 @@ def test_a_finished_request_stores_below_its_stored_start_as_the_scalar(cfg, n, 
     assert sp.plan(0) == want
     for gs in sp.groups:
         assert gs.request.tolist() == [0] * len(gs.chunk) and gs.partial_tail.tolist() == [-1]
+
+
+def test_a_window_run_completed_at_a_scan_window_boundary_is_returned():
+    """The batch scan reads 8, 16, 32... chunks per numpy step; a run that becomes long enough with the last chunk
+    of one step is returned at the first position of the next, even when that chunk is a miss. FA 16 + sliding
+    window 128 (8 chunks of 16), 641 tokens, every key held but the window group's at 512: the run 528-640 is
+    whole, so the hit is 640 (vLLM 0.33, get_num_new_matched_tokens over exactly these keys, vllm_pending's
+    harness: 640), as the scalar lookup_hit."""
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 128}],
+                           "cache": {"retention_interval": None}, "offload": {}})
+    n = 641
+    stored = {0: list(range(16, n, 16)), 1: [e for e in range(16, n, 16) if e != 512]}
+    held = {g: np.array([[(i + 1) * 16 in set(ends) for i in range(n // 16)]]) for g, ends in stored.items()}
+    assert batch.lookup_hits(geom, [n], stored=held).hit(0) == hits.lookup_hit(geom, n, stored=stored)
+    assert hits.lookup_hit(geom, n, stored=stored).hit_tokens == 640
