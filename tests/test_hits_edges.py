@@ -915,3 +915,32 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_over_a_pending_t
         assert info.value.problems[0].code == "lookup_not_ready"
     else:
         assert lookup_hit(_SWA_DRAFTER_M32, n, stored=tier, block_hashes=chain).hit_tokens == vllm
+
+
+# -- max_num_new_tokens leaves the candidate off a sliding group's chunk grid (_window_need): the first run a
+# sliding group needs is its window plus the positions from the candidate back to the chunk grid. Pending-tier
+# rows (every other key of the chain answers HIT; None: lookup_not_ready); vLLM 0.33 (get_num_new_matched_tokens
+# with max_num_new_tokens, over exactly these answers, vllm_pending's harness, 2026-12-02) defers both.
+@pytest.mark.parametrize(
+    ("groups", "eagle", "bpc", "n", "max_new", "listed"),
+    [
+        # FA 8 + eagle sliding window 8 (H = 8), 51 tokens, at most 35 new: the run from the candidate 34 back
+        # to the chunk grid and the window reaches the pending key 32
+        ([_fa(8), _sw(8, 8, drafter=True)], 2, None, 51, 35, {0: {48: "miss"}, 1: {32: "pending"}}),
+        # FA 8 + sliding window 32 in chunks of 16, 101 tokens, at most 45 new: the run ending at the candidate
+        # 44 needs 3 chunks (31 window positions + 4 back to the chunk grid), down to the retried key 16
+        ([_fa(8), _sw(8, 32)], None, 2, 101, 45,
+         {0: {80: "pending", 88: "miss"}, 1: {16: "retry", 72: "retry", 88: "miss", 96: "miss"}}),
+    ],
+)
+def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, eagle, bpc, n, max_new, listed):
+    cfg = {"groups": groups, "cache": {**NO_RETENTION, "prefix_match_unit": 8},
+           "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
+    if eagle:
+        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": eagle}
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    chain = [b"w%015d" % i for i in range(n // H)]
+    with pytest.raises(QueryError) as info:
+        lookup_hit(geom, n, stored=_ByEnd(chain, H, listed), block_hashes=chain, max_num_new_tokens=max_new)
+    assert info.value.problems[0].code == "lookup_not_ready"
