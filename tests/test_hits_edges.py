@@ -920,27 +920,43 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_over_a_pending_t
 # -- max_num_new_tokens leaves the candidate off a sliding group's chunk grid (_window_need): the first run a
 # sliding group needs is its window plus the positions from the candidate back to the chunk grid. Pending-tier
 # rows (every other key of the chain answers HIT; None: lookup_not_ready); vLLM 0.33 (get_num_new_matched_tokens
-# with max_num_new_tokens, over exactly these answers, vllm_pending's harness, 2026-12-02) defers both.
+# with max_num_new_tokens, over exactly these answers, vllm_pending's harness, 2026-12-02): the hit written.
 @pytest.mark.parametrize(
-    ("groups", "eagle", "bpc", "n", "max_new", "listed"),
+    ("groups", "pmu", "eagle", "bpc", "n", "local", "max_new", "listed", "want"),
     [
         # FA 8 + eagle sliding window 8 (H = 8), 51 tokens, at most 35 new: the run from the candidate 34 back
         # to the chunk grid and the window reaches the pending key 32
-        ([_fa(8), _sw(8, 8, drafter=True)], 2, None, 51, 35, {0: {48: "miss"}, 1: {32: "pending"}}),
+        ([_fa(8), _sw(8, 8, drafter=True)], 8, 2, None, 51, 0, 35, {0: {48: "miss"}, 1: {32: "pending"}}, None),
         # FA 8 + sliding window 32 in chunks of 16, 101 tokens, at most 45 new: the run ending at the candidate
         # 44 needs 3 chunks (31 window positions + 4 back to the chunk grid), down to the retried key 16
-        ([_fa(8), _sw(8, 32)], None, 2, 101, 45,
-         {0: {80: "pending", 88: "miss"}, 1: {16: "retry", 72: "retry", 88: "miss", 96: "miss"}}),
+        ([_fa(8), _sw(8, 32)], 8, None, 2, 101, 0, 45,
+         {0: {80: "pending", 88: "miss"}, 1: {16: "retry", 72: "retry", 88: "miss", 96: "miss"}}, None),
+        # FA 16 + sliding window 8 (one chunk of 16), 84 tokens, at most 20 new: the candidate 19 is 13 positions
+        # short of the next chunk end, so the run needs 2 chunks, ending at 32 (pending) and 16 (missing): no hit
+        ([_fa(16), _sw(16, 8)], None, None, None, 84, 0, 20,
+         {0: {16: "pending"}, 1: {16: "miss", 32: "pending", 48: "retry", 64: "pending"}}, 0),
+        # sliding windows 8 (block 16) and 17 (block 8) from a local prefix of 98 (96 after rounding to L = 16),
+        # at most 19 new: the candidate 114 is off both grids; the runs reach the retried key 112: deferred
+        ([_sw(16, 8), _sw(8, 17)], None, None, None, 145, 98, 19,
+         {0: {112: "retry", 144: "pending"}, 1: {144: "pending"}}, None),
     ],
 )
-def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, eagle, bpc, n, max_new, listed):
-    cfg = {"groups": groups, "cache": {**NO_RETENTION, "prefix_match_unit": 8},
+def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, pmu, eagle, bpc, n, local, max_new,
+                                                                          listed, want):
+    cfg = {"groups": groups, "cache": {**NO_RETENTION, **({} if pmu is None else {"prefix_match_unit": pmu})},
            "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
     if eagle:
         cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": eagle}
     geom = kvgeom.resolve(cfg)
     H = geom.hash_block_size
     chain = [b"w%015d" % i for i in range(n // H)]
-    with pytest.raises(QueryError) as info:
-        lookup_hit(geom, n, stored=_ByEnd(chain, H, listed), block_hashes=chain, max_num_new_tokens=max_new)
-    assert info.value.problems[0].code == "lookup_not_ready"
+    tier = _ByEnd(chain, H, listed)
+    if want is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
+                       max_num_new_tokens=max_new)
+        assert info.value.problems[0].code == "lookup_not_ready"
+    else:
+        hit = lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
+                         max_num_new_tokens=max_new)
+        assert hit.hit_tokens == want
