@@ -846,6 +846,9 @@ PENDING_WALK_ROWS = [
      {0: {16: "miss", 24: "pending", 32: "pending"}, 1: {16: "retry", 32: "miss"}}, None, None, None),
     ([_mamba(32), _fa(32), _fa(32, num_kv_heads=4, drafter=True)], 8, 1, None, 56, 0, None,
      {0: {32: "pending"}, 1: {32: "retry"}, 2: {16: "pending"}}, (24, 24, 0, True), 24, None),
+    # a group whose own clamp (its keyed chunks) lowers the candidate and then defers
+    ([_fa(8), _sw(16, 48, drafter=True), _sw(8, 32)], None, 2, 2, 149, 0, None,
+     {1: {96: "retry"}, 2: {96: "miss", 144: "miss"}}, None, None, None),
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
      {1: {96: "pending", 128: "miss"}}, (96, 112, 16, False), 104, "realign-after-clamp"),
 ]
