@@ -594,6 +594,7 @@ def _complete_unsettled(
     everything = (*order.full, *order.windowed)
     verified: set[int] = set()
     deferred = False
+    realign_repass = False
     m = M
     hit = 0  # the candidate past c after the previous group
     todo: tuple[OffloadGroupGeometry, ...] = everything
@@ -617,22 +618,34 @@ def _complete_unsettled(
                 count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first)
             if count == 0:
                 return c
+            found = m
             if count is None:
                 deferred = True
             else:
                 if pop:
                     count -= 1
                     verified.add(og.index)
-                m = _align_to_mamba_chunk(min(m, C * (start + count)), Cm)
+                found = min(m, C * (start + count))
+                m = _align_to_mamba_chunk(found, Cm)
             if m - c < C:
                 return c
             if m - c < hit:
-                if not og.eagle_group:
+                # the Mamba re-alignment below this group's own run end is a lowering vLLM 0.33's Mamba group
+                # makes: eagle groups pop again (as in _complete), and the windowed groups are asked again once
+                # the Mamba group has answered there without deferring
+                realigned = m < found and bool(verified)
+                if not og.eagle_group or realigned:
                     verified.clear()
                 if deferred:
                     deferred = False
                     todo = everything
                 elif seen_window and not todo:
+                    todo = order.windowed
+                mamba = geom.groups[og.index].is_align_mamba
+                realign_repass = (realign_repass and not mamba) or (realigned and og.window_chunks is not None)
+            elif realign_repass and count is not None and geom.groups[og.index].is_align_mamba:
+                realign_repass = False
+                if not todo and not deferred:
                     todo = order.windowed
             seen_window |= og.window_chunks is not None
             hit = m - c

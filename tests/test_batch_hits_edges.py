@@ -1056,3 +1056,59 @@ def test_periodic_sliding_masks_at_int64_scale_and_at_token_zero_equal_the_scala
                                reachable=[t for t in reach[i] if t >= 0])
         assert want.groups[1].chunks == kept
         assert sp.plan(i) == want, i
+# -- a finished request's store plan below what it stored (plan_stores: the revisit mask keep_prompt, Mamba
+# hand-offs of a finished request), one request each, as the scalar plan_store (the oracle); the scalar's
+# chunks are written out. Found by a differential search over random store batches (issue 19 mutation pass):
+# each row tells mutants of the revisit / hand-off code from the code. The arrays are read as documented too:
+# ``request`` repeats the request's index for each chunk, ``partial_tail`` is -1 where there is none.
+_SW_REVISIT = {"cache": {"retention_interval": None, "prefix_match_unit": 16}, "offload": {"blocks_per_chunk": 2}}
+FINISHED_STORE_ROWS = [
+    # sliding window 40 under attention blocks of 64 (a segment is 4 sliding blocks), 6 chunks stored, 64 of the
+    # 122-token prompt computed when it finished at 133 tokens: chunk 0 is revisited (kept under the final
+    # horizon, skipped under the prompt's)
+    ({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "sliding_window", "block_size": 16,
+                                                                "sliding_window": 40}], **_SW_REVISIT},
+     133, 64, 122, 6, True, True, [(), (0,)]),
+    # sliding window 24 (a segment keeps its last 2 blocks), 8 chunks stored, a 45-token prompt finished at 208
+    # tokens, offloading past the prompt: chunk 5 is revisited
+    ({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "sliding_window", "block_size": 16,
+                                                                "sliding_window": 24}], **_SW_REVISIT},
+     208, 208, 45, 8, False, False, [(), (5,)]),
+    # dense retention (0), Mamba 16 with chunks of 32: a 96-token prompt finished at 221 tokens stores attention
+    # chunks 0-2 and no Mamba state (no hand-off lands on a chunk end above what the mask keeps)
+    ({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"retention_interval": 0},
+      "offload": {"blocks_per_chunk": 2}}, 221, 221, 96, 0, True, False, [(0, 1, 2), ()]),
+]
+
+
+@pytest.mark.parametrize(("cfg", "n", "computed", "prompt", "stored", "prompt_only", "loaded", "chunks"),
+                         FINISHED_STORE_ROWS)
+def test_a_finished_request_stores_below_its_stored_start_as_the_scalar(cfg, n, computed, prompt, stored,
+                                                                         prompt_only, loaded, chunks):
+    geom = kvgeom.resolve(cfg)
+    groups = [og.index for og in geom.offload.groups]
+    sp = batch.plan_stores(geom, num_tokens=[n], num_computed_tokens=[computed], num_prompt_tokens=[prompt],
+                           finished=[True], loaded_from_offload=[loaded], offload_prompt_only=prompt_only,
+                           stored_chunks={g: [stored] for g in groups})
+    want = hits.plan_store(geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt, finished=True,
+                           loaded_from_offload=loaded, offload_prompt_only=prompt_only,
+                           stored_chunks={g: stored for g in groups})
+    assert [s.chunks for s in want.groups] == chunks
+    assert sp.plan(0) == want
+    for gs in sp.groups:
+        assert gs.request.tolist() == [0] * len(gs.chunk) and gs.partial_tail.tolist() == [-1]
+
+
+def test_a_window_run_completed_at_a_scan_window_boundary_is_returned():
+    """The batch scan reads 8, 16, 32... chunks per numpy step; a run that becomes long enough with the last chunk
+    of one step is returned at the first position of the next, even when that chunk is a miss. FA 16 + sliding
+    window 128 (8 chunks of 16), 641 tokens, every key held but the window group's at 512: the run 528-640 is
+    whole, so the hit is 640 (vLLM 0.33, get_num_new_matched_tokens over exactly these keys, vllm_pending's
+    harness: 640), as the scalar lookup_hit."""
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 128}],
+                           "cache": {"retention_interval": None}, "offload": {}})
+    n = 641
+    stored = {0: list(range(16, n, 16)), 1: [e for e in range(16, n, 16) if e != 512]}
+    held = {g: np.array([[(i + 1) * 16 in set(ends) for i in range(n // 16)]]) for g, ends in stored.items()}
+    assert batch.lookup_hits(geom, [n], stored=held).hit(0) == hits.lookup_hit(geom, n, stored=stored)
+    assert hits.lookup_hit(geom, n, stored=stored).hit_tokens == 640

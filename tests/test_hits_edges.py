@@ -821,3 +821,220 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run(n
     held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
     batch = lookup_hits(_SWA_DRAFTER_M32, [n], stored=held)
     assert batch.hit(0) == lookup_hit(_SWA_DRAFTER_M32, n, stored=stored)
+
+
+# -- a tier that answers HIT_PENDING / RETRY, step by step (_lookup_unsettled, _complete_unsettled, ---------
+# _window_states, _window_need, _prefix_states). Each row: groups, prefix_match_unit, eagle K, blocks per
+# chunk, num_tokens, local prefix, max_load_tokens, the keys that do not answer HIT ({group: {end: answer}};
+# every other key of the request's chain answers HIT), kvgeom's Hit (hit, end, local prefix, partial tail;
+# None: lookup_not_ready), vLLM 0.33's answer and the registered deviation where they differ. Rows found by
+# a differential search over random pending/RETRY tiers (issue 19 mutation pass, docs/mutation.md): each
+# tells at least one mutant of those functions from the code. vLLM's answers: get_num_new_matched_tokens of
+# the offloading connector over exactly these answers (kvgeom.conformance.vllm_pending's harness, with
+# max_load_tokens as the request's kv_transfer_params), run 2026-12-02. The last row is the registered
+# realign-after-clamp deviation: vLLM ends at 120 (off the Mamba chunk 16, the window group's chunk is 8),
+# kvgeom at 112, vLLM's end rounded down to the Mamba chunk.
+_ANSWERS = {"pending": _Pending, "retry": _Retry, "miss": _Miss}
+
+
+class _ByEnd:
+    """An offload manager answering each key of the request's chain by (group, end token); HIT unless listed."""
+
+    def __init__(self, chain, H, listed):
+        self.index = {h: (i + 1) * H for i, h in enumerate(chain)}
+        self.listed = listed
+
+    def lookup(self, key, req_context):
+        from kvgeom.residency import split_offload_key
+
+        block_hash, group = split_offload_key(key)
+        return _ANSWERS.get(self.listed.get(group, {}).get(self.index[block_hash]), _Answer)()
+
+
+def _fa(block, **extra):
+    return {"kind": "full_attention", "block_size": block, **extra}
+
+
+def _mamba(block):
+    return {"kind": "mamba", "block_size": block}
+
+
+def _cl32(block):
+    return {"kind": "chunked_local", "block_size": block, "attention_chunk_size": 32}
+
+
+PENDING_WALK_ROWS = [
+    ([_fa(16, drafter=True), _mamba(16)], 8, 1, None, 63, 0, None,
+     {0: {8: "pending", 56: "retry"}, 1: {56: "miss"}}, (40, 40, 0, True), 40, None),
+    ([_fa(16, drafter=True), _mamba(16)], 4, 1, None, 122, 0, None,
+     {0: {112: "miss", 116: "pending"}, 1: {92: "pending", 104: "pending", 120: "miss"}},
+     (100, 100, 0, True), 100, None),
+    ([_fa(16), _fa(16, num_kv_heads=4), _mamba(16)], 4, None, None, 124, 0, None,
+     {0: {108: "pending", 116: "retry"}, 1: {120: "miss"}, 2: {120: "pending"}}, (112, 112, 0, False), 112, None),
+    ([_fa(16), _fa(16, num_kv_heads=4, drafter=True), _mamba(16)], 4, 1, None, 169, 67, None,
+     {0: {152: "pending", 160: "pending"}, 2: {168: "pending"}}, (92, 156, 64, True), 92, None),
+    ([_fa(16, drafter=True), _mamba(16)], 8, 2, None, 72, 0, None,
+     {0: {56: "retry", 64: "pending", 72: "pending"}, 1: {32: "miss", 64: "miss"}}, None, None, None),
+    ([_fa(32), _fa(32, num_kv_heads=4, drafter=True), _mamba(32)], 8, 1, None, 73, 52, None,
+     {0: {56: "pending", 64: "miss"}, 1: {72: "retry"}, 2: {72: "pending"}}, (16, 48, 32, True), 16, None),
+    ([_fa(16), _fa(16, num_kv_heads=4), _mamba(16)], 8, None, None, 82, 78, None,
+     {0: {72: "miss", 80: "pending"}, 1: {24: "pending", 72: "pending"}, 2: {32: "retry"}}, None, None, None),
+    ([_sw(8, 1), _sw(8, 1, drafter=True)], None, 1, None, 145, 120, 72,
+     {0: {112: "miss", 136: "pending"}, 1: {128: "pending"}}, None, None, None),
+    ([_fa(32), _mamba(32)], 8, None, None, 63, 50, 49,
+     {0: {56: "retry"}, 1: {16: "miss", 32: "pending"}}, (16, 48, 32, True), 16, None),
+    ([_sw(8, 32, drafter=True), _mamba(16)], None, 1, None, 52, 15, 52,
+     {0: {24: "miss", 40: "pending", 48: "pending"}, 1: {8: "pending", 32: "retry", 40: "miss"}},
+     (0, 0, 0, False), 0, None),
+    ([_fa(8), _sw(8, 17, drafter=True)], None, 1, None, 69, 0, None,
+     {1: {8: "pending", 40: "miss"}}, None, None, None),
+    ([_fa(16), _sw(16, 32, drafter=True)], 8, 1, None, 102, 1, None,
+     {0: {64: "pending", 80: "retry", 96: "miss"}}, None, None, None),
+    ([_sw(16, 1)], None, None, None, 54, 0, 18,
+     {0: {16: "retry"}}, None, None, None),
+    ([_sw(16, 32)], None, None, None, 52, 11, None,
+     {0: {16: "miss", 48: "retry"}}, None, None, None),
+    ([_fa(32), _mamba(32)], 8, None, None, 31, 0, None,
+     {0: {16: "pending", 24: "miss"}, 1: {8: "miss", 24: "retry"}}, None, None, None),
+    ([_fa(8), _sw(16, 48)], None, None, None, 36, 0, None,
+     {0: {16: "pending", 24: "miss"}, 1: {32: "miss"}}, None, None, None),
+    ([_fa(16), _mamba(16)], 8, None, None, 26, 0, None,
+     {0: {8: "retry", 24: "pending"}, 1: {8: "miss", 16: "miss", 24: "retry"}}, None, None, None),
+    ([_fa(16), _sw(8, 17), _mamba(8)], None, None, None, 41, 0, 39,
+     {1: {24: "pending"}}, None, None, None),
+    ([_fa(16, drafter=True), _fa(16, num_kv_heads=4), _mamba(16)], 8, 1, None, 63, 0, None,
+     {1: {24: "retry", 32: "miss"}, 2: {32: "retry"}}, (16, 16, 0, False), 16, None),
+    ([_fa(8), _cl32(16), _mamba(8)], 8, None, None, 74, 16, None,
+     {0: {72: "miss"}, 1: {32: "miss", 48: "pending", 56: "pending"}, 2: {8: "retry", 72: "pending"}},
+     None, None, None),
+    ([_fa(16), _sw(16, 17)], 8, None, None, 111, 60, None,
+     {0: {8: "miss", 72: "miss", 96: "pending"}, 1: {8: "retry", 56: "pending", 96: "miss"}},
+     (32, 80, 48, False), 32, None),
+    ([_fa(8), _cl32(16), _sw(16, 1, drafter=True)], 8, 1, None, 95, 0, None,
+     {0: {8: "pending"}}, None, None, None),
+    ([_fa(16), _fa(16, num_kv_heads=4, drafter=True), _mamba(16)], 8, 2, None, 155, 21, None,
+     {0: {136: "miss"}, 2: {80: "pending", 144: "pending"}}, (112, 128, 16, False), 112, None),
+    # the Mamba group first in the group order: a partial tail's bridge key is asked of every group after it
+    ([_mamba(16), _fa(16, num_kv_heads=4), _fa(16, drafter=True)], 4, 2, None, 42, 2, None,
+     {0: {20: "pending", 40: "retry"}, 1: {32: "pending"}}, (28, 28, 0, True), 28, None),
+    ([_mamba(16), _fa(16, drafter=True)], 8, 1, None, 48, 20, 30,
+     {0: {16: "miss", 24: "pending", 32: "pending"}, 1: {16: "retry", 32: "miss"}}, None, None, None),
+    ([_mamba(32), _fa(32), _fa(32, num_kv_heads=4, drafter=True)], 8, 1, None, 56, 0, None,
+     {0: {32: "pending"}, 1: {32: "retry"}, 2: {16: "pending"}}, (24, 24, 0, True), 24, None),
+    # a group whose own clamp (its keyed chunks) lowers the candidate and then defers
+    ([_fa(8), _sw(16, 48, drafter=True), _sw(8, 32)], None, 2, 2, 149, 0, None,
+     {1: {96: "retry"}, 2: {96: "miss", 144: "miss"}}, None, None, None),
+    ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
+     {1: {96: "pending", 128: "miss"}}, (96, 112, 16, False), 104, "realign-after-clamp"),
+]
+
+
+@pytest.mark.parametrize(("groups", "pmu", "eagle", "bpc", "n", "local", "cap", "listed", "want", "vllm", "deviation"),
+                         PENDING_WALK_ROWS)
+def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, local, cap, listed, want, vllm,
+                                                   deviation):
+    cfg = {"groups": groups, "cache": {**NO_RETENTION, **({} if pmu is None else {"prefix_match_unit": pmu})},
+           "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
+    if eagle:
+        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": eagle}
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    chain = [b"w%015d" % i for i in range(n // H)]
+    tier = _ByEnd(chain, H, listed)
+    if want is None:
+        assert vllm is None
+        with pytest.raises(QueryError) as info:
+            lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local, max_load_tokens=cap)
+        assert info.value.problems[0].code == "lookup_not_ready"
+        return
+    hit = lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local, max_load_tokens=cap)
+    assert (hit.hit_tokens, hit.end_token, hit.local_computed_tokens, hit.partial_tail) == want
+    c = want[2]
+    if deviation is None:
+        assert hit.hit_tokens == vllm
+    else:  # realign-after-clamp: vLLM's end rounded down to the Mamba chunk
+        Cm = geom.offload.mamba_align_size
+        assert deviation == "realign-after-clamp" and hit.end_token == (c + vllm) // Cm * Cm < c + vllm
+
+
+# -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
+# The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
+# answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
+# re-alignment lowers its own run end, and ask the windowed groups again once the Mamba group answers there.
+# vLLM 0.33 (get_num_new_matched_tokens over exactly these answers, kvgeom.conformance.vllm_pending's harness,
+# 2026-12-02): the hit written, None = deferred. Before the pending path let the drafter pop again there,
+# kvgeom answered 32, deferred, 64, 64, 64, deferred, 96 and 96 (issue 19's mutation pass found it).
+_M32_HELD = {97: {0: list(range(16, 97, 16)), 1: [16, 32, 64, 80, 96], 2: [32, 64]},
+             129: {0: list(range(16, 129, 16)), 1: [48, 64, 96, 112, 128], 2: [64, 96]}}
+
+
+@pytest.mark.parametrize(
+    ("n", "group", "end", "answer", "vllm"),
+    [
+        (97, 0, 48, "pending", 0),
+        (97, 0, 16, "retry", 0),
+        (97, 1, 16, "pending", None),
+        (97, 1, 48, "retry", None),
+        (129, 0, 80, "pending", 0),
+        (129, 0, 32, "retry", 0),
+        (129, 1, 48, "pending", 0),
+        (129, 1, 64, "retry", None),
+    ],
+)
+def test_an_eagle_window_pops_again_after_the_mamba_realignment_over_a_pending_tier(n, group, end, answer, vllm):
+    held = _M32_HELD[n]
+    listed = {g: {e: "miss" for e in range(16, n + 1, 16) if e not in ends} for g, ends in held.items()}
+    listed[group][end] = answer
+    chain = [b"w%015d" % i for i in range(n // 16)]
+    tier = _ByEnd(chain, 16, listed)
+    if vllm is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(_SWA_DRAFTER_M32, n, stored=tier, block_hashes=chain)
+        assert info.value.problems[0].code == "lookup_not_ready"
+    else:
+        assert lookup_hit(_SWA_DRAFTER_M32, n, stored=tier, block_hashes=chain).hit_tokens == vllm
+
+
+# -- max_num_new_tokens leaves the candidate off a sliding group's chunk grid (_window_need): the first run a
+# sliding group needs is its window plus the positions from the candidate back to the chunk grid. Pending-tier
+# rows (every other key of the chain answers HIT; None: lookup_not_ready); vLLM 0.33 (get_num_new_matched_tokens
+# with max_num_new_tokens, over exactly these answers, vllm_pending's harness, 2026-12-02): the hit written.
+@pytest.mark.parametrize(
+    ("groups", "pmu", "eagle", "bpc", "n", "local", "max_new", "listed", "want"),
+    [
+        # FA 8 + eagle sliding window 8 (H = 8), 51 tokens, at most 35 new: the run from the candidate 34 back
+        # to the chunk grid and the window reaches the pending key 32
+        ([_fa(8), _sw(8, 8, drafter=True)], 8, 2, None, 51, 0, 35, {0: {48: "miss"}, 1: {32: "pending"}}, None),
+        # FA 8 + sliding window 32 in chunks of 16, 101 tokens, at most 45 new: the run ending at the candidate
+        # 44 needs 3 chunks (31 window positions + 4 back to the chunk grid), down to the retried key 16
+        ([_fa(8), _sw(8, 32)], 8, None, 2, 101, 0, 45,
+         {0: {80: "pending", 88: "miss"}, 1: {16: "retry", 72: "retry", 88: "miss", 96: "miss"}}, None),
+        # FA 16 + sliding window 8 (one chunk of 16), 84 tokens, at most 20 new: the candidate 19 is 13 positions
+        # short of the next chunk end, so the run needs 2 chunks, ending at 32 (pending) and 16 (missing): no hit
+        ([_fa(16), _sw(16, 8)], None, None, None, 84, 0, 20,
+         {0: {16: "pending"}, 1: {16: "miss", 32: "pending", 48: "retry", 64: "pending"}}, 0),
+        # sliding windows 8 (block 16) and 17 (block 8) from a local prefix of 98 (96 after rounding to L = 16),
+        # at most 19 new: the candidate 114 is off both grids; the runs reach the retried key 112: deferred
+        ([_sw(16, 8), _sw(8, 17)], None, None, None, 145, 98, 19,
+         {0: {112: "retry", 144: "pending"}, 1: {144: "pending"}}, None),
+    ],
+)
+def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, pmu, eagle, bpc, n, local, max_new,
+                                                                          listed, want):
+    cfg = {"groups": groups, "cache": {**NO_RETENTION, **({} if pmu is None else {"prefix_match_unit": pmu})},
+           "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
+    if eagle:
+        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": eagle}
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    chain = [b"w%015d" % i for i in range(n // H)]
+    tier = _ByEnd(chain, H, listed)
+    if want is None:
+        with pytest.raises(QueryError) as info:
+            lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
+                       max_num_new_tokens=max_new)
+        assert info.value.problems[0].code == "lookup_not_ready"
+    else:
+        hit = lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
+                         max_num_new_tokens=max_new)
+        assert hit.hit_tokens == want
