@@ -151,7 +151,13 @@ def chain_matrix(residency: Residency, group: int, chain: Sequence[Hashable], nu
     """
     R = _replica_count(num_replicas)
     if isinstance(chain, Sized):  # (hashes, replicas) bools, refused before allocating
-        check_total("chain_matrix", len(chain) * R)
+        try:
+            n = len(chain)
+        except TypeError as e:  # Sized by type, not by value: a 0-d numpy array (found by the fuzz law, thorough)
+            raise QueryError.single(
+                "bad_chain", f"chain must be a sequence of block hashes, one per H tokens; got a "
+                f"{type(chain).__name__} with no length ({e}): pass a list or a 1-d array", "chain") from e
+        check_total("chain_matrix", n * R)
     return _unpack(_chain_masks(residency, group, chain, R), R)
 
 

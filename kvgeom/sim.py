@@ -625,7 +625,8 @@ class RequestReport:
 def _eviction_bits(name: str, bits: Any) -> list[bool]:
     """``bits`` (which entries to evict, in order) checked: an iterable, not a string, of at most
     :data:`MAX_SIM_TOKENS` bools (``bad_<name>``, ``result_too_large``, ``not_a_bool``)."""
-    if isinstance(bits, str | bytes | Mapping) or not isinstance(bits, Iterable):
+    # a 0-d numpy array is Iterable by type but not by value (iterating it raises TypeError)
+    if isinstance(bits, str | bytes | Mapping) or not isinstance(bits, Iterable) or getattr(bits, "ndim", None) == 0:
         raise QueryError.single(
             f"bad_{name}", f"{name} must be a predicate evict(group, end_token) or a list of bools, got "
             f"{type(bits).__name__}", name,

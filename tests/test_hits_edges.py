@@ -1038,3 +1038,23 @@ def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, 
         hit = lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
                          max_num_new_tokens=max_new)
         assert hit.hit_tokens == want
+
+
+@pytest.mark.parametrize(("answer", "vllm"), [(None, 96), ("miss", 96), ("pending", 0), ("retry", 0)])
+def test_a_pending_key_can_leave_less_than_a_miss(answer, vllm):
+    """FA 32 under DCP 8 (256-token chunks) + Mamba 32 + an eagle FA drafter, prefix_match_unit 16, a 512-token
+    request holding every key but the Mamba states past 96: vLLM 0.33 (kvgeom.conformance.vllm_pending, run)
+    hits 96 whether group 0's key at 512 is held or missing, and 0 when it is pending or retried: the
+    full-attention group that met it does not lower the candidate, and after the Mamba group lowers it to 96 no
+    256-token chunk fits. Found by the pending law under the thorough profile (which claimed equality with the
+    miss)."""
+    geom = kvgeom.resolve({"groups": [_fa(32), _mamba(32), _fa(32, drafter=True, num_kv_heads=4)],
+                           "parallel": {"dcp": 8, "tp": 8}, "cache": {"prefix_match_unit": 16, "retention_interval": 0},
+                           "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+    n, H = 512, geom.hash_block_size
+    chain = [b"w%015d" % i for i in range(n // H)]
+    listed = {1: {e: "miss" for e in range(128, 513, 32)}}
+    if answer is not None:
+        listed[0] = {512: answer}
+    hit = lookup_hit(geom, n, stored=_ByEnd(chain, H, listed), block_hashes=chain)
+    assert hit.hit_tokens == vllm

@@ -239,14 +239,15 @@ REFUSALS = [
         GeometryError,
         [("span_not_divisible_by_hash_unit", "cache.prefix_match_unit", {"span": 24, "hash_block_size": 16})],
     ),
-    # compression: a layer of a uniform group (field .layers[j]) and a plain group
+    # compression: a layer of a uniform group (field .layers[j]) and a plain group (48 fits a 64-token block,
+    # so the block holds a state: tokens_per_state above the block is block_smaller_than_state, tests/test_errors.py)
     (
         {
             "groups": [
                 {
                     "kind": "uniform",
                     "block_size": 64,
-                    "layers": [{"kind": "mla"}, {"kind": "mla", "tokens_per_state": 128}],
+                    "layers": [{"kind": "mla"}, {"kind": "mla", "tokens_per_state": 48}],
                 }
             ]
         },
@@ -255,18 +256,18 @@ REFUSALS = [
             (
                 "hit_alignment_not_multiple_of_compression",
                 "groups[0].layers[1].tokens_per_state",
-                {"tokens_per_state": 128, "hit_alignment_tokens": 64},
+                {"tokens_per_state": 48, "hit_alignment_tokens": 64},
             )
         ],
     ),
     (
-        {"groups": [FA16, {"kind": "full_attention", "block_size": 64, "tokens_per_state": 128}]},
+        {"groups": [FA16, {"kind": "full_attention", "block_size": 64, "tokens_per_state": 48}]},
         GeometryError,
         [
             (
                 "hit_alignment_not_multiple_of_compression",
                 "groups[1].tokens_per_state",
-                {"tokens_per_state": 128, "hit_alignment_tokens": 64},
+                {"tokens_per_state": 48, "hit_alignment_tokens": 64},
             )
         ],
     ),

@@ -208,10 +208,13 @@ class _TriState:
 
 @given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
                      tail_speculative_geometries()), data=st.data())
-def test_a_lookup_that_does_not_defer_loads_what_the_settled_keys_give(geom, data):
+def test_a_lookup_that_does_not_defer_loads_no_more_than_the_settled_keys_give(geom, data):
     """Issue 19: a tier may answer HIT_PENDING or RETRY. Whenever lookup_hit does not defer
-    (``lookup_not_ready``), its hit is the hit of the same tier with every unsettled key a miss: a pending or
-    retried key never contributes to a hit, it only decides whether vLLM waits."""
+    (``lookup_not_ready``), its hit is at most the hit of the same tier with every unsettled key a miss: a
+    pending or retried key never contributes to a hit. It can lower it: vLLM 0.33 keeps a full-attention group
+    that met a pending key from lowering the candidate, so a later group's lowering can leave less than a miss
+    would (``test_a_pending_key_can_leave_less_than_a_miss``, run on vLLM; this law once claimed equality and
+    the thorough profile found that case)."""
     req = data.draw(requests(geom))
     n, stored = req[0], req[5]
     H = geom.hash_block_size
@@ -229,7 +232,7 @@ def test_a_lookup_that_does_not_defer_loads_what_the_settled_keys_give(geom, dat
         assert e.code == "lookup_not_ready"
         assert any(a is not LookupResult.HIT for a in answers.values())
         return
-    assert hit == _lookup(geom, req, stored=Manager(settled), block_hashes=chain)
+    assert hit.hit_tokens <= _lookup(geom, req, stored=Manager(settled), block_hashes=chain).hit_tokens
 
 
 def _per_group_keys(geom, chain):
