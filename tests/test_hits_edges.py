@@ -929,10 +929,9 @@ PENDING_WALK_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(("groups", "pmu", "eagle", "bpc", "n", "local", "cap", "listed", "want", "vllm", "deviation"),
-                         PENDING_WALK_ROWS)
-def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, local, cap, listed, want, vllm,
-                                                   deviation):
+def _pending_case(groups, pmu, eagle, bpc, n, listed):
+    """The geometry (retention None, an optional unit, eagle drafter and blocks per chunk), the request's chain
+    and a tier answering each key by (group, end token) as ``listed`` says (HIT otherwise)."""
     cfg = {"groups": groups, "cache": {**NO_RETENTION, **({} if pmu is None else {"prefix_match_unit": pmu})},
            "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
     if eagle:
@@ -940,7 +939,14 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
     geom = kvgeom.resolve(cfg)
     H = geom.hash_block_size
     chain = [b"w%015d" % i for i in range(n // H)]
-    tier = _ByEnd(chain, H, listed)
+    return geom, chain, _ByEnd(chain, H, listed)
+
+
+@pytest.mark.parametrize(("groups", "pmu", "eagle", "bpc", "n", "local", "cap", "listed", "want", "vllm", "deviation"),
+                         PENDING_WALK_ROWS)
+def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, local, cap, listed, want, vllm,
+                                                   deviation):
+    geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
     if want is None:
         assert vllm is None
         with pytest.raises(QueryError) as info:
@@ -1021,14 +1027,7 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_over_a_pending_t
 )
 def test_a_sliding_run_reaches_back_from_a_candidate_off_its_chunk_grid(groups, pmu, eagle, bpc, n, local, max_new,
                                                                           listed, want):
-    cfg = {"groups": groups, "cache": {**NO_RETENTION, **({} if pmu is None else {"prefix_match_unit": pmu})},
-           "offload": {} if bpc is None else {"blocks_per_chunk": bpc}}
-    if eagle:
-        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": eagle}
-    geom = kvgeom.resolve(cfg)
-    H = geom.hash_block_size
-    chain = [b"w%015d" % i for i in range(n // H)]
-    tier = _ByEnd(chain, H, listed)
+    geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
     if want is None:
         with pytest.raises(QueryError) as info:
             lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local,
