@@ -45,6 +45,7 @@ from kvgeom.specs import (
     SlidingWindowSpec,
     UniformSpec,
     is_latent,
+    states_per_block,
 )
 
 __all__ = [
@@ -84,7 +85,7 @@ def attention_page_bytes(
     >>> attention_page_bytes(block_size=64, num_kv_heads=1, head_size=576, head_size_v=0, dtype="bfloat16")
     73728
     """
-    states = block_size // tokens_per_state if tokens_per_state else block_size
+    states = states_per_block(block_size, tokens_per_state)
     if dtype == "fp8_ds_mla":
         raw = num_kv_heads * states * FP8_DS_MLA_TOKEN_BYTES
     else:

@@ -85,6 +85,7 @@ __all__ = [
     "sliding_window_of",
     "attention_chunk_size_of",
     "rswa_window_of",
+    "states_per_block",
     "tokens_per_state_of",
     "is_latent",
     "LATENT_KINDS",
@@ -558,6 +559,20 @@ def is_drafter_group(spec: AnySpec) -> bool:
     True
     """
     return bool(spec.drafter) or any(bool(leaf.drafter) for leaf in iter_leaves(spec))
+
+
+def states_per_block(block_size: int, tokens_per_state: int | None) -> int:
+    """States one block of an attention layer holds: ``block_size // tokens_per_state`` for compressed
+    attention (``tokens_per_state > 1``), ``block_size`` otherwise (vLLM 0.33 ``AttentionSpec.num_states``).
+    0 when the layer compresses more tokens than its block holds: a page of 0 bytes, which vLLM cannot plan
+    and :func:`kvgeom.resolve` refuses (``block_smaller_than_state``). The one home of that count: page bytes
+    (:mod:`kvgeom.pages`), the resolver's refusal and the LMCache model read it.
+    Invariant: ``0 <= states <= block_size``.
+
+    >>> states_per_block(16, None), states_per_block(7, 2), states_per_block(1, 2)
+    (16, 3, 0)
+    """
+    return block_size // tokens_per_state if tokens_per_state is not None and tokens_per_state > 1 else block_size
 
 
 def tokens_per_state_of(spec: AnyLeaf | Standalone) -> int | None:

@@ -33,6 +33,7 @@ from kvgeom.specs import (
     iter_leaves,
     scheduler_view,
     sliding_window_of,
+    states_per_block,
     tokens_per_state_of,
 )
 
@@ -194,7 +195,7 @@ def _check_states(i: int, spec: AnySpec, out: Collector) -> None:
     for j, leaf in enumerate(iter_leaves(spec)):
         tps = tokens_per_state_of(leaf)
         block = leaf.block_size or spec.block_size
-        if tps is not None and block is not None and block < tps:
+        if tps is not None and block is not None and states_per_block(block, tps) == 0:
             field = f"groups[{i}]" + (f".layers[{j}]" if isinstance(spec, UniformSpec) else "")
             out.add(
                 GeometryError,

@@ -83,6 +83,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvgeom import specs
 from kvgeom._check import bounded_ints
 from kvgeom._format import show
 from kvgeom.errors import KVGeomError, Problem, QueryError
@@ -497,8 +498,7 @@ def states_per_block(g: GroupGeometry) -> int:
     >>> states_per_block(geom.groups[0])
     3
     """
-    tps = tokens_per_state_of(next(iter(iter_leaves(g.spec))))
-    return g.block_size // tps if tps is not None and tps > 1 else g.block_size
+    return specs.states_per_block(g.block_size, tokens_per_state_of(next(iter(iter_leaves(g.spec)))))
 
 
 def _check_registration(geom: Geometry, spans: Sequence[int], s: LMCacheSettings) -> None:

@@ -145,3 +145,18 @@ def test_a_compressed_layer_resolves_only_if_its_per_rank_block_holds_a_state(cf
         assert ("block_smaller_than_state" in codes) == (group["block_size"] < tps), codes
         return
     assert geom.groups[0].block_size >= tps
+
+
+@given(block=st.integers(1, 4096), tps=st.one_of(st.none(), st.integers(1, 512)))
+def test_states_per_block_is_the_page_s_state_count(block, tps):
+    # the one home of block_size // tokens_per_state (specs.states_per_block): page bytes scale with it, and it
+    # is 0 exactly where resolve refuses block_smaller_than_state
+    from kvgeom.pages import attention_page_bytes
+    from kvgeom.specs import states_per_block
+
+    s = states_per_block(block, tps)
+    assert 0 <= s <= block
+    assert (s == 0) == (tps is not None and tps > block)
+    page = attention_page_bytes(block_size=block, num_kv_heads=1, head_size=1, head_size_v=0, dtype="int8",
+                                tokens_per_state=tps)
+    assert page == s
