@@ -72,6 +72,7 @@ __all__ = [
     "refuse_unlookable",
     "resident_sets",
     "scheduler_keeps_load",
+    "unitary_coordinator",
 ]
 
 Contains: TypeAlias = Callable[[int, int], bool]
@@ -441,6 +442,21 @@ def _query_limit(candidate: int, margin: int | None, drop: bool, chain: int) -> 
     return candidate
 
 
+def unitary_coordinator(geom: Geometry) -> bool:
+    """Whether vLLM 0.33 looks prefix hits up with its ``UnitaryKVCacheCoordinator`` (one KV cache group: one
+    lookup, no fixed point) rather than the hybrid coordinator's fixed point (``get_kv_cache_coordinator``).
+    The one home of that choice: :func:`prefix_hit`, :func:`kvgeom.batch.prefix.prefix_hits` and the router's
+    kernel read it. A second pass is not harmless: a chunked-local finder depends on the candidate, so with a
+    chunk off the block grid it lowers the hit again. A unitary geometry's hit alignment is its span
+    (``hit_alignment_tokens``: partial hash hits need two groups).
+
+    >>> import kvgeom
+    >>> unitary_coordinator(kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 16}]}))
+    True
+    """
+    return len(geom.groups) == 1
+
+
 def _chain_tokens(geom: Geometry, n: int) -> int:
     """Tokens covered by the request's hash chain: ``floor(n / H) * H``, or ``floor((n - P) / H) * H``
     with look-ahead hashes (a hash is emitted once its P look-ahead tokens exist)."""
@@ -482,7 +498,7 @@ def prefix_hit(
     if cap <= 0:
         return PrefixHit(0, n, empty)
     found: dict[int, _Found] = {}
-    if len(geom.groups) == 1:
+    if unitary_coordinator(geom):
         # UnitaryKVCacheCoordinator: alignment is the span, no widening.
         sg = specs[0]
         found[0] = _lookup(sg, contains, sg.span, cap, chain, sg.proof_margin is not None)

@@ -71,7 +71,7 @@ from kvgeom._math import INT64_MAX, cdiv
 from kvgeom.batch._arrays import MAX_RESULT, check_total
 from kvgeom.errors import QueryError
 from kvgeom.holders import WORD_BITS, PackedHolders
-from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
+from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable, unitary_coordinator
 from kvgeom.residency import Residency
 
 if TYPE_CHECKING:
@@ -365,19 +365,14 @@ def replica_hits(geom: Geometry, held: Mapping[int, BoolMatrix], num_tokens: int
         return np.zeros(R, dtype=np.int64)
     if _drops(geom):
         return _drop_hits(geom, n_tokens, {g: np.asarray(held[g], dtype=bool) for lg in plan for g in lg.group_ids})
-    # vLLM's UnitaryKVCacheCoordinator (one KV cache group): one lookup aligned to the group's span, no
-    # fixed point, as the scalar prefix_hit. A second pass is not harmless for chunked local: its finder
-    # depends on the candidate (the chunk start), so with a chunk off the block grid it lowered the hit
-    # again (chunk 3, block 2: 0 where vLLM 0.33 hits 2; found by the router law under `dev`).
-    unitary = len(geom.groups) == 1
-    A = plan[0].span if unitary else geom.hit_alignment_tokens
+    A = geom.hit_alignment_tokens
     lookups = []
     for lg in plan:
         X = np.asarray(held[lg.group_ids[0]], dtype=bool)
         for g in lg.group_ids[1:]:
             X = X & np.asarray(held[g], dtype=bool)
         lookups.append(_Lookup(lg, X, H, A))
-    if unitary:
+    if unitary_coordinator(geom):  # one lookup, no fixed point (chunk 3, block 2: a second pass lowered 2 to 0)
         out: IntVector = lookups[0](np.full(R, max(n_tokens - 1, 0), dtype=np.int64))
         return out
     simple = len(plan) == 2 and plan[0].full_attention

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry
-from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable
+from kvgeom.prefix import LookupGroup, lookup_groups, refuse_unlookable, unitary_coordinator
 
 __all__ = ["prefix_hits"]
 
@@ -261,7 +261,7 @@ def prefix_hits(geom: Geometry, num_tokens: Any, held: Mapping[Any, Any]) -> I64
     if not specs:
         return out
     refuse_unlookable(geom, specs)  # as the scalar prefix_hit: an unsupported group fails every row
-    if len(geom.groups) == 1:
+    if unitary_coordinator(geom):
         sg = specs[0]
         look = _Lookup(sg, cells, H, sg.span, rows, cols)
         drop = np.full(rows, sg.proof_margin is not None)
