@@ -135,3 +135,27 @@ def test_a_mask_side_other_than_offload_or_gpu_is_refused():
     with pytest.raises(kvgeom.QueryError) as e:
         reachable_block_mask(SWA_EAGLE, 1, 4, side="cpu")
     assert e.value.problems[0].code == "bad_side"
+
+
+@pytest.mark.parametrize(
+    ("first_block", "kept"),
+    [
+        # vLLM 0.33's EAGLE mask of the R = 64 row above ({2, 3, 4, 6, 7, 8, 10, 11, 12} over 13 blocks, run
+        # through its Scheduler) cut to [first_block, 13), where whole runs (or the range) bound the count
+        (0, {2, 3, 4, 6, 7, 8, 10, 11, 12}),
+        (6, {6, 7, 8, 10, 11, 12}),  # from the second segment on
+        (11, {11, 12}),  # the range is shorter than its segment's run
+    ],
+)
+def test_a_sliding_window_mask_of_exactly_the_scalar_bound_is_answered(monkeypatch, first_block, kept):
+    """The scalar bound (``MAX_SCALAR_RESULT``, 2^24 blocks) on a small mask: the bound lowered to the mask's
+    own size answers it, one less refuses it (``result_too_large``). A mask of 2^24 blocks would take seconds
+    and gigabytes; the rule is the same at any bound. (Where whole runs fill the range, the size check's
+    estimate is the mask's size; elsewhere it may be above it, so these rows stay where it is exact.)"""
+    monkeypatch.setattr(kvgeom.masks, "MAX_SCALAR_RESULT", len(kept))
+    mask = reachable_block_mask(SWA_EAGLE, 1, 13, retention=64, first_block=first_block)
+    assert mask is not None and set(mask) == kept
+    monkeypatch.setattr(kvgeom.masks, "MAX_SCALAR_RESULT", len(kept) - 1)
+    with pytest.raises(kvgeom.QueryError) as info:
+        reachable_block_mask(SWA_EAGLE, 1, 13, retention=64, first_block=first_block)
+    assert (info.value.problems[0].code, info.value.problems[0].field) == ("result_too_large", "num_blocks")

@@ -535,6 +535,34 @@ VLLM_ROWS = [
     ("fa1-two-tokens", {"groups": [_fa(1)]}, (), 2, {"0": [1, 2]}, 1, [[1]]),
     # the same cap 1 in a hybrid (chunked local 4 beside attention): the convergence loop runs for it. vLLM: 1
     ("fa1-cl4-two-tokens", {"groups": [_fa(1), _cl(1, 4)]}, (), 2, {"0": [1, 2], "1": [1, 2]}, 1, [[1], [1]]),
+    # a lone chunked-local group (chunk = block = 16) far past its last held entry (32): the blocks before the
+    # chunk of 199 count unread, so the hit is that chunk's start, with a matrix that ends at 32. vLLM: 192
+    ("cl16-lone-past-the-entries", {"groups": [_cl(16, 16)], "cache": {"max_model_len": 256}}, (), 200,
+     {"0": [16, 32]}, 192, [[]]),
+    # one lookup group (the ring buffer is not prefix-cacheable) under the hybrid coordinator, A = 32: the window
+    # with the drop finds the run from block 0 (5 blocks), cut to A, popped, cut again: 32; the second pass asks
+    # it at 32 without the drop (it dropped for this candidate already) and keeps 32. vLLM: 32, [], [16, 32]
+    ("cb-sw-drop-once", {"groups": [{"kind": "circular_buffer", "block_size": 32, "drafter": True},
+                                    {**_sw(16, 263), "drafter": True}],
+                         "speculative": {"method": "eagle", "num_speculative_tokens": 2, "eagle_block_drop": True,
+                                         "lookahead_hashes": False}}, (), 80, {"1": _A16[:5]}, 32, [[], [16, 32]]),
+    # the same with two windows (49 and 263), both dropping: each drops once for the candidate 32 and is then asked
+    # at 32 without the drop; the second window lowering nothing is no reason to drop again. vLLM: 32, [16, 32] each
+    ("cb-two-sw-drop-once", {"groups": [{"kind": "circular_buffer", "block_size": 32, "drafter": True},
+                                        {**_sw(16, 49), "drafter": True}, {**_sw(16, 263), "drafter": True}],
+                             "speculative": {"method": "eagle", "num_speculative_tokens": 2, "eagle_block_drop": True,
+                                             "lookahead_hashes": False}}, (), 80, {"1": _A16[:5], "2": _A16[:5]}, 32,
+     [[], [16, 32], [16, 32]]),
+    # windows 65 and 20 (both dropping) around Mamba: pass 1 window 65 drops to 128, Mamba lowers to 112 (the
+    # drops must be proven again), window 20 drops to 80; pass 2 window 65 drops to 16, window 20 accepts 16
+    # without a drop; pass 3 asks it at 16 again, still without a drop (entry 32 is missing, so a drop would
+    # give 0). vLLM: 16, [16] in each group
+    ("sw65-m-sw20-three-passes", {"groups": [{**_sw(16, 65), "drafter": True}, _m(16),
+                                             {**_sw(16, 20), "drafter": True}],
+                                  "speculative": {"method": "eagle", "num_speculative_tokens": 2,
+                                                  "eagle_block_drop": True, "lookahead_hashes": False}}, (), 199,
+     {"0": [16, 32, 64, 80, 96, 112, 128, 144, 176], "1": [16, 80, 112, 176, 192], "2": [16, 48, 64, 80, 96, 128]},
+     16, [[16], [16], [16]]),
     # three groups with the drop on attention and the window: the loop must go past its first pass (one pass
     # stops at 32, Mamba's state under the first candidate); no candidate survives. vLLM: 0
     ("drop-sw-second-pass", {"groups": [_fa(16), _sw(16, 33), _m(16)]}, (0, 1), 89,
