@@ -159,3 +159,22 @@ def test_a_sliding_window_mask_of_exactly_the_scalar_bound_is_answered(monkeypat
     with pytest.raises(kvgeom.QueryError) as info:
         reachable_block_mask(SWA_EAGLE, 1, 13, retention=64, first_block=first_block)
     assert (info.value.problems[0].code, info.value.problems[0].field) == ("result_too_large", "num_blocks")
+
+
+def test_a_final_segment_tail_starts_at_first_block():
+    """FA 64 + SWA 16 (window 49: 3 blocks of 4 a segment), retention null: vLLM 0.33 stores 32, 48, 64, 80, 96,
+    112 of a 120-token prompt (run 2026-12-02; blocks 1-3 and the last, partial segment's 4-6). Cut to blocks
+    [5, 7), the final tail keeps 5 and 6 only: block 4 is below first_block."""
+    g = kvgeom.resolve(
+        {
+            "groups": [
+                {"kind": "full_attention", "block_size": 64},
+                {"kind": "sliding_window", "block_size": 16, "sliding_window": 49},
+            ],
+            "cache": {"retention_interval": None},
+            "offload": {},
+        }
+    )
+    mask = reachable_block_mask(g, 1, 7, first_block=5, retention=None, final_segment_end_block=7)
+    assert mask is not None and set(mask) == {5, 6}
+    assert set(reachable_block_mask(g, 1, 7, retention=None, final_segment_end_block=7)) == {1, 2, 3, 4, 5, 6}

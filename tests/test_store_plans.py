@@ -129,6 +129,12 @@ ROWS = [
     (8, 8, 48, 0, 32, 1, {"num_tokens": 120}, tuple(range(8, 121, 8))),
     # retention null, prompt 230: the last, partial segment keeps its own tail (block 6, ending at 224)
     (64, 32, 16, 0, None, 1, {"num_tokens": 230}, (64, 128, 192, 224)),
+    # retention null, 4 blocks per 64-token segment, window 33 needs 2: prompt 90 ends 1 block into its second
+    # segment, which keeps only that block (80), beside the first segment's tail 48, 64 (vLLM run, 2026-12-02)
+    (64, 16, 33, 0, None, 1, {"num_tokens": 90}, (48, 64, 80)),
+    # window 17 needs 1 block: prompt 120 ends 3 blocks into its last segment, which keeps its last block (112),
+    # not all three (vLLM run, 2026-12-02)
+    (64, 16, 17, 0, None, 1, {"num_tokens": 120}, (64, 112)),
     # retention 64 with 2 of 4 blocks per segment: blocks 2,3 and 6,7, plus the replay tail before 144
     (16, 16, 20, 0, 64, 1, {"num_tokens": 150}, (48, 64, 112, 128, 144)),
     # k = 2: a 16-token chunk survives when one of its two blocks is a segment's last block
