@@ -58,6 +58,37 @@ SWA_EAGLE = kvgeom.resolve(
     }
 )
 
+# SWA_EAGLE's groups and speculative switches without an offload section: the same GPU-side managers (the
+# drop on for group 1), and no connector, so a mask is the GPU prefix cache's by default
+SWA_EAGLE_GPU = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 32, "drafter": True},
+        ],
+        "speculative": {
+            "method": "eagle",
+            "num_speculative_tokens": 1,
+            "eagle_block_drop": True,
+            "lookahead_hashes": False,
+        },
+    }
+)
+# FA 64 + SWA 16 (window 17) marked drafter, EAGLE K = 1, offloaded, retention null: a run is 2 blocks of a 4-block
+# segment, one block past each 64-token boundary. vLLM 0.33 stores 64, 80 of a 120-token prompt (run 2026-12-02):
+# blocks 3, 4 and no tail of the last, partial segment (an EAGLE group has no store horizon)
+EAGLE_R_NONE = kvgeom.resolve(
+    {
+        "groups": [
+            {"kind": "full_attention", "block_size": 64},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 17, "drafter": True},
+        ],
+        "speculative": {"method": "eagle", "num_speculative_tokens": 1},
+        "cache": {"retention_interval": None},
+        "offload": {},
+    }
+)
+
 # (geometry, group, num_blocks, keyword arguments, expected mask or None for every block)
 ROWS = [
     # EAGLE, R = 64 (4 blocks a segment): blocks 2-4, 6-8, 10-12 -- ends 48-80, 112-144, 176-208
@@ -66,6 +97,10 @@ ROWS = [
     (SWA_EAGLE, 1, 13, {"retention": 0, "reachable": [199]}, {10, 11, 12}),
     # the GPU side answers the same here (the group is in the GPU drop set; no extra_retained_tokens)
     (SWA_EAGLE, 1, 13, {"retention": 0, "reachable": [176], "side": "gpu"}, {9, 10, 11}),
+    # without an offload section the default side is the GPU's: the vLLM GPU-side row above, {9, 10, 11}
+    (SWA_EAGLE_GPU, 1, 13, {"retention": 0, "reachable": [176]}, {9, 10, 11}),
+    # an EAGLE group keeps no final-segment tail even when a final segment end is passed (vLLM run: 64, 80)
+    (EAGLE_R_NONE, 1, 7, {"retention": None, "final_segment_end_block": 7}, {3, 4}),
     # EAGLE, R = None: 3 blocks needed of a 1-block segment: dense
     (SWA_EAGLE, 1, 13, {"retention": None}, None),
     # EAGLE, first_block past the first runs: only what is left of [6, 9) and [10, 13)
@@ -178,3 +213,11 @@ def test_a_final_segment_tail_starts_at_first_block():
     mask = reachable_block_mask(g, 1, 7, first_block=5, retention=None, final_segment_end_block=7)
     assert mask is not None and set(mask) == {5, 6}
     assert set(reachable_block_mask(g, 1, 7, retention=None, final_segment_end_block=7)) == {1, 2, 3, 4, 5, 6}
+
+
+def test_the_default_side_without_a_connector_is_the_gpus():
+    """``mask_side`` names the GPU prefix cache's side when the geometry has no offload section."""
+    from kvgeom.masks import mask_side
+
+    assert mask_side(SWA_EAGLE_GPU, None) == "gpu"
+    assert mask_side(SWA_EAGLE, None) == "offload"

@@ -103,6 +103,26 @@ ROWS = [
         "final_segment_end_block",
         {},
     ),
+    (lambda: masks.reachable_block_mask(SEED, 1, 4, alignment=-16), "negative", "alignment", {"alignment": -16}),
+    # swa_store_horizon: each keyword is named by its own name
+    (
+        lambda: masks.swa_store_horizon(SEED, 0, storable_chunks=-1, prompt_chunks=0, finished=False),
+        "negative",
+        "storable_chunks",
+        {"storable_chunks": -1},
+    ),
+    (
+        lambda: masks.swa_store_horizon(SEED, 0, storable_chunks=0, prompt_chunks=-2, finished=False),
+        "negative",
+        "prompt_chunks",
+        {"prompt_chunks": -2},
+    ),
+    (
+        lambda: masks.swa_store_horizon(SEED, 0, storable_chunks=0, prompt_chunks=0, finished="false"),
+        "not_a_bool",
+        "finished",
+        {},
+    ),
     # Mamba 16 with R = 32 keeps every 2nd block from block 1: (2^26 - 1) // 2 blocks, past 2^24
     (
         lambda: masks.reachable_block_mask(SEED, 1, 1 << 26, retention=32, alignment=32),
