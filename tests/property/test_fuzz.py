@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import time
 from types import SimpleNamespace as NS
 from typing import Any
@@ -436,6 +437,20 @@ def test_million_element_list_in_a_message_is_cut_with_a_count():
 def test_huge_integer_in_a_message_is_shown_by_its_size():
     e = _fast(kvgeom.resolve, {"groups": [{"kind": "mla", "block_size": 10**5000}]})
     assert e is not None and "integer of about 5001 digits" in str(e)
+
+
+def test_a_count_past_the_digit_limit_is_refused_with_its_size():
+    # thorough profile, 2026-12-02: checkpoint_positions(geom, 10**5000) reached the result-size check, whose
+    # message put the count through str() and raised Python's int-to-str ValueError instead of result_too_large
+    from kvgeom.engines.sglang import checkpoint_positions, resolve_sglang
+    from kvgeom.masks import check_result_size, check_store_size
+
+    geom = resolve_sglang({"page_size": 64, "pools": ["full", "mamba"]})
+    for call in (lambda: checkpoint_positions(geom, 10**5000), lambda: check_result_size(10**5000),
+                 lambda: check_store_size(10**5000)):
+        e = _fast(call)
+        assert isinstance(e, kvgeom.QueryError) and e.code == "result_too_large"
+        assert re.search(r"an integer of about (4999|5001) digits", str(e)), str(e)
 
 
 def test_explain_and_diagram_of_unbounded_geometries_are_refused_or_quick():
