@@ -688,6 +688,10 @@ def _complete_unsettled(
                 realign_repass = False
                 if not todo and not deferred:
                     todo = order.windowed
+            if m < found and og.window_chunks is not None and not todo and not deferred:
+                # as _complete: the Mamba re-alignment below a windowed group's own run end asks every windowed
+                # group again there, that group included (its run was found above the new candidate)
+                todo = order.windowed
             seen_window |= og.window_chunks is not None
             hit = m - c
     return None if deferred else m

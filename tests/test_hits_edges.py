@@ -924,8 +924,12 @@ PENDING_WALK_ROWS = [
     # a group whose own clamp (its keyed chunks) lowers the candidate and then defers
     ([_fa(8), _sw(16, 48, drafter=True), _sw(8, 32)], None, 2, 2, 149, 0, None,
      {1: {96: "retry"}, 2: {96: "miss", 144: "miss"}}, None, None, None),
+    # vLLM 0.33 loads 104 (end 120, off the Mamba chunk: the registered deviation). kvgeom re-aligns to 112, where
+    # the sliding window's run needs the chunk ending at 96, which is pending: it defers. (It answered 112 before
+    # the pending walk asked a windowed group again below its own run end after the re-alignment, as _complete
+    # does: a hit whose window held a pending key.)
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
-     {1: {96: "pending", 128: "miss"}}, (96, 112, 16, False), 104, "realign-after-clamp"),
+     {1: {96: "pending", 128: "miss"}}, None, 104, "realign-after-clamp"),
 ]
 
 
@@ -948,7 +952,7 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
                                                    deviation):
     geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
     if want is None:
-        assert vllm is None
+        assert vllm is None or deviation == "realign-after-clamp"
         with pytest.raises(QueryError) as info:
             lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local, max_load_tokens=cap)
         assert info.value.problems[0].code == "lookup_not_ready"
