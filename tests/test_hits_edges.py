@@ -1182,3 +1182,31 @@ def test_a_pending_key_can_leave_less_than_a_miss(answer, vllm):
         listed[0] = {512: answer}
     hit = lookup_hit(geom, n, stored=_ByEnd(chain, H, listed), block_hashes=chain)
     assert hit.hit_tokens == vllm
+
+
+# -- a windowed group's own Mamba re-alignment below its run end, on the pending walk ----------------------------
+# vLLM 0.33 (vllm_pending_trace, 2026-12-02, helper onewalk) over these HIT / MISS answers ends off the Mamba chunk
+# (the registered realign-after-clamp deviation): [SW 8/8, Mamba 16], H 8, n 130, misses SW 64 72 112 128 and
+# Mamba 24 64 72: vLLM 120, asking (0,128 miss) (0,120) (1,128); [FA 8, SW 1 token/8, Mamba 16], 2 blocks per chunk,
+# n 140, misses SW 96 128: vLLM 112, asking FA 16..128, (1,128 miss) (1,112) (2,128). kvgeom re-aligns below the
+# window's run end; the window must then be asked again there, as the settled walk does. The pending walk (taken
+# here through a tier that says it may defer) answered 112 and 96, loading a sliding-window chunk the tier lacks.
+REALIGN_WINDOW_ROWS = [
+    ([_sw(8, 8), _mamba(16)], 8, None, 130, {0: {64, 72, 112, 128}, 1: {24, 64, 72}}, 120),
+    ([_fa(8), _sw(8, 1), _mamba(16)], None, 2, 140, {1: {96, 128}}, 112),
+]
+
+
+@pytest.mark.parametrize(("groups", "pmu", "bpc", "n", "missing", "vllm"), REALIGN_WINDOW_ROWS)
+def test_the_pending_walk_asks_a_window_again_below_its_realigned_run(groups, pmu, bpc, n, missing, vllm):
+    geom, _, _ = _pending_case(groups, pmu, None, bpc, n, {})
+    H = geom.hash_block_size
+    stored = {og.index: [e for e in range(H, n + 1, H) if e not in missing.get(og.index, ())]
+              for og in geom.offload.groups}
+    settled = hits.lookup_trace(geom, n, stored=stored)
+    # the registered deviation: below vLLM's end, on the Mamba chunk; no key it loads is missing
+    assert settled.hit.end_token < vllm and settled.hit.end_token % geom.offload.mamba_align_size == 0
+    for og in geom.offload.groups:
+        assert settled.hit.end_token not in missing.get(og.index, ()), og.index
+    # the walk by vLLM's rules for pending answers asks the same keys and hits the same
+    assert hits.lookup_trace(geom, n, stored=_Unsure(kvgeom.probes.as_probe(geom, stored))) == settled
