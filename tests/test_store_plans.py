@@ -416,3 +416,36 @@ def test_no_final_tail_revisit_off_the_sliding_window_grid_as_vllm_stores_it(n, 
     plan = plan_store(SWA_OFF_GRID, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=301,
                       offload_prompt_only=False, finished=finished, stored_chunks=stored)
     assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+
+
+# ------------------------------------------------------- the walked-blocks bound (kvgeom's own, masks.MAX_STORE_BLOCKS)
+# Not a vLLM answer: kvgeom refuses a scalar store plan that would walk more than MAX_STORE_BLOCKS = 2**18 blocks
+# (docs: kvgeom.masks.check_store_size). FA16 with 4 blocks per chunk: 2**16 chunks walk exactly 2**18 blocks.
+_FA16_K4 = {"kind": "full_attention", "block_size": 16}
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "stored", "count"),
+    [
+        ([_FA16_K4], 2**22, None, None),  # exactly the bound: planned
+        ([_FA16_K4], 2**22 + 64, None, (2**16 + 1) * 4),  # one chunk more: refused, counted in blocks
+        # two groups: the second one's blocks are added to the first one's
+        ([_FA16_K4, {**_FA16_K4, "num_kv_heads": 4}], 2**22, None, 2 * 2**18),
+        # a group with nothing left to store walks no block
+        ([_FA16_K4, {**_FA16_K4, "num_kv_heads": 4}], 2**22, {1: 2**16}, None),
+    ],
+    ids=["at-the-bound", "past-the-bound", "two-groups-add", "nothing-left-walks-nothing"],
+)
+def test_store_plan_walked_blocks_bound(groups, n, stored, count):
+    from kvgeom.masks import MAX_STORE_BLOCKS
+
+    g = kvgeom.resolve({"groups": groups, "offload": {"blocks_per_chunk": 4}})
+    if count is None:
+        plan = plan_store(g, num_tokens=n, num_computed_tokens=n, stored_chunks=stored)
+        assert len(plan.groups[0].chunks) == 2**16
+        assert sum(len(gs.chunks) for gs in plan.groups) * 4 == MAX_STORE_BLOCKS
+        return
+    with pytest.raises(QueryError) as info:
+        plan_store(g, num_tokens=n, num_computed_tokens=n, stored_chunks=stored)
+    assert (info.value.code, info.value.problems[0].values) == ("result_too_large",
+                                                                 {"count": count, "limit": MAX_STORE_BLOCKS})
