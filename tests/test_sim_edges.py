@@ -726,8 +726,11 @@ _EAGLE_FA32 = {"groups": [{"kind": "full_attention", "block_size": 32, "drafter"
         # rdown(80, 16) = 80, the whole prompt (no n - 1 cap); a 90-token prompt keeps it at 80 too
         (_EAGLE_FA32, 80, {}, {"0": [32, 64, 80], "1": [32, 64]}),
         (_EAGLE_FA32, 90, {}, {"0": [32, 64, 80], "1": [32, 64]}),
+        # FA16 + Mamba16 with H = 1: a 2-token prompt leaves both groups' partial entry at its first token
+        ({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 1, **_D},
+          "offload": {}}, 2, {}, {"0": [1], "1": [1]}),
     ],
-    ids=["fine64-24", "fine64-40-split", "eagle-fa32-80", "eagle-fa32-90"],
+    ids=["fine64-24", "fine64-40-split", "eagle-fa32-80", "eagle-fa32-90", "h1-2"],
 )
 def test_gpu_prefix_cache_partial_entries_match_vllm(cfg, n, kw, resident):
     c = S.GPUPrefixCache(kvgeom.resolve(cfg))
