@@ -335,6 +335,14 @@ def test_plan_stores_refusals_name_the_argument(kwargs, code, field):
     assert (e.value.code, e.value.problems[0].field) == (code, field)
 
 
+def test_lookup_hits_refusal_names_num_tokens():
+    # as the scalar lookup_hit's refusal; mutation pass 4 (lookup_hits 4, 8, 9 renamed or dropped the field)
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.lookup_hits(GEOMS["default"], [64, -1], stored={})
+    assert (e.value.code, e.value.problems[0].field, e.value.problems[0].values) == (
+        "negative", "num_tokens", {"num_tokens": -1})
+
+
 # ---------------------------------------------------------------------------------------------
 # skipped_tokens, rswa_gap_blocks, store_holdback: the small per-request rules
 # ---------------------------------------------------------------------------------------------
