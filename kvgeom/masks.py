@@ -180,7 +180,9 @@ def swa_run(geom: Geometry, group: int, side: MaskSide | None = None) -> tuple[i
     (``sliding_window - 1 + extra_retained_tokens``) on the connector's side and ``gpu_window_need``
     (``sliding_window - 1``) on the GPU's, and ``eagle`` is 1 when that side's manager runs with the
     EAGLE drop (offload: the offload group's ``eagle_group``; GPU: ``Geometry.gpu_drop_groups``; vLLM 0.33
-    ``SlidingWindowManager._contiguous_blocks_for_hit``). ``(0, 0)`` for every other family.
+    ``SlidingWindowManager._contiguous_blocks_for_hit``). ``(0, 0)`` for every other family. On the
+    connector's side of a geometry without an offload section (a connector other than vLLM's, as the
+    LMCache model asks) no group runs the drop.
     Invariant: ``shift in (0, 1)`` and ``need >= shift``.
 
     >>> import kvgeom
