@@ -155,6 +155,32 @@ _ALL = (
         "The crash is an index past the hash list, not a geometry rule; the rule every other coordinator applies "
         "is well defined.",
     ),
+    Deviation(
+        "partial-tail-past-offload-limit",
+        "A partial tail past a request's max_offload_tokens is not stored",
+        "With a partial tail (DCP 1, an align Mamba group, the prompt's H-grid checkpoint t off the span grid), "
+        "a request whose kv_transfer_params carry max_offload_tokens with 0 < limit < t makes the "
+        "OffloadingConnector scheduler (offloading/scheduler.py, _build_partial_tail_store_jobs) raise "
+        "AssertionError in the step whose prefill passes t: it checks the hand-off's boundary against the limit "
+        "instead of skipping it (vLLM 0.33, run: FA 64 + Mamba 64, prefix_match_unit 16, prompt 24, limit 8 or "
+        "15; prompt 100, limit 64 or 80). A limit at or past t, DCP 2 or a model without Mamba runs.",
+        "Stores no partial tail past the limit (kvgeom.handoff.partial_tail_boundary is None, plan_store stores "
+        "the chunks up to the limit only): prompt 24, limit 8 stores nothing; prompt 100, limit 64 stores the "
+        "chunks ending at 64.",
+        "max_offload_tokens bounds what a request offloads, and vLLM's chunk path applies it as a cut (no chunk "
+        "past it); a tail past the limit is one more key past it, not a reason to stop the engine.",
+    ),
+    Deviation(
+        "partial-tail-zero-offload-limit",
+        "max_offload_tokens = 0 stores no partial tail",
+        "_build_partial_tail_store_jobs bounds the tail by max_offload_tokens or the prompt, so a limit of 0 "
+        "counts as no limit: the partial tail at t is stored for every group while the chunk path, which "
+        "honours 0, stores no chunk (vLLM 0.33, run: FA 64 + Mamba 64, prefix_match_unit 16, prompt 24 stores "
+        "both groups' keys at 16; prompt 100 stores them at 96 and no chunk at 64).",
+        "A limit of 0 offloads nothing: partial_tail_boundary is None and plan_store stores no key.",
+        "0 is a valid limit (vLLM accepts any non-negative int and its chunk path honours it); a request that "
+        "asks to offload nothing should offload nothing, not only the one key past every chunk.",
+    ),
 )
 
 DEVIATIONS: dict[str, Deviation] = {d.id: d for d in _ALL}

@@ -370,6 +370,12 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
     where kvgeom re-aligns a candidate to the Mamba chunk after a clamp, the registered
     ``realign-after-clamp`` deviation, kvgeom may stop asking earlier, or the keys asked differ with the hit).
 
+    Over a tier that answers ``HIT_PENDING`` or ``RETRY`` for a key the lookup asks, :func:`lookup_hit` walks
+    the keys as over a settled tier first and then again by vLLM's rules for those answers; the trace lists
+    the second walk, the one vLLM asks (checked on vLLM runs by ``tests/test_scheduler_conformance.py``'s
+    seeded pending-tier sweep and rows in ``tests/test_hits_edges.py``). Where the lookup defers, the
+    ``lookup_not_ready`` :class:`kvgeom.QueryError` carries the keys asked as its ``probes``.
+
     Postconditions: ``hit`` equals :func:`lookup_hit`'s; each probe's ``held`` is the tier's answer; every
     key the hit loads was asked and held.
 
@@ -380,12 +386,40 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
     >>> t.hit.end_token, [(p.group, p.end_token, p.held) for p in t.probes]
     (32, [(0, 16, True), (0, 32, True), (0, 48, True), (0, 64, True), (1, 64, False), (1, 48, False), (1, 32, True)])
     """
-    recorder = RecordingProbe(
-        as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context)
-    )
-    hit = lookup_hit(geom, num_tokens, stored=recorder, **options)
+    recorder = _TraceProbe(as_probe(geom, stored, block_hashes=block_hashes, holder=holder, req_context=req_context))
+    try:
+        hit = lookup_hit(geom, num_tokens, stored=recorder, **options)
+    except QueryError as e:
+        if e.code == "lookup_not_ready":  # deferred: the keys asked travel with the error
+            e.probes = _trace_calls(geom, recorder)  # type: ignore[attr-defined]
+        raise
+    return LookupTrace(hit, _trace_calls(geom, recorder))
+
+
+def _trace_calls(geom: Geometry, recorder: _TraceProbe) -> tuple[ProbeCall, ...]:
+    """The keys :func:`lookup_trace` lists: every call, or over a tier that answered HIT_PENDING or RETRY, the
+    calls of the walk by vLLM's rules for those answers (the settled walk before it is not vLLM's)."""
     H = geom.hash_block_size
-    return LookupTrace(hit, tuple(ProbeCall(g, e, e // H - 1, held) for g, e, held in recorder.calls))
+    calls = recorder.calls
+    if recorder.unsettled:
+        calls = calls[len(calls) if recorder.first_state is None else recorder.first_state:]
+    return tuple(ProbeCall(g, e, e // H - 1, held) for g, e, held in calls)
+
+
+class _TraceProbe(RecordingProbe):
+    """:func:`lookup_trace`'s recorder: also notes where :func:`lookup_hit`'s walk over a tier that answered
+    HIT_PENDING or RETRY (the keys asked through :meth:`kvgeom.probes.Probe.state`) begins."""
+
+    __slots__ = ("first_state",)
+
+    def __init__(self, inner: Probe) -> None:
+        super().__init__(inner)
+        self.first_state: int | None = None
+
+    def state(self, group: int, end_token: int) -> str:
+        if self.first_state is None:
+            self.first_state = len(self.calls)
+        return super().state(group, end_token)
 
 
 class _Order:
@@ -544,8 +578,9 @@ def _lookup_unsettled(
     candidate ``M`` and cap ``limit``: the same steps, asking :meth:`kvgeom.probes.Probe.state` key by key in
     vLLM 0.33's order; None where vLLM defers."""
     done: int | None = c
+    reach: dict[int, int] = {}
     if M - c >= order.first_chunk:
-        done = _complete_unsettled(geom, order, probe, n, c, M, load_capped)
+        done = _complete_unsettled(geom, order, probe, n, c, M, load_capped, reach)
     if done is None:
         return None
     span = order.partial_tail_span
@@ -556,8 +591,9 @@ def _lookup_unsettled(
         b = partial_tail_max_boundary(geom, n, prompt, done, limit)
         bridge = False
         if b >= done + span:  # the tail also loads the next block's chunk: its keys must be stored
+            # asked only of the groups whose last complete-chunk scan did not confirm it (as _partial_tail)
             for og in groups:
-                if geom.groups[og.index].is_align_mamba:
+                if geom.groups[og.index].is_align_mamba or reach.get(og.index, 0) > done // span:
                     continue
                 s = probe.state(og.index, done + span)
                 if s == MISS:
@@ -584,11 +620,14 @@ def _lookup_unsettled(
 
 
 def _complete_unsettled(
-    geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool
+    geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: int, load_capped: bool,
+    reach: dict[int, int] | None = None,
 ) -> int | None:
     """:func:`_complete` with three-valued answers (None: deferred): a group whose scan defers leaves the
     candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again
-    (windowed groups alone when nothing was deferred), as vLLM 0.33's ``_lookup_complete_chunks``."""
+    (windowed groups alone when nothing was deferred), as vLLM 0.33's ``_lookup_complete_chunks``. ``reach``
+    (when given) receives, per full-attention group, the chunk its last prefix scan confirmed up to (vLLM's
+    ``lookup_hit_end_chunk_idx``: the local chunk when the scan deferred)."""
     Cm = order.Cm
     keyed = n // order.H
     everything = (*order.full, *order.windowed)
@@ -612,6 +651,8 @@ def _complete_unsettled(
             start = c // C
             if og.window_chunks is None:
                 count = _prefix_states(probe, og.index, C, start, top)
+                if reach is not None:
+                    reach[og.index] = start + (count or 0)
             else:
                 g = geom.groups[og.index]
                 first = _window_need(g, og, min(m, (top - pop) * C)) + pop
@@ -647,6 +688,10 @@ def _complete_unsettled(
                 realign_repass = False
                 if not todo and not deferred:
                     todo = order.windowed
+            if m < found and og.window_chunks is not None and not todo and not deferred:
+                # as _complete: the Mamba re-alignment below a windowed group's own run end asks every windowed
+                # group again there, that group included (its run was found above the new candidate)
+                todo = order.windowed
             seen_window |= og.window_chunks is not None
             hit = m - c
     return None if deferred else m

@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, assert_never
 
 from kvgeom._check import bounded_ints, flag, nonneg
+from kvgeom._format import show
 from kvgeom._math import cdiv, rdown
 from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry
@@ -92,7 +93,7 @@ def check_result_size(count: int) -> None:
     if count > MAX_SCALAR_RESULT:
         raise QueryError.single(
             "result_too_large",
-            f"the answer lists {count} blocks, more than the scalar path builds ({MAX_SCALAR_RESULT}); use "
+            f"the answer lists {show(count)} blocks, more than the scalar path builds ({MAX_SCALAR_RESULT}); use "
             "kvgeom.batch for counts this large, or narrow the range (first_block / stored_chunks)",
             "num_blocks",
             count=count,
@@ -120,7 +121,7 @@ def check_store_size(count: int) -> None:
     if count > MAX_STORE_BLOCKS:
         raise QueryError.single(
             "result_too_large",
-            f"the store plan walks {count} blocks, more than the scalar path visits ({MAX_STORE_BLOCKS}); use "
+            f"the store plan walks {show(count)} blocks, more than the scalar path visits ({MAX_STORE_BLOCKS}); use "
             "kvgeom.batch.plan_stores for requests this long, or narrow the range (stored_chunks)",
             "num_tokens",
             count=count,
@@ -179,7 +180,9 @@ def swa_run(geom: Geometry, group: int, side: MaskSide | None = None) -> tuple[i
     (``sliding_window - 1 + extra_retained_tokens``) on the connector's side and ``gpu_window_need``
     (``sliding_window - 1``) on the GPU's, and ``eagle`` is 1 when that side's manager runs with the
     EAGLE drop (offload: the offload group's ``eagle_group``; GPU: ``Geometry.gpu_drop_groups``; vLLM 0.33
-    ``SlidingWindowManager._contiguous_blocks_for_hit``). ``(0, 0)`` for every other family.
+    ``SlidingWindowManager._contiguous_blocks_for_hit``). ``(0, 0)`` for every other family. On the
+    connector's side of a geometry without an offload section (a connector other than vLLM's, as the
+    LMCache model asks) no group runs the drop.
     Invariant: ``shift in (0, 1)`` and ``need >= shift``.
 
     >>> import kvgeom

@@ -769,6 +769,17 @@ class RouterScores:
         return out
 
 
+def _read_chain(chain: Sequence[Hashable], n: int, H: int, hashed: int) -> Sequence[Hashable] | None:
+    """The part of a request's chain a lookup reads, or None when the chain's length is not one a scorer
+    accepts. Accepted: a router's chain of ``n // H`` hashes (every complete block) or vLLM's
+    ``hashed = geom.request_hashes(n)`` (under lookahead hashes a block is hashed once P tokens past it
+    exist). Either is read up to ``hashed``, as vLLM would: a block it has not hashed yet is never a hit.
+    The one rule of :func:`score_replicas` and its one-request shortcut (their agreement is a router law)."""
+    if len(chain) != n // H and len(chain) != hashed:
+        return None
+    return chain[:hashed] if len(chain) > hashed else chain
+
+
 def _one_packed(geom: Geometry, reader: KVEventReader, chains: Sequence[Sequence[Hashable]], n: object, R: object,
                 tiers: Sequence[str] | None) -> RouterScores | None:
     """A router's hot call, one request on one tier of a reader's packed rows, in fewer steps; None (the general
@@ -787,13 +798,13 @@ def _one_packed(geom: Geometry, reader: KVEventReader, chains: Sequence[Sequence
     lg = setup.plan[0]
     S, ids = lg.span, lg.group_ids
     hashed = geom.request_hashes(n)
-    if len(ids) != 1 or len(chain) not in (n // setup.H, hashed):
+    read = _read_chain(chain, n, setup.H, hashed)
+    if len(ids) != 1 or read is None:
         return None
     seen = reader.hash_types
     if seen and chain and type(chain[0]) not in seen:
         return None
-    if len(chain) > hashed:  # as score_replicas: a router's n // H chain, read as far as vLLM hashes
-        chain = chain[:hashed]
+    chain = read
     out = np.zeros((1, 1, R), dtype=np.int64)
     p = reader.packed(name)
     if p.has_group(ids[0]):
@@ -908,7 +919,8 @@ def score_replicas(
         if type(n) is not int or not 0 <= n <= INT64_MAX:  # ints in range pass without a call
             n = nonneg(f"num_tokens[{q}]", n)
         hashed = geom.request_hashes(n)  # vLLM hashes a block once P tokens past it exist
-        if len(chain) != n // H and len(chain) != hashed:
+        read = _read_chain(chain, n, H, hashed)
+        if read is None:
             P = geom.hash_lookahead_tokens
             count = f"{n // H}" if hashed == n // H else f"{n // H} (or {hashed}, hashed P={P} tokens ahead)"
             raise QueryError.single(
@@ -923,8 +935,7 @@ def score_replicas(
                 f"{sorted(t.__name__ for t in seen_types)}; no hash would ever match. Encode the chain as the "
                 "events do (msgpack gives bytes, JSON base64 strings, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints)",
                 f"chains[{q}]", chain_type=type(chain[0]).__name__)
-        if len(chain) > hashed:  # a router's n // H chain: vLLM has not hashed its last block yet
-            chain = chain[:hashed]
+        chain = read
         if packed is not None:
             blocks = _hit_blocks(chain, n, S, s)
             below: dict[int, Words] = {}

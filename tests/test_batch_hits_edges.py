@@ -335,6 +335,14 @@ def test_plan_stores_refusals_name_the_argument(kwargs, code, field):
     assert (e.value.code, e.value.problems[0].field) == (code, field)
 
 
+def test_lookup_hits_refusal_names_num_tokens():
+    # as the scalar lookup_hit's refusal; mutation pass 4 (lookup_hits 4, 8, 9 renamed or dropped the field)
+    with pytest.raises(kvgeom.QueryError) as e:
+        batch.lookup_hits(GEOMS["default"], [64, -1], stored={})
+    assert (e.value.code, e.value.problems[0].field, e.value.problems[0].values) == (
+        "negative", "num_tokens", {"num_tokens": -1})
+
+
 # ---------------------------------------------------------------------------------------------
 # skipped_tokens, rswa_gap_blocks, store_holdback: the small per-request rules
 # ---------------------------------------------------------------------------------------------
@@ -1112,3 +1120,83 @@ def test_a_window_run_completed_at_a_scan_window_boundary_is_returned():
     held = {g: np.array([[(i + 1) * 16 in set(ends) for i in range(n // 16)]]) for g, ends in stored.items()}
     assert batch.lookup_hits(geom, [n], stored=held).hit(0) == hits.lookup_hit(geom, n, stored=stored)
     assert hits.lookup_hit(geom, n, stored=stored).hit_tokens == 640
+
+
+# -- windowed scans (batch/hits.py::_scan_windows) at the edges the mutation pass found untested (issue 19): each
+# row's hit is the scalar lookup_hit's and vLLM 0.33's (get_num_new_matched_tokens over exactly these keys, run with
+# the setup of kvgeom.conformance.vllm_stores.run_lookup_trace plus max_num_new_tokens; the vLLM hit is written out).
+
+
+def _eagle_sliding(window, k=1):
+    """Full attention 16 beside an eagle sliding-window drafter of ``window`` tokens (blocks of 16, k per chunk)."""
+    return {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": window, "drafter": True}],
+            "offload": {"blocks_per_chunk": k}, "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+
+
+SCAN_ROWS = {
+    # sliding window 70 + 2 retained, C = 32, candidate 166 (max_num_new_tokens 167, minus one): a hit there needs
+    # cdiv(71 + 26, 32) = 4 chunks; chunks 5, 4, 3 are held and 2 is not, so the scan falls back to chunks 1, 0
+    # (vLLM: 64)
+    "padded_need_at_one_past_a_multiple": (CONFIGS["sliding_k2"], [200], {0: 28, 1: [0, 1, 3, 4, 5]}, 167, [64]),
+    # the same window, candidate 390 = 12 * 32 + 6 (needs 4 chunks), scanned over two numpy windows: after the misses
+    # at chunks 9 and 6 a run needs only 3 chunks (on the chunk grid), and chunks 5, 4, 3 serve 192 (vLLM: 192)
+    "need_after_a_miss_in_an_earlier_window": (
+        CONFIGS["sliding_k2"], [420], {0: 52, 1: [0, 1, 3, 4, 5, 7, 8, 10, 11, 12]}, 391, [192]),
+    # sliding window 33 (3 chunks), candidate 144: chunks 8..1 give no run of 3 and chunk 1 is a miss; the run of the
+    # one chunk 0 reaches the scan's start and counts (vLLM: 16); the scan reads 8 chunks, then the ninth alone
+    "a_short_run_at_the_start_after_a_full_numpy_window": (
+        CONFIGS["sliding"], [145], {0: 9, 1: [0, 2, 4, 5, 7, 8]}, None, [16]),
+    # Mamba alone: the key at 48 is missing, 32 is held, 16 is not: the one-key run at 32 is the hit (vLLM: 32)
+    "a_one_key_run_between_misses": (CONFIGS["mamba"], [64], {0: [1]}, None, [32]),
+    # Mamba alone, two requests: the first runs far past the 5-chunk matrix (the scan jumps to its end: key 80,
+    # vLLM 80); the second's candidate 32 lies inside it, key 32 missing, key 16 held (vLLM: 16): the jump of the
+    # first request must not move the second's scan
+    "a_jump_past_the_matrix_leaves_the_other_requests": (
+        CONFIGS["mamba"], [1000, 40], {0: [[0, 1, 2, 4], [0, 4]]}, None, [80, 16]),
+    # an eagle sliding drafter (window 40: 3 chunks) pops: the pair scan from 144 meets pair misses at chunks 8 (key
+    # 160 missing), 5 and 4 (key 96 missing) and finds the pairs 3, 2, 1: hit 64 (vLLM: 64), not the plain run at 80
+    "an_eagle_pair_scan_with_a_miss_at_its_top": (
+        _eagle_sliding(40), [161], {0: 12, 1: [0, 1, 2, 3, 4, 6, 7, 8]}, None, [64]),
+    # an eagle sliding drafter of one chunk (window 16), 1000 tokens over an 8-chunk matrix: the pair scan jumps to the
+    # matrix end, where pair 7 is never held (chunk 8 is past it): pair 6 serves 112 (vLLM: 112), not 128
+    "an_eagle_pair_scan_jumping_to_the_matrix_end": (
+        _eagle_sliding(16), [1000], {0: 62, 1: list(range(8))}, None, [112]),
+    # an eagle sliding drafter (window 33, C = 32: a run needs 2 chunks) holding chunks 8 and 9 only: the pair scan
+    # from 544 reads 8 pair misses in its first numpy window (the last one, pair 9, as well) and then the lone pair
+    # 8, too short: no hit (vLLM: 0), not the plain run of chunks 8, 9 at 320
+    "an_eagle_pair_scan_whose_numpy_window_ends_on_a_miss": (
+        _eagle_sliding(33, k=2), [590], {0: 36, 1: ([8, 9], 36)}, None, [0]),
+    # an eagle sliding drafter of window 70 holding chunks 1-5 and 8-11: pairs 1-4 and 8-10 are held, each run shorter
+    # than the window needs: no hit (vLLM: 0); the miss at pair 11 lies at the end of the first numpy window
+    "an_eagle_pair_scan_with_short_runs_across_numpy_windows": (
+        _eagle_sliding(70), [279], {0: 17, 1: ([1, 2, 3, 4, 5, 8, 9, 10, 11], 17)}, None, [0]),
+}
+
+
+@pytest.mark.parametrize("name", list(SCAN_ROWS))
+def test_windowed_scan_rows_equal_the_scalar_and_vllm(name):
+    """``held`` per group: a column count (every key held), chunk indices held (one request), one list per request,
+    or (chunk indices, column count); chunk ``j`` is the key ending at ``(j + 1) * C``, the matrix ends after the last
+    held chunk unless a column count is given."""
+    cfg, n, held, mnn, want = SCAN_ROWS[name]
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    stored = {}
+    for og in geom.offload.groups:
+        spec = held[og.index]
+        hpc = og.hashes_per_chunk
+        if isinstance(spec, int):
+            stored[og.index] = np.ones((len(n), spec), dtype=bool)
+            continue
+        spec, width = spec if isinstance(spec, tuple) else (spec, None)
+        rows = spec if spec and isinstance(spec[0], list) else [spec] * len(n)
+        width = width or (max(max(r, default=0) for r in rows) + 1) * hpc
+        m = np.zeros((len(n), width), dtype=bool)
+        for i, r in enumerate(rows):
+            m[i, [(j + 1) * hpc - 1 for j in r]] = True
+        stored[og.index] = m
+    h = batch.lookup_hits(geom, n, stored=stored, max_num_new_tokens=mnn)
+    assert h.hit_tokens.tolist() == want
+    for i, x in enumerate(n):
+        ends = {g: [(c + 1) * H for c in np.flatnonzero(m[i])] for g, m in stored.items()}
+        assert h.hit(i) == hits.lookup_hit(geom, x, stored=ends, max_num_new_tokens=mnn), i

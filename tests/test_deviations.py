@@ -184,6 +184,39 @@ def test_mamba_state_keyed_past_chunk_end():
     assert lookup_hit(g, 254, stored=stored).hit_tokens == 0
 
 
+_FM64 = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+          "cache": {"prefix_match_unit": 16}, "offload": {}}
+
+
+def _stores(g, n, limit):
+    plan = plan_store(g, num_tokens=n, num_computed_tokens=n, max_offload_tokens=limit)
+    return {s.index: list(s.stored_end_tokens) for s in plan.groups}
+
+
+def test_partial_tail_past_offload_limit():
+    # vLLM 0.33 (run, tests/test_store_conformance.py rows fm-24-limit8, fm-100-limit64): AssertionError in
+    # _build_partial_tail_store_jobs. kvgeom stores no tail past the limit: vLLM's own stores at the checkpoint
+    # limit (16: {16}; 96: {64, 96}, run) cut at the limit
+    from kvgeom.handoff import partial_tail_boundary
+
+    g = kvgeom.resolve(_FM64)
+    assert partial_tail_boundary(g, 24, 24, max_offload_tokens=8) is None
+    assert _stores(g, 24, 8) == {0: [], 1: []}
+    assert partial_tail_boundary(g, 100, 100, max_offload_tokens=64) is None
+    assert _stores(g, 100, 64) == {0: [64], 1: [64]}
+
+
+def test_partial_tail_zero_offload_limit():
+    # vLLM 0.33 (run, rows fm-24-limit0, fm-100-limit0): the partial tail is stored at 16 (at 96) although the
+    # chunk path stores nothing under 0; kvgeom stores nothing
+    from kvgeom.handoff import partial_tail_boundary
+
+    g = kvgeom.resolve(_FM64)
+    assert partial_tail_boundary(g, 24, 24, max_offload_tokens=0) is None
+    assert _stores(g, 24, 0) == {0: [], 1: []}
+    assert _stores(g, 100, 0) == {0: [], 1: []}
+
+
 def test_swa_lookup_window_agrees_with_vllm():
     # Not a deviation: kvgeom's lookup asks, as vLLM 0.33's _sliding_window_lookup does, for at least the window
     # in chunks, max(cdiv(17, 16), cdiv(16, 16)) = 2, although the store keeps only the one chunk the window

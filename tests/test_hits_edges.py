@@ -924,8 +924,12 @@ PENDING_WALK_ROWS = [
     # a group whose own clamp (its keyed chunks) lowers the candidate and then defers
     ([_fa(8), _sw(16, 48, drafter=True), _sw(8, 32)], None, 2, 2, 149, 0, None,
      {1: {96: "retry"}, 2: {96: "miss", 144: "miss"}}, None, None, None),
+    # vLLM 0.33 loads 104 (end 120, off the Mamba chunk: the registered deviation). kvgeom re-aligns to 112, where
+    # the sliding window's run needs the chunk ending at 96, which is pending: it defers. (It answered 112 before
+    # the pending walk asked a windowed group again below its own run end after the re-alignment, as _complete
+    # does: a hit whose window held a pending key.)
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
-     {1: {96: "pending", 128: "miss"}}, (96, 112, 16, False), 104, "realign-after-clamp"),
+     {1: {96: "pending", 128: "miss"}}, None, 104, "realign-after-clamp"),
 ]
 
 
@@ -948,7 +952,7 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
                                                    deviation):
     geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
     if want is None:
-        assert vllm is None
+        assert vllm is None or deviation == "realign-after-clamp"
         with pytest.raises(QueryError) as info:
             lookup_hit(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local, max_load_tokens=cap)
         assert info.value.problems[0].code == "lookup_not_ready"
@@ -961,6 +965,127 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
     else:  # realign-after-clamp: vLLM's end rounded down to the Mamba chunk
         Cm = geom.offload.mamba_align_size
         assert deviation == "realign-after-clamp" and hit.end_token == (c + vllm) // Cm * Cm < c + vllm
+
+
+# -- which keys a lookup over a pending tier asks (lookup_trace; _lookup_unsettled's partial-tail bridge) -------
+# The keys vLLM 0.33's get_num_new_matched_tokens asks the tier's lookup(), in order, over exactly these answers
+# (kvgeom.conformance.vllm_pending.vllm_pending_trace, 2026-12-02), and its hit (None: deferred; the trace then
+# travels with kvgeom's lookup_not_ready as QueryError.probes). Columns as PENDING_WALK_ROWS, with the caps as a
+# dict. The five "bridge" rows: a partial tail past the next block asks that block's chunk ("bridge") only of
+# the groups whose last complete-chunk prefix scan did not confirm it; kvgeom's pending path asked it of every
+# group (same hit, keys vLLM does not ask). The next five: before lookup_trace listed only the walk by vLLM's
+# rules for pending answers, it listed the settled walk lookup_hit asks first as well. The last five: where the
+# tail reaches done + span and the bridge is asked (each tells a _lookup_unsettled mutant from the code).
+PENDING_TRACE_ROWS = [
+    ("bridge-confirmed-by-the-drafter-scan", [_fa(32, drafter=True), _mamba(32)],
+     4, 2, None, 46, 0, {}, {0: {44: 'pending'}}, 36,
+     [(0, 32, 'hit'), (0, 44, 'pending'), (1, 40, 'hit'), (0, 40, 'hit'), (1, 36, 'hit')]),
+    ("bridge-confirmed-by-both-scans", [_fa(32), _fa(32, num_kv_heads=4, drafter=True), _mamba(32)],
+     8, 2, None, 54, 0, {}, {1: {40: 'pending', 48: 'pending'}, 2: {8: 'pending'}}, 24,
+     [(0, 32, 'hit'), (1, 32, 'hit'), (0, 40, 'hit'), (1, 48, 'pending'), (2, 40, 'hit'), (0, 32, 'hit'),
+      (1, 40, 'pending'), (2, 32, 'hit'), (0, 24, 'hit'), (1, 32, 'hit'), (2, 24, 'hit')]),
+    ("bridge-after-a-retried-scan", [_fa(16, drafter=True), _mamba(16)],
+     8, 2, None, 40, 0, {}, {0: {24: 'retry', 40: 'miss'}, 1: {8: 'pending', 24: 'pending', 40: 'miss'}}, 16,
+     [(0, 16, 'hit'), (0, 32, 'hit'), (1, 16, 'hit'), (0, 40, 'miss'), (0, 32, 'hit'), (1, 24, 'pending')]),
+    ("bridge-deferred", [_fa(16, drafter=True), _mamba(16)],
+     8, 2, None, 24, 0, {}, {0: {24: 'miss'}, 1: {8: 'pending', 16: 'retry', 24: 'pending'}}, None,
+     [(0, 16, 'hit'), (0, 24, 'miss'), (0, 16, 'hit'), (1, 8, 'pending')]),
+    ("bridge-mamba-first", [_mamba(16), _fa(16, drafter=True)],
+     4, 1, None, 26, 5, {}, {0: {16: 'pending', 20: 'pending', 24: 'pending'}}, 12,
+     [(1, 16, 'hit'), (0, 20, 'pending'), (1, 24, 'hit'), (0, 16, 'pending'), (1, 20, 'hit'), (0, 12, 'hit'),
+      (1, 16, 'hit')]),
+    ("window-cancelled-by-a-miss", [_sw(8, 17), _cl32(16)],
+     None, None, None, 142, 0, {},
+     {0: {120: 'miss', 136: 'pending'}, 1: {72: 'pending', 128: 'pending', 136: 'miss'}}, 112,
+     [(0, 136, 'pending'), (0, 128, 'hit'), (0, 120, 'miss'), (0, 112, 'hit'), (0, 104, 'hit'), (0, 96, 'hit'),
+      (1, 112, 'hit'), (1, 96, 'hit')]),
+    ("fa-pending-deferred", [_fa(16), _mamba(8), _sw(8, 8)],
+     None, None, None, 116, 0, {}, {0: {80: 'pending'}, 1: {72: 'retry'}}, None,
+     [(0, 16, 'hit'), (0, 32, 'hit'), (0, 48, 'hit'), (0, 64, 'hit'), (0, 80, 'pending'), (0, 96, 'hit'),
+      (0, 112, 'hit'), (1, 112, 'hit'), (2, 112, 'hit')]),
+    ("eagle-window-deferred", [_sw(16, 17, drafter=True)],
+     None, 1, None, 117, 0, {}, {0: {16: 'miss', 96: 'pending'}}, None,
+     [(0, 112, 'hit'), (0, 96, 'pending'), (0, 80, 'hit')]),
+    ("retry-cancelled-load-capped", [_fa(16), _mamba(16)],
+     None, None, None, 158, 0, {'max_load_tokens': 110},
+     {0: {96: 'retry', 144: 'pending'}, 1: {80: 'miss', 96: 'miss', 112: 'miss', 144: 'pending'}}, 64,
+     [(0, 16, 'hit'), (0, 32, 'hit'), (0, 48, 'hit'), (0, 64, 'hit'), (0, 80, 'hit'), (0, 96, 'retry'),
+      (1, 96, 'miss'), (1, 80, 'miss'), (1, 64, 'hit'), (0, 16, 'hit'), (0, 32, 'hit'), (0, 48, 'hit'),
+      (0, 64, 'hit'), (1, 64, 'hit')]),
+    ("tail-new-tokens-capped", [_fa(16), _mamba(16)],
+     4, None, None, 27, 0, {'max_num_new_tokens': 24}, {0: {16: 'miss', 24: 'miss'}, 1: {12: 'pending', 20: 'miss'}}, 8,
+     [(0, 16, 'miss'), (0, 12, 'hit'), (1, 12, 'pending'), (0, 8, 'hit'), (1, 8, 'hit')]),
+    # a partial tail at exactly done + span (an eagle proof margin lets it reach there) asks the bridge of the groups
+    # whose scan did not confirm it: one not scanned at all, a plain group beside the drafter (issue 19 mutation pass)
+    ("tail-at-the-bridge-edge", [_fa(16, drafter=True), _mamba(16), _fa(16, num_kv_heads=4)],
+     8, 1, None, 24, 0, {'max_num_new_tokens': 17},
+     {0: {8: 'pending', 24: 'retry'}, 1: {8: 'pending', 24: 'miss'}}, None,
+     [(0, 16, 'hit'), (2, 16, 'hit'), (0, 24, 'retry'), (1, 16, 'hit'), (2, 16, 'hit'), (0, 16, 'hit'),
+      (1, 8, 'pending'), (2, 8, 'hit')]),
+    ("bridge-of-an-unscanned-group", [_fa(16, drafter=True), _fa(16, num_kv_heads=4), _mamba(16)],
+     8, 2, None, 28, 0, {}, {0: {8: 'miss'}, 1: {8: 'retry', 16: 'miss'}}, None,
+     [(0, 16, 'hit'), (1, 16, 'miss'), (0, 16, 'hit'), (1, 8, 'retry'), (2, 8, 'hit')]),
+    ("bridge-asked-and-missed", [_fa(16, drafter=True), _fa(16, num_kv_heads=4), _mamba(16)],
+     8, 2, None, 36, 0, {}, {0: {8: 'miss'}, 1: {8: 'retry', 16: 'miss', 32: 'pending'}, 2: {16: 'retry'}}, None,
+     [(0, 16, 'hit'), (0, 32, 'hit'), (1, 16, 'miss'), (1, 16, 'miss'), (0, 16, 'hit'), (1, 8, 'retry'),
+      (2, 8, 'hit')]),
+    ("bridge-asked-of-the-plain-group", [_fa(16), _mamba(16), _fa(16, num_kv_heads=4, drafter=True)],
+     4, 2, None, 52, 0, {},
+     {0: {36: 'retry', 48: 'pending', 52: 'miss'}, 1: {44: 'pending', 48: 'miss', 52: 'miss'}}, 40,
+     [(0, 16, 'hit'), (0, 32, 'hit'), (0, 48, 'pending'), (2, 16, 'hit'), (2, 32, 'hit'), (2, 48, 'hit'),
+      (1, 32, 'hit'), (0, 16, 'hit'), (0, 32, 'hit'), (2, 16, 'hit'), (2, 32, 'hit'), (1, 32, 'hit'),
+      (0, 48, 'pending'), (2, 48, 'hit'), (0, 48, 'pending'), (1, 48, 'miss'), (0, 44, 'hit'), (1, 44, 'pending'),
+      (2, 48, 'hit'), (0, 40, 'hit'), (1, 40, 'hit'), (2, 44, 'hit')]),
+    ("bridge-pending-at-the-edge", [_fa(16, drafter=True), _mamba(16)],
+     8, 1, None, 79, 0, {'max_load_tokens': 16},
+     {0: {8: 'retry', 16: 'retry', 56: 'pending'}, 1: {64: 'pending'}}, None,
+     [(0, 16, 'retry'), (0, 24, 'hit'), (1, 16, 'hit'), (0, 16, 'retry'), (1, 8, 'hit')]),
+]
+
+
+@pytest.mark.parametrize(("name", "groups", "pmu", "eagle", "bpc", "n", "local", "caps", "listed", "vllm", "keys"),
+                         PENDING_TRACE_ROWS, ids=[r[0] for r in PENDING_TRACE_ROWS])
+def test_a_pending_tier_lookup_asks_the_keys_vllm_asks(name, groups, pmu, eagle, bpc, n, local, caps, listed, vllm,
+                                                        keys):
+    geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
+    try:
+        trace = hits.lookup_trace(geom, n, stored=tier, block_hashes=chain, local_computed_tokens=local, **caps)
+        hit, probes = trace.hit.hit_tokens, trace.probes
+    except QueryError as e:
+        assert e.code == "lookup_not_ready"
+        hit, probes = None, e.probes
+    assert hit == vllm
+    assert [(p.group, p.end_token, p.held) for p in probes] == [(g, e, a == "hit") for g, e, a in keys]
+
+
+class _Unsure(kvgeom.probes.Probe):
+    """A tier answering HIT or MISS only, that says it may answer otherwise: lookup_hit walks it both ways."""
+
+    def __init__(self, inner):
+        super().__init__(None)
+        self.inner = inner
+        self.unsettled = True
+
+    def contains(self, group, end_token):
+        return self.inner.contains(group, end_token)
+
+
+@pytest.mark.parametrize("c", [2**57 + 32, 2**62 + 1008])
+def test_the_pending_walk_asks_the_settled_walks_keys_past_2_to_the_53_chunks(c):
+    """The law of tests/property/test_probe_laws.py (the walk by vLLM's rules for pending answers, over settled
+    answers, asks the settled walk's keys) at local prefixes past 2**53 chunks, where a float quotient would
+    round: an eagle FA 16 drafter + Mamba 16, H 8, whose tail reaches the chunk the drafter's pop confirmed
+    (the bridge, not asked again on either walk). Both walks are kvgeom's; the settled one is pinned to vLLM."""
+    geom = _pending_case([_fa(16, drafter=True), _mamba(16)], 8, 1, None, 8, {})[0]
+    stored = {0: [c + 16, c + 32, c + 48, c + 64], 1: [c + 16, c + 24, c + 32, c + 40]}
+    settled = hits.lookup_trace(geom, c + 40, stored=stored, local_computed_tokens=c)
+    # vLLM 0.33 on the same request from local prefix 0 (run_lookup_trace, n 40, the same keys less c): hit 24,
+    # keys (0, 16) (0, 32) (1, 16) (0, 40 missing) (0, 32) (1, 24): the tail 24, the drafter's key 32 asked once
+    # as a chunk and once as the tail's proof key, its bridge chunk 16 not again
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token - c, p.held) for p in settled.probes]) == (
+        24, [(0, 16, True), (0, 32, True), (1, 16, True), (0, 40, False), (0, 32, True), (1, 24, True)])
+    unsure = _Unsure(kvgeom.probes.as_probe(geom, stored))
+    assert hits.lookup_trace(geom, c + 40, stored=unsure, local_computed_tokens=c) == settled
 
 
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
@@ -1057,3 +1182,31 @@ def test_a_pending_key_can_leave_less_than_a_miss(answer, vllm):
         listed[0] = {512: answer}
     hit = lookup_hit(geom, n, stored=_ByEnd(chain, H, listed), block_hashes=chain)
     assert hit.hit_tokens == vllm
+
+
+# -- a windowed group's own Mamba re-alignment below its run end, on the pending walk ----------------------------
+# vLLM 0.33 (vllm_pending_trace, 2026-12-02, helper onewalk) over these HIT / MISS answers ends off the Mamba chunk
+# (the registered realign-after-clamp deviation): [SW 8/8, Mamba 16], H 8, n 130, misses SW 64 72 112 128 and
+# Mamba 24 64 72: vLLM 120, asking (0,128 miss) (0,120) (1,128); [FA 8, SW 1 token/8, Mamba 16], 2 blocks per chunk,
+# n 140, misses SW 96 128: vLLM 112, asking FA 16..128, (1,128 miss) (1,112) (2,128). kvgeom re-aligns below the
+# window's run end; the window must then be asked again there, as the settled walk does. The pending walk (taken
+# here through a tier that says it may defer) answered 112 and 96, loading a sliding-window chunk the tier lacks.
+REALIGN_WINDOW_ROWS = [
+    ([_sw(8, 8), _mamba(16)], 8, None, 130, {0: {64, 72, 112, 128}, 1: {24, 64, 72}}, 120),
+    ([_fa(8), _sw(8, 1), _mamba(16)], None, 2, 140, {1: {96, 128}}, 112),
+]
+
+
+@pytest.mark.parametrize(("groups", "pmu", "bpc", "n", "missing", "vllm"), REALIGN_WINDOW_ROWS)
+def test_the_pending_walk_asks_a_window_again_below_its_realigned_run(groups, pmu, bpc, n, missing, vllm):
+    geom, _, _ = _pending_case(groups, pmu, None, bpc, n, {})
+    H = geom.hash_block_size
+    stored = {og.index: [e for e in range(H, n + 1, H) if e not in missing.get(og.index, ())]
+              for og in geom.offload.groups}
+    settled = hits.lookup_trace(geom, n, stored=stored)
+    # the registered deviation: below vLLM's end, on the Mamba chunk; no key it loads is missing
+    assert settled.hit.end_token < vllm and settled.hit.end_token % geom.offload.mamba_align_size == 0
+    for og in geom.offload.groups:
+        assert settled.hit.end_token not in missing.get(og.index, ()), og.index
+    # the walk by vLLM's rules for pending answers asks the same keys and hits the same
+    assert hits.lookup_trace(geom, n, stored=_Unsure(kvgeom.probes.as_probe(geom, stored))) == settled

@@ -32,6 +32,11 @@ CHUNKED = kvgeom.resolve(
         ]
     }
 )
+HISPARSE = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                      {"kind": "hisparse_hot", "block_size": 16, "blocks_per_request": 2}]})
+ENCODER = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                     {"kind": "encoder_only", "block_size": 16, "num_kv_heads": 1, "head_size": 8,
+                                      "dtype": "float16"}]})
 # FA 16 + SWA (block 16, window 17): a hit needs cdiv(16, 16) = 1 block before its boundary, and a segment
 # (alignment 16) is one block long
 SWA_ONE = kvgeom.resolve(
@@ -145,6 +150,9 @@ ROWS = [
     (CROSS, 1, 4, {"retention": 32, "alignment": 32}, None),
     (CIRCULAR, 1, 4, {"retention": 32, "alignment": 32}, None),
     (CHUNKED, 1, 4, {"retention": 32, "alignment": 32}, None),
+    # HiSparse and encoder-only groups (never prefix-cached or offloaded) take the dense answer too
+    (HISPARSE, 1, 4, {"retention": 32, "alignment": 32}, None),
+    (ENCODER, 1, 4, {"retention": 32, "alignment": 32}, None),
 ]
 
 
@@ -221,3 +229,33 @@ def test_the_default_side_without_a_connector_is_the_gpus():
 
     assert mask_side(SWA_EAGLE_GPU, None) == "gpu"
     assert mask_side(SWA_EAGLE, None) == "offload"
+
+
+# swa_run / swa_store_horizon outside their usual inputs (mutation pass 4: masks.swa_run 4, 10, 11, 21 and
+# swa_store_horizon 31 passed every table). The contracts are the docstrings': (0, 0) for every family but the
+# sliding window; on the connector's side of a geometry with no offload section no group runs the EAGLE drop
+# (the LMCache model asks that side of geometries without vLLM's connector).
+SWA_NO_OFFLOAD = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                            {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}],
+                                 "cache": {"retention_interval": None}})
+CHUNKED_OFFLOAD = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                             {"kind": "chunked_local", "block_size": 16, "attention_chunk_size": 64}],
+                                  "offload": {}})
+
+
+@pytest.mark.parametrize("side", [None, "offload", "gpu"])
+def test_swa_run_is_zero_for_every_family_but_the_sliding_window(side):
+    from kvgeom.masks import swa_run
+
+    for geom, group in ((CHUNKED_OFFLOAD, 0), (CHUNKED_OFFLOAD, 1), (CHUNKED, 1), (SEED, 1), (CIRCULAR, 1)):
+        assert swa_run(geom, group, side) == (0, 0), (geom.groups[group].family, side)
+
+
+def test_the_connector_side_of_a_geometry_without_offload_has_no_eagle_group():
+    from kvgeom.masks import swa_run, swa_store_horizon
+
+    # window 40: the run needs cdiv(39, 16) = 3 blocks and ends at its boundary, on either side
+    assert swa_run(SWA_NO_OFFLOAD, 1, "offload") == swa_run(SWA_NO_OFFLOAD, 1, "gpu") == (3, 0)
+    # retention None, not EAGLE: a finished request's last segment ends at its storable chunks, as with a connector
+    assert swa_store_horizon(SWA_NO_OFFLOAD, 1, storable_chunks=3, prompt_chunks=7, finished=True) == 3
+    assert swa_store_horizon(SWA_NO_OFFLOAD, 1, storable_chunks=3, prompt_chunks=7, finished=False) == 7

@@ -218,15 +218,16 @@ def test_a_lookup_trace_over_a_pending_tier_answers_as_lookup_hit(name, geom, n,
         with pytest.raises(QueryError) as info:
             lookup_trace(geom, n, stored=tier, block_hashes=chain)
         assert info.value.code == "lookup_not_ready"
+        probes = info.value.probes  # a deferred trace travels with the error
     else:
         trace = lookup_trace(geom, n, stored=tier, block_hashes=chain)
         assert trace.hit.hit_tokens == hit
-        asked = {(p.group, p.end_token) for p in trace.probes}
-        unsettled = {(int(g), e) for g, row in answers.items() for e, a in row.items() if a != "MISS"}
-        # every unsettled key the lookup met was asked again through state(): listed twice, not held the 2nd time
-        for key in asked & unsettled:
-            answers_seen = [p.held for p in trace.probes if (p.group, p.end_token) == key]
-            assert len(answers_seen) >= 2 and answers_seen[-1] is False, (key, answers_seen)
+        probes = trace.probes
+    unsettled = {(int(g), e) for g, row in answers.items() for e, a in row.items() if a != "MISS"}
+    # the trace is the walk by vLLM's rules for pending answers (asked through state()): an unsettled key is
+    # listed as not held, never as the held key the settled walk before it counted it as
+    met = [p for p in probes if (p.group, p.end_token) in unsettled]
+    assert not any(p.held for p in met), probes
 
 
 class KeyTier:

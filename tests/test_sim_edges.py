@@ -342,6 +342,45 @@ def test_check_adopted_asks_a_chunked_local_group_for_its_current_chunk_only():
         "group 1: resuming at 90 needs positions [64, 90); 26 are in no adopted entry (first 64)"]
 
 
+
+def test_check_adopted_asks_a_short_sliding_hit_from_position_zero():
+    # window 32 (needs 31 positions): resuming at 16 needs [max(16 - 31, 0), 16) = [0, 16), position 0 included
+    g = kvgeom.resolve({"groups": [FA16, SW], "cache": _D})
+    c = S.GPUPrefixCache(g)
+    c.cache_request(100)
+    hit = kvgeom.prefix_hit(g, 20, c.resident())
+    c.evict(lambda group, end: (group, end) != (1, 16))
+    assert c.check_adopted(hit) == ["group 1: adopts the entry ending at 16, which is not cached",
+                                    "group 1: resuming at 16 needs positions [0, 16); 16 are in no adopted entry "
+                                    "(first 0)"]
+
+
+def test_check_adopted_needs_nothing_of_a_chunked_local_group_at_a_chunk_boundary():
+    # chunk 32: resuming at 96 = 3 * 32 needs [96, 96), nothing; the hit adopts no chunked-local entry
+    g = kvgeom.resolve({"groups": [FA16, CL], "cache": _D})
+    c = S.GPUPrefixCache(g)
+    c.cache_request(100)
+    hit = kvgeom.prefix_hit(g, 120, c.resident())
+    assert (hit.hit_tokens, hit.groups[1].end_tokens) == (96, ())
+    assert c.check_adopted(hit) == []
+
+
+@pytest.mark.parametrize("first", [{"kind": "mamba", "block_size": 16}, {**FA16, "prefix_cacheable": False}],
+                         ids=["mamba-first", "not-cacheable-first"])
+def test_check_adopted_checks_the_groups_after_a_mamba_or_non_cacheable_group(first):
+    # the group listed first is settled (Mamba) or skipped (not prefix-cacheable); the group after it still is
+    # checked: its entry ending at 32 (80 for the window) was evicted after the lookup
+    second, gone = (FA16, 32) if first["kind"] == "mamba" else (SW, 80)
+    g = kvgeom.resolve({"groups": [first, second], "cache": _D})
+    c = S.GPUPrefixCache(g)
+    c.cache_request(100)
+    hit = kvgeom.prefix_hit(g, 120, c.resident())
+    c.evict(lambda group, end: (group, end) != (1, gone))
+    need = "[0, 96); 16 are in no adopted entry (first 16)" if gone == 32 else \
+        "[65, 96); 15 are in no adopted entry (first 65)"
+    assert c.check_adopted(hit) == [f"group 1: adopts the entry ending at {gone}, which is not cached",
+                                    f"group 1: resuming at 96 needs positions {need}"]
+
 # ------------------------------------------------------------------------------------------- geometry
 
 
@@ -614,3 +653,104 @@ def test_a_group_without_prefix_cache_entries_does_not_stop_the_next_one():
     c = S.GPUPrefixCache(kvgeom.resolve({"groups": [{"kind": "circular_buffer", "block_size": 16}, FA16]}))
     c.cache_request(17)
     assert c.entries == {(1, 16): tuple(range(16))}
+
+
+def test_run_request_reports_empty_problem_tuples_on_a_clean_run():
+    # the run_request doctest (vLLM run): budget 16, GPU Mamba entries past 48 evicted: local 32, external 64
+    r = S.run_request(DENSE, 100, max_num_batched_tokens=16, evict_gpu=lambda g, e: g == 1 and e > 48)
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (32, 64)
+    assert (r.local_problems, r.tier_problems, r.restore_problems) == ((), (), ())
+
+
+def test_run_request_without_an_offload_section_has_no_tier():
+    # FA16 + Mamba16, dense retention, no offload (tests/test_store_conformance.py GPU_ROWS "dense-no-offload",
+    # vLLM run: GPU entries FA 16..96 and Mamba 96): a 100-token request adopts 96 locally, nothing external
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
+                        "cache": {"retention_interval": None}})
+    r = S.run_request(g, 100)
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (96, 0)
+    assert (r.local_problems, r.tier_problems, r.restore_problems) == ((), (), ())
+
+
+def test_run_request_first_budget_decides_the_tier_mamba_states():
+    # FA16 + Mamba16, dense retention, the first request (100 tokens) prefilled 16 tokens a step. vLLM run (the
+    # store-then-lookup harness, the tier's Mamba key at 96 evicted, a fresh GPU): it stored Mamba 16..96, and a
+    # 100-token request over what is left hits 80, loading FA 16..80 and Mamba 80
+    g = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D, "offload": {}})
+    r = S.run_request(g, 100, max_num_batched_tokens=16, evict_gpu=lambda group, end: True,
+                      evict_tier=lambda group, end: (group, end) == (1, 96))
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (0, 80)
+    assert [grp["load_keys"] for grp in r.plan.to_dict()["groups"]] == [[16, 32, 48, 64, 80], [80]]
+    assert r.ok
+
+
+def test_run_request_reports_a_lost_load(monkeypatch):
+    # the same run as above with the simulated load dropped: the restored GPU misses what the external hit
+    # claims, and the report says so
+    g = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D, "offload": {}})
+    monkeypatch.setattr(S.Simulator, "load", lambda self, plan: None)
+    r = S.run_request(g, 100, max_num_batched_tokens=16, evict_gpu=lambda group, end: True,
+                      evict_tier=lambda group, end: (group, end) == (1, 96))
+    assert r.plan.external_hit_tokens == 80 and r.restore_problems and not r.ok
+
+
+def test_run_request_checks_the_local_mamba_state_when_nothing_is_loaded(monkeypatch):
+    # no offload: the local hit 96 (vLLM run, see above) adopts the Mamba entry at 96; an entry holding the state
+    # after 95 tokens is reported
+    g = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D})
+    real = S.GPUPrefixCache._holds
+    monkeypatch.setattr(S.GPUPrefixCache, "_holds",
+                        lambda self, group, end: end - 1 if group == 1 else real(self, group, end))
+    r = S.run_request(g, 100)
+    assert r.plan.local_hit_tokens == 96
+    assert r.local_problems == ("group 1: resuming at 96 adopts Mamba states [95], not [96]",)
+
+
+_FINE64 = {"groups": [FA16 | {"block_size": 64}, {"kind": "mamba", "block_size": 64}],
+           "cache": {"prefix_match_unit": 16}, "offload": {}}
+_EAGLE_FA32 = {"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                          {"kind": "sliding_window", "block_size": 32, "sliding_window": 2, "drafter": True}],
+               "speculative": {"method": "eagle", "num_speculative_tokens": 3, "lookahead_hashes": False},
+               "cache": {"retention_interval": 64, "prefix_match_unit": 16}, "offload": {}}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n", "kw", "resident"),
+    [
+        # FA64 + Mamba64, H = 16 (vLLM runs, the block pool's cached entries after the prompt): a 24-token prompt
+        # (chunks end at 16, 24) leaves both groups' partial entry at 16, the Mamba state there included ...
+        (_FINE64, 24, {}, {"0": [16], "1": [16]}),
+        # ... and a 40-token prompt prefilled with budgets 8, 100 (chunks end at 8, 32, 40) the entries at 32
+        (_FINE64, 40, {"chunk_ends": (8, 32, 40)}, {"0": [32], "1": [32]}),
+        # FA32 + SWA32, both drafters, EAGLE K3 (the drop), H = 16: an 80-token prompt keeps FA's partial entry at
+        # rdown(80, 16) = 80, the whole prompt (no n - 1 cap); a 90-token prompt keeps it at 80 too
+        (_EAGLE_FA32, 80, {}, {"0": [32, 64, 80], "1": [32, 64]}),
+        (_EAGLE_FA32, 90, {}, {"0": [32, 64, 80], "1": [32, 64]}),
+        # FA16 + Mamba16 with H = 1: a 2-token prompt leaves both groups' partial entry at its first token
+        ({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 1, **_D},
+          "offload": {}}, 2, {}, {"0": [1], "1": [1]}),
+    ],
+    ids=["fine64-24", "fine64-40-split", "eagle-fa32-80", "eagle-fa32-90", "h1-2"],
+)
+def test_gpu_prefix_cache_partial_entries_match_vllm(cfg, n, kw, resident):
+    c = S.GPUPrefixCache(kvgeom.resolve(cfg))
+    c.cache_request(n, **kw)
+    assert c.resident() == resident
+
+
+def test_gpu_prefix_cache_takes_a_first_chunk_ending_at_one_token():
+    # vLLM run: a 1-token prompt (FA16 + Mamba16) is one chunk ending at 1 and leaves nothing cached
+    c = S.GPUPrefixCache(kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D}))
+    c.cache_request(1, chunk_ends=[1])
+    assert (c.chunk_ends, c.resident()) == (frozenset({1}), {"0": [], "1": []})
+
+
+def test_run_request_loads_nothing_when_the_connector_finds_nothing_past_a_partial_local_hit():
+    # FA32 + Mamba32, H = 16, dense retention, an 83-token prompt, then the tier emptied: vLLM run (its GPU entries
+    # FA 32, 64, 80 and Mamba 64, 80 admitted by vLLM's Scheduler for 155 tokens): local hit 80, the connector
+    # asked from the L-aligned 64 answers 0, nothing external. No load is followed, so no restore problem.
+    g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}],
+                        "cache": {"prefix_match_unit": 16, "retention_interval": None}, "offload": {}})
+    r = S.run_request(g, 155, first_tokens=83, evict_tier=lambda group, end: True)
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (80, 0)
+    assert (r.local_problems, r.tier_problems, r.restore_problems) == ((), (), ())

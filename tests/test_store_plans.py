@@ -306,3 +306,152 @@ def test_an_eagle_group_has_no_final_store_tail():
     g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, _sw_drafter(32, 16)],
                         "cache": {"retention_interval": None}, "offload": {}, "speculative": spec(k=1)})
     assert swa_store_horizon(g, 1, storable_chunks=3, prompt_chunks=7, finished=False) is None
+
+
+# ------------------------------------------------------- partial tails and Mamba keys past the prompt (issue 19)
+# Rows run through vLLM 0.33's real Scheduler and OffloadingConnector over a recording tier, step by step (the
+# keys prepare_store is asked for at each step, as kvgeom.conformance.vllm_stores records them; request A's
+# decoded tokens continue the hash chain, max_offload_tokens passed as the request's kv_transfer_params,
+# offload_prompt_only as the connector's extra config).
+
+#: FA64 + Mamba64, H = 16, DCP 1: partial tails (the prompt's H-grid checkpoint off the 64-token span)
+FINE64 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+                         "cache": {"prefix_match_unit": 16}, "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "kw", "tail"),
+    [
+        # a 24-token prompt (vLLM: chunks end at 16, 24): nothing at the step ending at 16, both groups store the
+        # checkpoint 16 at the step ending at 24 (no chunk key: 24 < 64)
+        (24, 16, {}, None),
+        (24, 24, {}, 16),
+        # max_offload_tokens = 16 = the checkpoint: the tail is still stored (vLLM run, the same keys)
+        (24, 24, {"max_offload_tokens": 16}, 16),
+        # a 40-token prompt prefilled with budgets 8, 100 (vLLM: chunks end at 8, 32, 40): the tail 32 at 40
+        (40, 40, {"chunk_ends": (8, 32, 40)}, 32),
+    ],
+)
+def test_partial_tail_keys_in_the_store_plan_match_vllm(n, computed, kw, tail):
+    plan = plan_store(FINE64, num_tokens=n, num_computed_tokens=computed, **kw)
+    assert [(g.index, g.chunks, g.partial_tail) for g in plan.groups] == [(0, (), tail), (1, (), tail)]
+    assert [g.stored_end_tokens for g in plan.groups] == [() if tail is None else (tail,)] * 2
+
+
+#: FA16 + Mamba16, retention 32, offload_prompt_only off: a 40-token prompt decoded to 80 tokens
+DECODE32 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"retention_interval": 32}, "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "stored", "fa", "mamba"),
+    [
+        # vLLM's steps (prompt 40): the prefill step ending at 32 stores FA 16, 32 and Mamba 32; decoding, the step
+        # computing 48 stores FA 48 alone, 64 stores FA 64 and Mamba 64 (a retention boundary past the prompt:
+        # the store mask alone), 80 stores FA 80 alone
+        (40, 32, None, (16, 32), (32,)),
+        (48, 48, {0: 2, 1: 2}, (48,), ()),
+        (64, 64, {0: 3, 1: 3}, (64,), (64,)),
+        (80, 80, {0: 4, 1: 4}, (80,), ()),
+    ],
+)
+def test_mamba_keys_past_the_prompt_follow_the_store_mask_as_vllm_stores_them(n, computed, stored, fa, mamba):
+    plan = plan_store(DECODE32, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=40,
+                      offload_prompt_only=False, stored_chunks=stored)
+    att, mam = plan.groups
+    assert (att.end_tokens, mam.end_tokens) == (fa, mamba)
+    assert mam.block_entries == tuple((e // 16 - 1,) for e in mamba)
+
+
+#: one eagle drafter group (FA16), offload_prompt_only off: a 10-token prompt decoded to 40 tokens
+EAGLE_DECODE = kvgeom.resolve({"groups": [{**FA16, "drafter": True}], "offload": {}, "speculative": spec()})
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "finished", "stored", "ends"),
+    [
+        # vLLM's steps: nothing while fewer than 32 tokens are computed (the one offloadable chunk is the volatile
+        # one, held back), chunk 16 at the step computing 32, chunk 32 once the request finished at 40
+        (20, 20, False, None, ()),
+        (32, 32, False, None, (16,)),
+        (41, 40, True, {0: 1}, (32,)),
+    ],
+)
+def test_eagle_hold_back_of_the_only_offloadable_chunk_matches_vllm(n, computed, finished, stored, ends):
+    plan = hits.plan_store(EAGLE_DECODE, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=10,
+                           offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    assert plan.groups[0].end_tokens == ends
+
+
+#: FA128 + SWA32 (window 16), retention None (alignment 128 = 4 SWA blocks), offload_prompt_only off
+SWA_REVISIT = _geom(128, 32, 16, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "stored", "finished", "fa", "swa"),
+    [
+        # vLLM's steps for a 230-token prompt decoded to 353 tokens: the prefill stores FA 128 and SWA 128, 224 (the
+        # partial last segment's tail); decoding, 256 stores FA 256 and SWA 256 and nothing else until 353; the
+        # step after the finish stores SWA 352 alone: of the revisited segment [256, 384) only the final tail
+        (230, 230, None, False, (128,), (128, 224)),
+        (256, 256, {0: 1, 1: 7}, False, (256,), (256,)),
+        (353, 353, {0: 2, 1: 8}, False, (), ()),
+        (354, 353, {0: 2, 1: 11}, True, (), (352,)),
+    ],
+)
+def test_finished_sliding_window_revisits_only_its_final_tail_as_vllm_stores_it(n, computed, stored, finished, fa,
+                                                                                 swa):
+    plan = plan_store(SWA_REVISIT, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=230,
+                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+
+
+#: FA16 + SWA32 (window 16), retention None: the offload alignment (16) is no multiple of the SWA block (32)
+SWA_OFF_GRID = _geom(16, 32, 16, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "stored", "finished", "fa", "swa"),
+    [
+        # vLLM's steps for a 301-token prompt decoded to 372 tokens: 320 stores FA 320 and SWA 320; the step after
+        # the finish stores nothing (no final-tail revisit: the alignment is not a whole number of SWA blocks)
+        (320, 320, {0: 19, 1: 9}, False, (320,), (320,)),
+        (373, 372, {0: 23, 1: 11}, True, (), ()),
+    ],
+)
+def test_no_final_tail_revisit_off_the_sliding_window_grid_as_vllm_stores_it(n, computed, stored, finished, fa, swa):
+    plan = plan_store(SWA_OFF_GRID, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=301,
+                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+
+
+# ------------------------------------------------------- the walked-blocks bound (kvgeom's own, masks.MAX_STORE_BLOCKS)
+# Not a vLLM answer: kvgeom refuses a scalar store plan that would walk more than MAX_STORE_BLOCKS = 2**18 blocks
+# (docs: kvgeom.masks.check_store_size). FA16 with 4 blocks per chunk: 2**16 chunks walk exactly 2**18 blocks.
+_FA16_K4 = {"kind": "full_attention", "block_size": 16}
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "stored", "count"),
+    [
+        ([_FA16_K4], 2**22, None, None),  # exactly the bound: planned
+        ([_FA16_K4], 2**22 + 64, None, (2**16 + 1) * 4),  # one chunk more: refused, counted in blocks
+        # two groups: the second one's blocks are added to the first one's
+        ([_FA16_K4, {**_FA16_K4, "num_kv_heads": 4}], 2**22, None, 2 * 2**18),
+        # a group with nothing left to store walks no block
+        ([_FA16_K4, {**_FA16_K4, "num_kv_heads": 4}], 2**22, {1: 2**16}, None),
+    ],
+    ids=["at-the-bound", "past-the-bound", "two-groups-add", "nothing-left-walks-nothing"],
+)
+def test_store_plan_walked_blocks_bound(groups, n, stored, count):
+    from kvgeom.masks import MAX_STORE_BLOCKS
+
+    g = kvgeom.resolve({"groups": groups, "offload": {"blocks_per_chunk": 4}})
+    if count is None:
+        plan = plan_store(g, num_tokens=n, num_computed_tokens=n, stored_chunks=stored)
+        assert len(plan.groups[0].chunks) == 2**16
+        assert sum(len(gs.chunks) for gs in plan.groups) * 4 == MAX_STORE_BLOCKS
+        return
+    with pytest.raises(QueryError) as info:
+        plan_store(g, num_tokens=n, num_computed_tokens=n, stored_chunks=stored)
+    assert (info.value.code, info.value.problems[0].values) == ("result_too_large",
+                                                                 {"count": count, "limit": MAX_STORE_BLOCKS})

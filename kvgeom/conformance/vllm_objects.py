@@ -454,10 +454,12 @@ def build_scheduler(geom: Geometry, tier: ChosenTier, *, vllm_config: Any = None
 
 
 def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r0",
-                  hash_lookahead_tokens: int = 0) -> Request:
+                  hash_lookahead_tokens: int = 0, kv_transfer_params: dict[str, Any] | None = None) -> Request:
     """A real vLLM ``Request`` of ``num_tokens`` prompt tokens (ids ``0..n-1``), block hashes by vLLM's
     own hasher every ``hash_block_size`` tokens (with ``hash_lookahead_tokens``, vLLM's
-    ``num_hash_lookahead_tokens``: 0 keeps the legacy hashes)."""
+    ``num_hash_lookahead_tokens``: 0 keeps the legacy hashes). ``kv_transfer_params`` (e.g.
+    ``{"max_offload_tokens": 8}``) reach the connector as a client's would, through the sampling
+    parameters' ``extra_args``."""
     global _HASH_SEEDED
     if not _HASH_SEEDED:
         init_none_hash(sha256)
@@ -465,7 +467,8 @@ def build_request(num_tokens: int, hash_block_size: int, *, request_id: str = "r
     return Request(
         request_id=request_id,
         prompt_token_ids=list(range(num_tokens)),
-        sampling_params=SamplingParams(max_tokens=1),
+        sampling_params=SamplingParams(max_tokens=1, extra_args=None if kv_transfer_params is None
+                                       else {"kv_transfer_params": dict(kv_transfer_params)}),
         pooling_params=None,
         block_hasher=get_request_block_hasher(hash_block_size, sha256, hash_lookahead_tokens),
     )

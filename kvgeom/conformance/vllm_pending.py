@@ -15,8 +15,12 @@ them before the connector is built): the tier
 ``MISS``) and the request (:func:`kvgeom.conformance.vllm_objects.build_request`). Nothing is being
 loaded, so the connector's "a hit chunk is already being loaded" delay never applies.
 
-Import this module only where vLLM is installed. Run the sweep with
-``python -m kvgeom.conformance.vllm_pending --cases N --seed S``.
+:func:`vllm_pending_trace` and :func:`kvgeom_pending_trace` answer the keys each side asks the tier, in
+order, with each key's answer; :func:`trace_sweep` compares them over :func:`random_trace_case` cases (partial
+tails with eagle proof margins, load and new-token caps besides :func:`random_case`'s windowed hybrids).
+
+Import this module only where vLLM is installed. Run the sweeps with
+``python -m kvgeom.conformance.vllm_pending --cases N --seed S [--traces]``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,20 @@ from kvgeom.conformance import vllm_objects as vo
 from kvgeom.errors import KVGeomError, QueryError
 from kvgeom.geometry import Geometry
 
-__all__ = ["ANSWERS", "TriStateTier", "classify", "kvgeom_pending_hit", "random_case", "sweep", "vllm_pending_hit"]
+__all__ = [
+    "ANSWERS",
+    "TriStateTier",
+    "classify",
+    "classify_trace",
+    "kvgeom_pending_hit",
+    "kvgeom_pending_trace",
+    "random_case",
+    "random_trace_case",
+    "sweep",
+    "trace_sweep",
+    "vllm_pending_hit",
+    "vllm_pending_trace",
+]
 
 ANSWERS: dict[str, LookupResult] = {
     "hit": LookupResult.HIT,
@@ -57,9 +74,11 @@ class TriStateTier(vo.ChosenTier):
 
 
 def _tier(geom: Geometry, request: Any, answers: Mapping[str, Mapping[int, str]], H: int) -> TriStateTier:
+    # an end token off the hash grid names no key (it would alias the key below it)
     chain = len(request.block_hashes)
     return TriStateTier({vo.offload_key(request, int(g), int(e), H): ANSWERS[a]
-                         for g, ends in answers.items() for e, a in ends.items() if 0 < int(e) // H <= chain})
+                         for g, ends in answers.items() for e, a in ends.items()
+                         if 0 < int(e) // H <= chain and int(e) % H == 0})
 
 
 def _sizes(geom: Geometry) -> tuple[int, int]:
@@ -125,6 +144,90 @@ def kvgeom_pending_hit(geom: Geometry, num_tokens: int, answers: Mapping[str, Ma
     return hit.hit_tokens
 
 
+_NAMES = {v: k for k, v in ANSWERS.items()}
+
+
+class _RecordingTier(TriStateTier):
+    """A :class:`TriStateTier` that records every key it is asked, in order, as ``[group, end_token, answer]``
+    (the key's block hash located in the request's hash chain; -1 for a key outside it)."""
+
+    def __init__(self, answers: Mapping[bytes, LookupResult], chain: Mapping[bytes, int], H: int) -> None:
+        super().__init__(answers)
+        self.chain, self.H = chain, H
+        self.calls: list[list[Any]] = []
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        from kvgeom.residency import split_offload_key
+
+        answer = super().lookup(key, req_context)
+        block_hash, group = split_offload_key(bytes(key))
+        index = self.chain.get(block_hash)
+        self.calls.append([group, -1 if index is None else (index + 1) * self.H, _NAMES[answer]])
+        return answer
+
+
+def vllm_pending_trace(geom: Geometry, num_tokens: int, answers: Mapping[str, Mapping[int, str]], *,
+                       local_computed_tokens: int = 0, max_load_tokens: int | None = None,
+                       max_num_new_tokens: int | None = None) -> dict[str, Any]:
+    """Every key vLLM 0.33's ``get_num_new_matched_tokens`` asks the offload manager's ``lookup`` for, in
+    order, over a tier answering ``answers`` (as :func:`vllm_pending_hit`; ``max_load_tokens`` as the
+    request's ``kv_transfer_params``, ``max_num_new_tokens`` as the scheduler passes it):
+    ``{"hit": tokens or None (deferred), "probes": [[group, end_token, answer], ...]}``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+    ...     {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}], "offload": {},
+    ...     "cache": {"retention_interval": None}})
+    >>> t = vllm_pending_trace(g, 70, {"0": {16: "hit", 32: "pending"}, "1": {64: "hit", 48: "hit"}})
+    >>> t["hit"], t["probes"]  # full attention defers at 32; the window's run 48-64 lowers nothing: deferred
+    (None, [[0, 16, 'hit'], [0, 32, 'pending'], [0, 48, 'miss'], [1, 64, 'hit'], [1, 48, 'hit']])
+    """
+    vc = vo.build_vllm_config(geom)
+    kcc = vo.build_kv_cache_config(geom)
+    L, H = resolve_kv_cache_block_sizes(kcc, vc)
+    kcc.hash_block_size = H
+    kcc.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kcc, vc, L, H)
+    request = vo.build_request(num_tokens, H)
+    if max_load_tokens is not None:
+        request.kv_transfer_params = {"max_load_tokens": max_load_tokens}
+    chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}
+    tier = _RecordingTier(_tier(geom, request, answers, H).answers, chain, H)
+    sched = vo.build_scheduler(geom, tier, vllm_config=vc, kv_cache_config=kcc)
+    sched.on_new_request(request)
+    hit, _ = sched.get_num_new_matched_tokens(request, local_computed_tokens - local_computed_tokens % L,
+                                              max_num_new_tokens)
+    return {"hit": None if hit is None else int(hit), "probes": tier.calls}
+
+
+def kvgeom_pending_trace(geom: Geometry, num_tokens: int, answers: Mapping[str, Mapping[int, str]], *,
+                         local_computed_tokens: int = 0, max_load_tokens: int | None = None,
+                         max_num_new_tokens: int | None = None) -> dict[str, Any]:
+    """:func:`kvgeom.hits.lookup_trace` over the same tier, in :func:`vllm_pending_trace`'s shape (each key's
+    answer read back from the tier's own record of the same calls); where kvgeom raises ``lookup_not_ready``
+    the hit is None and the keys are the error's ``probes``. ``asked``: every key the tier was asked (a
+    lookup over a tier that answers pending walks as over a settled tier first, then by vLLM's rules)."""
+    from kvgeom.hits import lookup_trace
+
+    _, H = _sizes(geom)
+    request = vo.build_request(num_tokens, H)
+    chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}
+    tier = _RecordingTier(_tier(geom, request, answers, H).answers, chain, H)
+    hit: int | None
+    try:
+        trace = lookup_trace(geom, num_tokens, stored=tier, block_hashes=[bytes(h) for h in request.block_hashes],
+                             local_computed_tokens=local_computed_tokens, max_load_tokens=max_load_tokens,
+                             max_num_new_tokens=max_num_new_tokens)
+        hit, probes = trace.hit.hit_tokens, trace.probes
+    except QueryError as e:
+        if e.code != "lookup_not_ready":
+            raise
+        hit, probes = None, e.probes  # type: ignore[attr-defined]
+    # the trace lists the last len(probes) calls the tier saw: read their answers back from it
+    seen = tier.calls[len(tier.calls) - len(probes):] if probes else []
+    assert [[p.group, p.end_token] for p in probes] == [c[:2] for c in seen], "the trace is not the tier's record"
+    return {"hit": hit, "probes": seen, "asked": tier.calls}
+
+
 def random_case(rng: random.Random) -> tuple[dict[str, Any], int, int, dict[str, dict[int, str]]]:
     """One random ``(config, num_tokens, local_computed_tokens, answers)``: full attention (optional) with
     sliding-window, Mamba or chunked-local groups, EAGLE drafters one time in three, 1-2 blocks per chunk,
@@ -161,6 +264,49 @@ def random_case(rng: random.Random) -> tuple[dict[str, Any], int, int, dict[str,
         e = max(8, n // 8 * 8 - 8 * int(rng.expovariate(0.25)))
         g_ends[e] = rng.choice(["miss", "miss", "pending", "pending", "retry"])
     return cfg, n, local, answers
+
+
+def random_trace_case(rng: random.Random) -> tuple[dict[str, Any], int, int, dict[str, Any], dict[str, dict[int, str]]]:
+    """One random ``(config, num_tokens, local_computed_tokens, caps, answers)`` for :func:`trace_sweep`: one
+    draw in three is :func:`random_case`'s (windowed hybrids); the rest are full attention alone or beside an
+    align Mamba group of the same block (the partial-tail geometries, with ``prefix_match_unit`` 4 or 8 below
+    the block), a second full-attention group sometimes, an EAGLE drafter on a full-attention group one time in
+    two (K 1 or 2: the partial-tail proof margin). ``caps``: ``max_load_tokens`` / ``max_num_new_tokens`` one
+    time in five each. Every key held, a few turned into misses, pending or retried keys near the top or at
+    the bridge chunk past the complete hit."""
+    caps: dict[str, Any] = {}
+    if rng.random() < 1 / 3:
+        cfg, n, local, answers = random_case(rng)
+    else:
+        block = rng.choice([16, 16, 32])
+        groups: list[dict[str, Any]] = [{"kind": "full_attention", "block_size": block}]
+        if rng.random() < 0.4:
+            groups.append({"kind": "full_attention", "block_size": block, "num_kv_heads": 4})
+        if rng.random() < 0.8:
+            groups.insert(rng.randrange(len(groups) + 1), {"kind": "mamba", "block_size": block,
+                                                            "mamba_cache_mode": "align"})
+        cfg = {"groups": groups, "cache": {"retention_interval": None}, "offload": {}}
+        if rng.random() < 0.8:
+            cfg["cache"]["prefix_match_unit"] = rng.choice([4, 8])
+        attention = [i for i, g in enumerate(groups) if g["kind"] != "mamba"]
+        if rng.random() < 0.5:
+            groups[rng.choice(attention)]["drafter"] = True
+            cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": rng.choice([1, 2])}
+        H = cfg["cache"].get("prefix_match_unit", block)
+        n = rng.randint(8, 160)
+        local = rng.choice([0, 0, 0, rng.randint(0, n)])
+        answers = {str(i): {e: "hit" for e in range(H, n + 1, H)} for i in range(len(groups))}
+        for _ in range(rng.randint(1, 6)):
+            g_ends = answers[str(rng.randrange(len(groups)))]
+            if not g_ends:
+                continue
+            e = rng.choice(list(g_ends)) if rng.random() < 0.5 else max(H, n // H * H - H * int(rng.expovariate(0.3)))
+            g_ends[e] = rng.choice(["miss", "miss", "pending", "pending", "retry"])
+    if rng.random() < 0.2:
+        caps["max_load_tokens"] = rng.randint(0, n)
+    if rng.random() < 0.2:
+        caps["max_num_new_tokens"] = rng.randint(0, n)
+    return cfg, n, local, caps, answers
 
 
 def classify(geom: Geometry, local: int, ours: int | None, theirs: int | None) -> str | None:
@@ -214,11 +360,67 @@ def sweep(n: int, seed: int) -> dict[str, Any]:
     return report
 
 
+def classify_trace(geom: Geometry) -> str | None:
+    """The registered deviation that can make a geometry's traces (:func:`kvgeom_pending_trace`,
+    :func:`vllm_pending_trace`) differ, or None (a difference is then a new finding): ``realign-after-clamp``
+    where the geometry has an align Mamba group and a group whose chunk is finer than the Mamba chunk (vLLM's
+    candidate, not re-aligned, can sit off the Mamba grid, ask keys kvgeom's re-aligned one never asks and end
+    its hit there); ``chunked-local-mixed-blocks`` as :func:`classify` says."""
+    if any(w.code == "chunked_local_block_mismatch" for w in geom.warnings):
+        return "chunked-local-mixed-blocks"
+    off = geom.offload
+    Cm = off.mamba_align_size if off is not None else None
+    if not Cm or off is None:
+        return None
+    finer = any(og.tokens_per_chunk < Cm and Cm % og.tokens_per_chunk == 0 for og in off.groups)
+    return "realign-after-clamp" if finer else None
+
+
+def trace_sweep(n: int, seed: int) -> dict[str, Any]:
+    """``n`` :func:`random_trace_case` cases through both sides, comparing hits and the keys asked (group, end
+    token and answer, in order): ``{"cases", "kvgeom_refused", "compared", "unsettled", "deferred",
+    "hit_differs", "trace_differs", "differences": [(cfg, n, local, caps, answers, kvgeom, vllm, class)]}``
+    (``unsettled``: cases where vLLM was answered HIT_PENDING or RETRY for a key it asked; class:
+    :func:`classify_trace`)."""
+    rng = random.Random(seed)
+    report: dict[str, Any] = {"cases": n, "kvgeom_refused": 0, "compared": 0, "unsettled": 0, "deferred": 0,
+                              "hit_differs": 0, "trace_differs": 0, "differences": []}
+    for _ in range(n):
+        cfg, num, local, caps, answers = random_trace_case(rng)
+        try:
+            geom = resolve(cfg)
+            ours = kvgeom_pending_trace(geom, num, answers, local_computed_tokens=local, **caps)
+        except KVGeomError:
+            report["kvgeom_refused"] += 1
+            continue
+        theirs = vllm_pending_trace(geom, num, answers, local_computed_tokens=local, **caps)
+        report["compared"] += 1
+        report["unsettled"] += any(a in ("pending", "retry") for _, _, a in theirs["probes"])
+        report["deferred"] += theirs["hit"] is None
+        report["hit_differs"] += ours["hit"] != theirs["hit"]
+        if ours["hit"] != theirs["hit"] or ours["probes"] != theirs["probes"]:
+            report["trace_differs"] += 1
+            report["differences"].append((cfg, num, local, caps, answers, ours, theirs,
+                                          classify_trace(geom)))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--traces", action="store_true", help="compare the keys asked (trace_sweep), not the hits")
     args = ap.parse_args(argv)
+    if args.traces:
+        traces = trace_sweep(args.cases, args.seed)
+        print(f"cases {traces['cases']}: kvgeom refused {traces['kvgeom_refused']}, compared {traces['compared']} "
+              f"(vLLM met a pending or retried key {traces['unsettled']}, deferred {traces['deferred']}), "
+              f"hits differ {traces['hit_differs']}, traces differ {traces['trace_differs']}")
+        for cfg, num, local, caps, answers, ours, theirs, cls in traces["differences"]:
+            unsettled = {g: {e: a for e, a in ends.items() if a != "hit"} for g, ends in answers.items()}
+            print(f"  [{cls}] {cfg} n={num} local={local} caps={caps} non-hits={unsettled}:\n"
+                  f"    kvgeom {ours['hit']} {ours['probes']}\n    vllm   {theirs['hit']} {theirs['probes']}")
+        return 0
     report = sweep(args.cases, args.seed)
     print(f"cases {report['cases']}: kvgeom refused {report['kvgeom_refused']}, compared {report['compared']} "
           f"(vLLM deferred {report['deferred']}), agree {report['agree']}")

@@ -112,6 +112,7 @@ __all__ = [
     "run_lookup_trace",
     "run_prefill_split",
     "run_store_then_lookup",
+    "store_under_offload_limit",
     "sweep",
 ]
 
@@ -167,9 +168,11 @@ def _scheduler(geom: Geometry, budget: int | None, L: int, H: int) -> Scheduler:
                               spec_name=SPEC_NAME)
 
 
-def _request(sched: Scheduler, n: int, H: int, request_id: str) -> Request:
+def _request(sched: Scheduler, n: int, H: int, request_id: str,
+             kv_transfer_params: dict[str, Any] | None = None) -> Request:
     return vo.build_request(n, H, request_id=request_id,
-                            hash_lookahead_tokens=sched.vllm_config.num_hash_lookahead_tokens)
+                            hash_lookahead_tokens=sched.vllm_config.num_hash_lookahead_tokens,
+                            kv_transfer_params=kv_transfer_params)
 
 
 def _ends(keys: list[bytes], chain: Mapping[bytes, int], H: int) -> dict[str, list[int]]:
@@ -208,12 +211,13 @@ def gpu_cached_entries(sched: Scheduler, chain: Mapping[bytes, int], H: int) -> 
     return {str(g): sorted(e) for g, e in sorted(out.items())}
 
 
-def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
-                          ) -> dict[str, Any]:
+def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None,
+                          max_offload_tokens: int | None = None) -> dict[str, Any]:
     """vLLM's answer (see the module docstring): ``{"chunk_ends": [...], "stored": {"<g>": [ends]},
     "hit": int, "loads": {"<g>": [ends]}}``, plus ``"store_paths"``: the stored end tokens per connector
     function that asked ``prepare_store`` (for diagnosis; not compared). Without an offload section
-    ``stored`` is empty and ``hit`` None. vLLM's exceptions propagate; a prefill that never finishes
+    ``stored`` is empty and ``hit`` None. ``max_offload_tokens`` (None: not sent) is request A's
+    ``kv_transfer_params`` entry of that name. vLLM's exceptions propagate; a prefill that never finishes
     raises RuntimeError.
 
     >>> import kvgeom
@@ -227,7 +231,8 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     """
     L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
     sched = _scheduler(geom, max_num_batched_tokens, L, H)
-    a = _request(sched, n1, H, "A")
+    a = _request(sched, n1, H, "A",
+                 None if max_offload_tokens is None else {"max_offload_tokens": max_offload_tokens})
     tier_a: RecordingTier | None = sched.connector.connector_scheduler.manager if sched.connector else None
     sched.add_request(a)
     chunk_ends: list[int] = []
@@ -276,6 +281,34 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     out["hit"] = seen.get("hit")
     out["loads"] = _ends(tier_b.loaded, {bytes(h): i for i, h in enumerate(b.block_hashes)}, H)
     return out
+
+
+def store_under_offload_limit(geom: Geometry, n: int, max_offload_tokens: int) -> dict[str, Any]:
+    """What vLLM's connector stores for one ``n``-token prompt sent with ``kv_transfer_params``
+    ``{"max_offload_tokens": max_offload_tokens}`` (:func:`run_store_then_lookup`, no token budget):
+    ``{"stored": {"<g>": [ends]}, "store_paths": {...}}``, or, where vLLM raises an ``AssertionError``,
+    ``{"raised": "AssertionError", "in": <the vLLM function that raised>}``.
+
+    The reproducer of the deviations ``partial-tail-past-offload-limit`` and
+    ``partial-tail-zero-offload-limit`` (``docs/deviations.md``): a prompt whose partial tail (the
+    H-grid checkpoint ``t``, off the span grid, DCP 1, an align Mamba group) lies past the limit.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {}})
+    >>> store_under_offload_limit(g, 24, 8)
+    {'raised': 'AssertionError', 'in': '_build_partial_tail_store_jobs'}
+    >>> store_under_offload_limit(g, 24, 0)["store_paths"]
+    {'_build_partial_tail_store_jobs': {'0': [16], '1': [16]}}
+    """
+    try:
+        out = run_store_then_lookup(geom, n, n, max_offload_tokens=max_offload_tokens)
+    except AssertionError as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        return {"raised": "AssertionError", "in": tb.tb_frame.f_code.co_name if tb is not None else None}
+    return {"stored": out["stored"], "store_paths": out.get("store_paths", {})}
 
 
 def run_prefill_split(geom: Geometry, n: int, *, resident: Mapping[str, Any] | None = None,

@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import time
 from types import SimpleNamespace as NS
 from typing import Any
@@ -438,6 +439,20 @@ def test_huge_integer_in_a_message_is_shown_by_its_size():
     assert e is not None and "integer of about 5001 digits" in str(e)
 
 
+def test_a_count_past_the_digit_limit_is_refused_with_its_size():
+    # thorough profile, 2026-12-02: checkpoint_positions(geom, 10**5000) reached the result-size check, whose
+    # message put the count through str() and raised Python's int-to-str ValueError instead of result_too_large
+    from kvgeom.engines.sglang import checkpoint_positions, resolve_sglang
+    from kvgeom.masks import check_result_size, check_store_size
+
+    geom = resolve_sglang({"page_size": 64, "pools": ["full", "mamba"]})
+    for call in (lambda: checkpoint_positions(geom, 10**5000), lambda: check_result_size(10**5000),
+                 lambda: check_store_size(10**5000)):
+        e = _fast(call)
+        assert isinstance(e, kvgeom.QueryError) and e.code == "result_too_large"
+        assert re.search(r"an integer of about (4999|5001) digits", str(e)), str(e)
+
+
 def test_explain_and_diagram_of_unbounded_geometries_are_refused_or_quick():
     # spans 2**31-1 and 2**31: L is about 2**62; a default diagram would draw 2**31 blocks
     geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 2**31 - 1},
@@ -679,7 +694,7 @@ def test_offload_keys_of_vllm_size_round_trip(size):
 
 # The same shapes elsewhere (issue 19's sweep): every public query, batch twin, engine helper, the router and
 # the simulator given one hostile argument returns or raises a bounded KVGeomError, quickly.
-_HOSTILE_ARGS = {"str": "32", "float": 32.0, "nan": float("nan"), "negative": -1, "huge": 10**30, "2^62": 2**62,
+_HOSTILE_ARGS = {"str": "32", "float": 32.0, "nan": float("nan"), "negative": -1, "huge": 10**30, "2^62": 2**62, "5001 digits": 10**5000,
                  "None": None, "range 1e12": range(16, 16 * 10**12, 16), "list 1e5": list(range(1, 10**5)),
                  "object": object(), "bool": True, "dict": {"a": 1}, "2-d array": np.zeros((2, 2)),
                  "0-d array": np.array(5)}  # Sized by type, no len(): chain_matrix raised TypeError (thorough)

@@ -235,6 +235,34 @@ def test_a_lookup_that_does_not_defer_loads_no_more_than_the_settled_keys_give(g
     assert hit.hit_tokens <= _lookup(geom, req, stored=Manager(settled), block_hashes=chain).hit_tokens
 
 
+class _Unsure(kvgeom.probes.Probe):
+    """A tier that answers only HIT or MISS but says it may answer otherwise (``unsettled`` from the start), so
+    :func:`kvgeom.hits.lookup_hit` also walks it by vLLM's rules for pending answers (``_lookup_unsettled``)."""
+
+    def __init__(self, inner):
+        super().__init__(None)
+        self.inner = inner
+        self.unsettled = True
+
+    def contains(self, group, end_token):
+        return self.inner.contains(group, end_token)
+
+
+@given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
+                     tail_speculative_geometries()), data=st.data())
+def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(geom, data):
+    """Issue 19: over answers that are all HIT or MISS, the walk by vLLM's rules for pending answers is the
+    settled walk: the same hit and the same keys, in the same order (``lookup_trace`` lists that walk). vLLM 0.33
+    has one walk (``_lookup``), so the two must agree; this caught the pending walk asking a partial tail's
+    bridge chunk of a group whose prefix scan had already confirmed it."""
+    req = data.draw(requests(geom))
+    n, local, prompt, mlt, mnn, stored = req
+    options = {"num_prompt_tokens": prompt, "local_computed_tokens": local, "max_load_tokens": mlt,
+               "max_num_new_tokens": mnn}
+    settled = hits.lookup_trace(geom, n, stored=stored, **options)
+    assert hits.lookup_trace(geom, n, stored=_Unsure(kvgeom.probes.as_probe(geom, stored)), **options) == settled
+
+
 def _per_group_keys(geom, chain):
     """vLLM's per-group offload keys of a request (``RequestGroupState.offload_keys``): entry g holds
     group g's keys, chunk j's key being the chain's hash ending at ``(j + 1) * C_g`` and the group index."""
