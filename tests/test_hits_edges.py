@@ -533,6 +533,15 @@ EAGLE_WINDOW_TRACE_ROWS = [
      {"0": [48, 64, 80, 96, 112], "1": [16, 32, 48, 64, 80, 96, 112], "2": [48, 80]}, 80,
      [(1, 32, True), (1, 64, True), (1, 96, True), (0, 112, True), (0, 96, True), (0, 80, True), (0, 64, True),
       (2, 96, False), (2, 80, True), (0, 96, True), (0, 80, True), (0, 64, True), (0, 48, True), (2, 80, True)]),
+    # two eagle window groups: the second lowers the candidate to 64, which clears no group's pop (it is an
+    # eagle group too), so the first is asked again at 64 WITHOUT its popped chunk (64 missing, 32 held: 32);
+    # popping again would need the missing 64 as well (vLLM 0.33, run_lookup_trace 2026-12-02: 32 and these keys;
+    # issue 19 mutation pass: _group_end 3, which pops on every ask, answered 0)
+    ("a-second-eagle-group-lowers", _eagle_sw([_sw(32, 33, drafter=True), _sw(32, 16, drafter=True)],
+                                              {**_MTP3, "num_speculative_tokens": 1}), 210, 0,
+     {"0": [32, 96, 128, 160], "1": [32, 64, 96]}, 32,
+     [(0, 192, False), (0, 160, True), (0, 128, True), (0, 96, True), (1, 160, False), (1, 128, False), (1, 96, True),
+      (1, 64, True), (0, 64, False), (0, 32, True), (1, 32, True)]),
 ]
 
 
