@@ -92,6 +92,10 @@ REFUSALS = [
      {"max_num_new_tokens": -1}),
     (lambda: lookup_hit(SEED, 64, stored={}, max_load_tokens=-2), "negative", "max_load_tokens",
      {"max_load_tokens": -2}),
+    # a request too short for any hit still checks the holder: False and 0.0 are not the holder 0 (issue 19
+    # mutation pass: lookup_hit 124 let a bool holder skip the check)
+    (lambda: lookup_hit(SEED, 10, stored=Residency(), block_hashes=[b"a"], holder=False), "bad_holder", "holder", {}),
+    (lambda: lookup_hit(SEED, 10, stored=Residency(), block_hashes=[b"a"], holder=0.0), "bad_holder", "holder", {}),
     # no offloading connector: the offload section is what is missing, for every entry point
     (lambda: lookup_hit(NO_OFFLOAD, 64, stored={}), "no_offload", "offload", {}),
     (lambda: plan_load(NO_OFFLOAD, Hit(0, 0, 0, False)), "no_offload", "offload", {}),
@@ -533,6 +537,24 @@ EAGLE_WINDOW_TRACE_ROWS = [
      {"0": [48, 64, 80, 96, 112], "1": [16, 32, 48, 64, 80, 96, 112], "2": [48, 80]}, 80,
      [(1, 32, True), (1, 64, True), (1, 96, True), (0, 112, True), (0, 96, True), (0, 80, True), (0, 64, True),
       (2, 96, False), (2, 80, True), (0, 96, True), (0, 80, True), (0, 64, True), (0, 48, True), (2, 80, True)]),
+    # two eagle window groups: the second lowers the candidate to 64, which clears no group's pop (it is an
+    # eagle group too), so the first is asked again at 64 WITHOUT its popped chunk (64 missing, 32 held: 32);
+    # popping again would need the missing 64 as well (vLLM 0.33, run_lookup_trace 2026-12-02: 32 and these keys;
+    # issue 19 mutation pass: _group_end 3, which pops on every ask, answered 0)
+    ("a-second-eagle-group-lowers", _eagle_sw([_sw(32, 33, drafter=True), _sw(32, 16, drafter=True)],
+                                              {**_MTP3, "num_speculative_tokens": 1}), 210, 0,
+     {"0": [32, 96, 128, 160], "1": [32, 64, 96]}, 32,
+     [(0, 192, False), (0, 160, True), (0, 128, True), (0, 96, True), (1, 160, False), (1, 128, False), (1, 96, True),
+      (1, 64, True), (0, 64, False), (0, 32, True), (1, 32, True)]),
+    # the same with a Mamba group after them, at rest at 96: a group that leaves the candidate where it is clears no
+    # pop either, so the first drafter is asked again at 96 without popping (96 held, 80 and 64 missing, 48 and 32
+    # held: 48). vLLM 0.33 (run_lookup_trace, 2026-12-02): 48 and these keys; popping again (_complete 83, 85, 86,
+    # 87 and _group_end 3) needed 112 as well and ended with no hit
+    ("a-group-at-rest-keeps-the-pop", _eagle_sw([_sw(16, 32, drafter=True), _sw(32, 16, drafter=True), _M16],
+                                                {"method": "eagle3", "num_speculative_tokens": 2}), 152, 0,
+     {"0": [32, 48, 96, 112, 128, 144], "1": [32, 64, 96, 128], "2": [16, 32, 48, 64, 96, 112, 128]}, 48,
+     [(0, 144, True), (0, 128, True), (0, 112, True), (1, 128, True), (1, 96, True), (2, 96, True), (0, 96, True),
+      (0, 80, False), (0, 64, False), (0, 48, True), (0, 32, True), (1, 64, True), (2, 48, True)]),
 ]
 
 
@@ -543,6 +565,19 @@ def test_an_eagle_window_scan_asks_each_chunk_once_right_to_left(name, geom, n, 
     assert trace.hit.hit_tokens == hit
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
     assert lookup_hit(geom, n, stored=stored, local_computed_tokens=local) == trace.hit
+
+
+@pytest.mark.parametrize("k", [2**55 + 6, 2**55 + 14])
+def test_an_eagle_prefix_scan_past_2_to_the_55_chunks_counts_its_chunks_exactly(k):
+    """An eagle FA 16 drafter from a local prefix of k chunks, k = 6 mod 8 past 2**55 (a float k + 2, the chunk its
+    prefix scan stops at, would equal k): the scan holds 2 chunks, pops 1, hits 1. vLLM 0.33 on the same request from
+    local prefix 0 (run_lookup_trace, 40 tokens, keys 16 and 32 held, 2026-12-02): hit 16, keys 16 and 32, here
+    shifted by the local prefix (issue 19 mutation pass: _eagle_group_end 29, a float c / C, answered 0)."""
+    geom = _eagle_sw([_fa(16, drafter=True)], {"method": "eagle", "num_speculative_tokens": 1})
+    c = 16 * k
+    trace = hits.lookup_trace(geom, c + 40, stored={"0": [c + 16, c + 32]}, local_computed_tokens=c)
+    assert trace.hit.hit_tokens == 16
+    assert [(p.group, p.end_token - c, p.held) for p in trace.probes] == [(0, 16, True), (0, 32, True)]
 
 
 # -- the tier's own arguments on the main lookup path ------------------------------------------------------
@@ -967,6 +1002,12 @@ def test_a_pending_tier_lookup_walks_as_vllm_walks(groups, pmu, eagle, bpc, n, l
         assert deviation == "realign-after-clamp" and hit.end_token == (c + vllm) // Cm * Cm < c + vllm
 
 
+def _only(n, step, answers):
+    """A row of vLLM's harness (unlisted keys miss) for _ByEnd (unlisted keys hit): per group of ``answers``, every
+    key ending at a multiple of ``step`` up to ``n`` misses unless listed."""
+    return {g: {**{e: "miss" for e in range(step, n + 1, step)}, **a} for g, a in answers.items()}
+
+
 # -- which keys a lookup over a pending tier asks (lookup_trace; _lookup_unsettled's partial-tail bridge) -------
 # The keys vLLM 0.33's get_num_new_matched_tokens asks the tier's lookup(), in order, over exactly these answers
 # (kvgeom.conformance.vllm_pending.vllm_pending_trace, 2026-12-02), and its hit (None: deferred; the trace then
@@ -1040,6 +1081,19 @@ PENDING_TRACE_ROWS = [
      8, 1, None, 79, 0, {'max_load_tokens': 16},
      {0: {8: 'retry', 16: 'retry', 56: 'pending'}, 1: {64: 'pending'}}, None,
      [(0, 16, 'retry'), (0, 24, 'hit'), (1, 16, 'hit'), (0, 16, 'retry'), (1, 8, 'hit')]),
+    # _complete_unsettled (issue 19 mutation pass, m4hits): an eagle window drafter whose candidate 120 (at most 121
+    # new tokens) lies inside its last keyed chunk: the widened scan's first run is the window + the popped chunk
+    # ending at the keyed end, 2 chunks (the candidate's own offset off the grid is not added): 128 pending and 112
+    # held defer. A first run of 3 would go on past the miss at 96 and load 64 (_complete_unsettled 87).
+    ("eagle-run-in-the-last-keyed-chunk", [_sw(16, 16, drafter=True)],
+     None, 1, None, 128, 0, {'max_num_new_tokens': 121}, {0: {96: 'miss', 128: 'pending'}}, None,
+     [(0, 128, 'pending'), (0, 112, 'hit')]),
+    # the drafter's retried chunk (96) leaves the candidate 64, less than its chunk (32) past the local prefix 32:
+    # no hit, and the Mamba group is not asked (asking it was _complete_unsettled 31)
+    ("less-than-a-chunk-left-asks-no-more", [_fa(16, drafter=True), _mamba(32)],
+     None, 1, 2, 114, 32, {'max_num_new_tokens': 44},
+     _only(114, 16, {0: {64: 'hit', 96: 'retry'}, 1: {64: 'hit', 16: 'retry'}}), 0,
+     [(0, 64, 'hit'), (0, 96, 'retry')]),
 ]
 
 
