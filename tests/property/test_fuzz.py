@@ -694,8 +694,9 @@ def test_offload_keys_of_vllm_size_round_trip(size):
 
 # The same shapes elsewhere (issue 19's sweep): every public query, batch twin, engine helper, the router and
 # the simulator given one hostile argument returns or raises a bounded KVGeomError, quickly.
-_HOSTILE_ARGS = {"str": "32", "float": 32.0, "nan": float("nan"), "negative": -1, "huge": 10**30, "2^62": 2**62, "5001 digits": 10**5000,
-                 "None": None, "range 1e12": range(16, 16 * 10**12, 16), "list 1e5": list(range(1, 10**5)),
+_HOSTILE_ARGS = {"str": "32", "float": 32.0, "nan": float("nan"), "negative": -1, "huge": 10**30, "2^62": 2**62,
+                 "5001 digits": 10**5000, "None": None, "range 1e12": range(16, 16 * 10**12, 16),
+                 "list 1e5": list(range(1, 10**5)),
                  "object": object(), "bool": True, "dict": {"a": 1}, "2-d array": np.zeros((2, 2)),
                  "0-d array": np.array(5)}  # Sized by type, no len(): chain_matrix raised TypeError (thorough)
 
