@@ -12,6 +12,7 @@ a second so that mutation testing can run it once per mutant.
 from __future__ import annotations
 
 import pytest
+from _tiers import UnsureTier
 
 import kvgeom
 from kvgeom import hits
@@ -1112,18 +1113,6 @@ def test_a_pending_tier_lookup_asks_the_keys_vllm_asks(name, groups, pmu, eagle,
     assert [(p.group, p.end_token, p.held) for p in probes] == [(g, e, a == "hit") for g, e, a in keys]
 
 
-class _Unsure(kvgeom.probes.Probe):
-    """A tier answering HIT or MISS only, that says it may answer otherwise: lookup_hit walks it both ways."""
-
-    def __init__(self, inner):
-        super().__init__(None)
-        self.inner = inner
-        self.unsettled = True
-
-    def contains(self, group, end_token):
-        return self.inner.contains(group, end_token)
-
-
 @pytest.mark.parametrize("c", [2**57 + 32, 2**62 + 1008])
 def test_the_pending_walk_asks_the_settled_walks_keys_past_2_to_the_53_chunks(c):
     """The law of tests/property/test_probe_laws.py (the walk by vLLM's rules for pending answers, over settled
@@ -1138,7 +1127,7 @@ def test_the_pending_walk_asks_the_settled_walks_keys_past_2_to_the_53_chunks(c)
     # as a chunk and once as the tail's proof key, its bridge chunk 16 not again
     assert (settled.hit.hit_tokens, [(p.group, p.end_token - c, p.held) for p in settled.probes]) == (
         24, [(0, 16, True), (0, 32, True), (1, 16, True), (0, 40, False), (0, 32, True), (1, 24, True)])
-    unsure = _Unsure(kvgeom.probes.as_probe(geom, stored))
+    unsure = UnsureTier(kvgeom.probes.as_probe(geom, stored))
     assert hits.lookup_trace(geom, c + 40, stored=unsure, local_computed_tokens=c) == settled
 
 
@@ -1263,4 +1252,4 @@ def test_the_pending_walk_asks_a_window_again_below_its_realigned_run(groups, pm
     for og in geom.offload.groups:
         assert settled.hit.end_token not in missing.get(og.index, ()), og.index
     # the walk by vLLM's rules for pending answers asks the same keys and hits the same
-    assert hits.lookup_trace(geom, n, stored=_Unsure(kvgeom.probes.as_probe(geom, stored))) == settled
+    assert hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled

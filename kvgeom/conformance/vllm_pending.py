@@ -86,6 +86,18 @@ def _sizes(geom: Geometry) -> tuple[int, int]:
     return int(L), int(H)
 
 
+def _engine_setup(geom: Geometry, num_tokens: int) -> tuple[Any, Any, int, int, Any]:
+    """vLLM's config and KV cache config for ``geom`` (hash unit and hit alignment set as the engine core sets
+    them before the connector is built, v1/engine/core.py: the connector's partial-tail proof margins read the
+    hit alignment), its block and hash sizes L and H, and a ``num_tokens``-token request hashed at H."""
+    vc = vo.build_vllm_config(geom)
+    kcc = vo.build_kv_cache_config(geom)
+    L, H = resolve_kv_cache_block_sizes(kcc, vc)
+    kcc.hash_block_size = H
+    kcc.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kcc, vc, L, H)
+    return vc, kcc, L, H, vo.build_request(num_tokens, H)
+
+
 def vllm_pending_hit(geom: Geometry, num_tokens: int, answers: Mapping[str, Mapping[int, str]], *,
                      local_computed_tokens: int = 0) -> int | None:
     """vLLM's ``get_num_new_matched_tokens`` for a ``num_tokens`` request whose keys answer ``answers``
@@ -102,14 +114,7 @@ def vllm_pending_hit(geom: Geometry, num_tokens: int, answers: Mapping[str, Mapp
     >>> vllm_pending_hit(g, 200, {"0": every, "1": {**every, 176: "pending"}}) is None  # pending inside the run
     True
     """
-    vc = vo.build_vllm_config(geom)
-    kcc = vo.build_kv_cache_config(geom)
-    L, H = resolve_kv_cache_block_sizes(kcc, vc)
-    # as the engine core sets them before the connector is built (v1/engine/core.py): the connector's
-    # partial-tail proof margins read the hit alignment
-    kcc.hash_block_size = H
-    kcc.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kcc, vc, L, H)
-    request = vo.build_request(num_tokens, H)
+    vc, kcc, L, H, request = _engine_setup(geom, num_tokens)
     sched = vo.build_scheduler(geom, _tier(geom, request, answers, H), vllm_config=vc, kv_cache_config=kcc)
     sched.on_new_request(request)
     hit, _ = sched.get_num_new_matched_tokens(request, local_computed_tokens - local_computed_tokens % L)
@@ -182,12 +187,7 @@ def vllm_pending_trace(geom: Geometry, num_tokens: int, answers: Mapping[str, Ma
     >>> t["hit"], t["probes"]  # full attention defers at 32; the window's run 48-64 lowers nothing: deferred
     (None, [[0, 16, 'hit'], [0, 32, 'pending'], [0, 48, 'miss'], [1, 64, 'hit'], [1, 48, 'hit']])
     """
-    vc = vo.build_vllm_config(geom)
-    kcc = vo.build_kv_cache_config(geom)
-    L, H = resolve_kv_cache_block_sizes(kcc, vc)
-    kcc.hash_block_size = H
-    kcc.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kcc, vc, L, H)
-    request = vo.build_request(num_tokens, H)
+    vc, kcc, L, H, request = _engine_setup(geom, num_tokens)
     if max_load_tokens is not None:
         request.kv_transfer_params = {"max_load_tokens": max_load_tokens}
     chain = {bytes(h): i for i, h in enumerate(request.block_hashes)}

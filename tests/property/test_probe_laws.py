@@ -14,6 +14,7 @@ import numpy as np
 from _laws import H49964
 from _spec_strategies import eagle_window_geometries, speculative_geometries, tail_speculative_geometries
 from _store_strategies import LookupResult, Manager, chain_of, requests
+from _tiers import UnsureTier
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -235,19 +236,6 @@ def test_a_lookup_that_does_not_defer_loads_no_more_than_the_settled_keys_give(g
     assert hit.hit_tokens <= _lookup(geom, req, stored=Manager(settled), block_hashes=chain).hit_tokens
 
 
-class _Unsure(kvgeom.probes.Probe):
-    """A tier that answers only HIT or MISS but says it may answer otherwise (``unsettled`` from the start), so
-    :func:`kvgeom.hits.lookup_hit` also walks it by vLLM's rules for pending answers (``_lookup_unsettled``)."""
-
-    def __init__(self, inner):
-        super().__init__(None)
-        self.inner = inner
-        self.unsettled = True
-
-    def contains(self, group, end_token):
-        return self.inner.contains(group, end_token)
-
-
 @given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
                      tail_speculative_geometries()), data=st.data())
 def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(geom, data):
@@ -260,7 +248,7 @@ def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(
     options = {"num_prompt_tokens": prompt, "local_computed_tokens": local, "max_load_tokens": mlt,
                "max_num_new_tokens": mnn}
     settled = hits.lookup_trace(geom, n, stored=stored, **options)
-    assert hits.lookup_trace(geom, n, stored=_Unsure(kvgeom.probes.as_probe(geom, stored)), **options) == settled
+    assert hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored)), **options) == settled
 
 
 def _per_group_keys(geom, chain):
