@@ -1200,3 +1200,55 @@ def test_windowed_scan_rows_equal_the_scalar_and_vllm(name):
     for i, x in enumerate(n):
         ends = {g: [(c + 1) * H for c in np.flatnonzero(m[i])] for g, m in stored.items()}
         assert h.hit(i) == hits.lookup_hit(geom, x, stored=ends, max_num_new_tokens=mnn), i
+
+
+# -- the eagle re-pop after a Mamba re-alignment (72a56c6), batch side: the scalar rows of
+# tests/test_hits_edges.py::test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, whose answer
+# (no hit) is pinned against vLLM 0.33 (run_lookup_trace); the batch hit must equal the scalar one.
+_SWA_DRAFTER_M32 = {
+    "groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 24, "drafter": True},
+               {"kind": "mamba", "block_size": 32}],
+    "cache": {"retention_interval": None}, "offload": {},
+    "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+}
+
+
+@pytest.mark.parametrize(
+    ("n", "stored"),
+    [
+        (97, {0: list(range(16, 97, 16)), 1: [16, 32, 64, 80, 96], 2: [32, 64]}),
+        (129, {0: list(range(16, 129, 16)), 1: [48, 64, 96, 112, 128], 2: [64, 96]}),
+    ],
+)
+def test_an_eagle_window_pops_again_after_the_mamba_realignment_as_the_scalar(n, stored):
+    geom = kvgeom.resolve(_SWA_DRAFTER_M32)
+    H = geom.hash_block_size
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    scalar = hits.lookup_hit(geom, n, stored=stored)
+    assert scalar.hit_tokens == 0  # vLLM 0.33: no hit (the scalar row's pinned value)
+    assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar
+
+
+# -- a local prefix off the chunk grid (issue 19's mutation pass): the oracle is the scalar lookup_hit (the batch
+# twin's, itself pinned against vLLM 0.33); the expected hit is written out: no offload hit past the local prefix.
+LOCAL_OFF_GRID_ROWS = {
+    # sliding window 33 (C = 16), 64 tokens, local 48, max_num_new_tokens 150: the candidate is min(63, 48 + 150)
+    # = 63, on the grid 48 = the local prefix: no hit, although key 64 is held by both groups
+    "a_max_num_new_tokens_clamp_above_the_request": (CONFIGS["sliding"], 64, 48, 150, {0: [32, 48, 64], 1: [64]}),
+    # full attention alone, two blocks per chunk (C = 32), local 48, keys 16 and 64 held: the run of chunk 1 ends at
+    # 64, less than one chunk past the local prefix: no hit
+    "a_run_ending_less_than_a_chunk_past_the_local_prefix": (
+        {"groups": [FA16], "offload": {"blocks_per_chunk": 2}}, 99, 48, None, {0: [16, 64]}),
+}
+
+
+@pytest.mark.parametrize("name", list(LOCAL_OFF_GRID_ROWS))
+def test_local_prefix_rows_equal_the_scalar(name):
+    cfg, n, local, mnn, stored = LOCAL_OFF_GRID_ROWS[name]
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    scalar = hits.lookup_hit(geom, n, stored=stored, local_computed_tokens=local, max_num_new_tokens=mnn)
+    assert (scalar.hit_tokens, scalar.end_token) == (0, local)
+    got = batch.lookup_hits(geom, [n], stored=held, local_computed_tokens=[local], max_num_new_tokens=mnn)
+    assert got.hit(0) == scalar
