@@ -1229,6 +1229,23 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_as_the_scalar(n,
     assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar
 
 
+def test_an_eagle_window_pops_again_after_the_full_group_lowers_it_as_the_scalar():
+    # the same geometry, 216 tokens, max_num_new_tokens 136 (candidate 135), holes in each group (the drafter misses
+    # key 48, the Mamba group keys 64, 96, 112 and 128, full attention key 128); the scalar lookup_hit (the oracle,
+    # pinned against vLLM 0.33 by the rows above and the 1,280-lookup sweep of 72a56c6) finds no hit; found by an
+    # in-process differential search over this geometry against mutants of the eagle reset (issue 19)
+    geom = kvgeom.resolve(_SWA_DRAFTER_M32)
+    H = geom.hash_block_size
+    n, mnn = 216, 136
+    stored = {0: [16, 32, 48, 64, 80, 96, 112, 144, 160, 176, 192, 208],
+              1: [16, 32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208],
+              2: [16, 32, 48, 80, 144, 160, 176, 192, 208]}
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    scalar = hits.lookup_hit(geom, n, stored=stored, max_num_new_tokens=mnn)
+    assert scalar.hit_tokens == 0
+    assert batch.lookup_hits(geom, [n], stored=held, max_num_new_tokens=mnn).hit(0) == scalar
+
+
 # -- a local prefix off the chunk grid (issue 19's mutation pass): the oracle is the scalar lookup_hit (the batch
 # twin's, itself pinned against vLLM 0.33); the expected hit is written out: no offload hit past the local prefix.
 LOCAL_OFF_GRID_ROWS = {
