@@ -1269,3 +1269,17 @@ def test_local_prefix_rows_equal_the_scalar(name):
     assert (scalar.hit_tokens, scalar.end_token) == (0, local)
     got = batch.lookup_hits(geom, [n], stored=held, local_computed_tokens=[local], max_num_new_tokens=mnn)
     assert got.hit(0) == scalar
+
+
+@pytest.mark.parametrize(("n", "mnn"), [(1, None), (2, 1)])
+def test_one_token_chunks_with_a_window_leave_the_last_token_as_the_scalar(n, mnn):
+    # blocks of one token (C = 1) and a sliding window of 1, every key held: a windowed lookup's candidate is one below
+    # min(n, max_num_new_tokens), here 0, so no hit; the oracle is the scalar lookup_hit (pinned against vLLM 0.33)
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 1},
+                                      {"kind": "sliding_window", "block_size": 1, "sliding_window": 1}],
+                           "offload": {}})
+    stored = {og.index: list(range(1, n + 1)) for og in geom.offload.groups}
+    held = {og.index: np.ones((1, n), dtype=bool) for og in geom.offload.groups}
+    scalar = hits.lookup_hit(geom, n, stored=stored, max_num_new_tokens=mnn)
+    assert scalar.hit_tokens == 0
+    assert batch.lookup_hits(geom, [n], stored=held, max_num_new_tokens=mnn).hit(0) == scalar
