@@ -1217,8 +1217,8 @@ _SWA_DRAFTER_M32 = {
 def test_an_eagle_window_pops_again_after_the_full_group_lowers_it_as_the_scalar():
     # the same geometry, 216 tokens, max_num_new_tokens 136 (candidate 135), holes in each group (the drafter misses
     # key 48, the Mamba group keys 64, 96, 112 and 128, full attention key 128); the scalar lookup_hit (the oracle,
-    # pinned against vLLM 0.33 by the scalar rows named above and the 1,280-lookup sweep of 72a56c6) finds no hit; found by an
-    # in-process differential search over this geometry against mutants of the eagle reset (issue 19)
+    # pinned against vLLM 0.33 by the scalar rows named above and the 1,280-lookup sweep of 72a56c6) finds no hit;
+    # found by an in-process differential search over this geometry against mutants of the eagle reset (issue 19)
     geom = kvgeom.resolve(_SWA_DRAFTER_M32)
     H = geom.hash_block_size
     n, mnn = 216, 136
