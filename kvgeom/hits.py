@@ -21,7 +21,7 @@ Not modelled: look-ahead hash tokens, SimpleCPUOffloadConnector's lazy mode.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -476,21 +476,30 @@ def _partial_tail(
     contains = probe.contains
     groups = order.off.groups
     b = partial_tail_max_boundary(geom, n, prompt, done, limit)
-    # A tail past the next block also loads that block's chunk (index done // span: one block per chunk):
-    # it must be stored. vLLM 0.33 asks it only of the groups whose complete-chunk lookup did not already
-    # confirm it (``_lookup``: a full-attention group whose prefix scan reached past it, an eagle group's
-    # popped chunk included, is not asked again; a group not scanned, or a windowed one, is asked).
-    bridge = done // span
-    if b >= done + span and not all(
-        contains(og.index, done + span) for og in groups if not geom.groups[og.index].is_align_mamba
-        and reach.get(og.index, 0) <= bridge
-    ):
+    # a tail past the next block also loads that block's chunk: it must be stored (_bridge_groups)
+    bridged = _bridge_groups(geom, order, done, reach)
+    if b >= done + span and not all(contains(og.index, done + span) for og in bridged):
         b = done + span - H
     while b > done:
         if all(contains(og.index, partial_tail_key(og, b)) for og in groups):
             return _hit(b, c, True)
         b -= H
     return None
+
+
+def _bridge_groups(
+    geom: Geometry, order: _Order, done: int, reach: Mapping[int, int]
+) -> Iterator[OffloadGroupGeometry]:
+    """The groups asked for a partial tail's bridge chunk (the chunk of the block after ``done``, index
+    ``done // span``: one block per chunk), which a tail past that block also loads: every offloaded group but
+    the align Mamba ones, except a full-attention group whose complete-chunk prefix scan already confirmed it
+    (``reach``, vLLM 0.33's ``lookup_hit_end_chunk_idx``, past the bridge; an eagle group's popped chunk
+    included). A group not scanned, or a windowed one, is asked. The one rule of both walks, settled
+    (:func:`_partial_tail`) and over pending answers (:func:`_lookup_unsettled`)."""
+    bridge = done // order.partial_tail_span
+    for og in order.off.groups:
+        if not geom.groups[og.index].is_align_mamba and reach.get(og.index, 0) <= bridge:
+            yield og
 
 
 #: "No hit past c", by c, and every other Hit handed out, by (end, c) (complete chunks) or (end, c, True)
@@ -591,10 +600,7 @@ def _lookup_unsettled(
         b = partial_tail_max_boundary(geom, n, prompt, done, limit)
         bridge = False
         if b >= done + span:  # the tail also loads the next block's chunk: its keys must be stored
-            # asked only of the groups whose last complete-chunk scan did not confirm it (as _partial_tail)
-            for og in groups:
-                if geom.groups[og.index].is_align_mamba or reach.get(og.index, 0) > done // span:
-                    continue
+            for og in _bridge_groups(geom, order, done, reach):
                 s = probe.state(og.index, done + span)
                 if s == MISS:
                     b = done + span - H
