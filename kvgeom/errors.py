@@ -150,3 +150,7 @@ class OffloadConfigError(GeometryError):
 class QueryError(KVGeomError):
     """A query on a resolved geometry with arguments out of range (negative token
     counts, a chunk past the prefix, a count past int64, ...)."""
+
+    #: On a ``lookup_not_ready`` error raised by :func:`kvgeom.hits.lookup_trace`: the keys the deferred lookup
+    #: asked the tier for, in order (:class:`kvgeom.hits.ProbeCall`); empty on every other error.
+    probes: tuple[Any, ...] = ()

@@ -391,7 +391,7 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
         hit = lookup_hit(geom, num_tokens, stored=recorder, **options)
     except QueryError as e:
         if e.code == "lookup_not_ready":  # deferred: the keys asked travel with the error
-            e.probes = _trace_calls(geom, recorder)  # type: ignore[attr-defined]
+            e.probes = _trace_calls(geom, recorder)
         raise
     return LookupTrace(hit, _trace_calls(geom, recorder))
 

@@ -221,7 +221,7 @@ def kvgeom_pending_trace(geom: Geometry, num_tokens: int, answers: Mapping[str, 
     except QueryError as e:
         if e.code != "lookup_not_ready":
             raise
-        hit, probes = None, e.probes  # type: ignore[attr-defined]
+        hit, probes = None, e.probes
     # the trace lists the last len(probes) calls the tier saw: read their answers back from it
     seen = tier.calls[len(tier.calls) - len(probes):] if probes else []
     assert [[p.group, p.end_token] for p in probes] == [c[:2] for c in seen], "the trace is not the tier's record"
