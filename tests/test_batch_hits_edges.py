@@ -1268,3 +1268,122 @@ def test_one_token_chunks_with_a_window_leave_the_last_token_as_the_scalar(n, mn
     scalar = hits.lookup_hit(geom, n, stored=stored, max_num_new_tokens=mnn)
     assert scalar.hit_tokens == 0
     assert batch.lookup_hits(geom, [n], stored=held, max_num_new_tokens=mnn).hit(0) == scalar
+
+
+# -- a local prefix inside a chunk (kvgeom.batch.hits.lookup_views passes the windowed scans the chunk holding the
+# local prefix, c // C, as their start; issue 19's mutation pass). Two blocks per chunk (C = 32), local 26 -> 16
+# (the scheduler block) or 17 -> 16: chunk 0 = tokens [0, 32) still holds 16 tokens past the local prefix, so a
+# window run must reach into it. vLLM 0.33 (run_lookup_trace, run 2026-12-02, the same keys asked as
+# kvgeom.hits.lookup_trace): no hit in both rows; a scan that starts half a chunk in answers 48 and 80.
+LOCAL_INSIDE_A_CHUNK_ROWS = {
+    # sliding window 33: a hit at 64 needs 2 chunks; the window group holds only key 64 (chunk 1), chunk 0 is missing
+    "a_window_run_must_reach_the_chunk_holding_the_local_prefix": (
+        {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 33}],
+         "offload": {"blocks_per_chunk": 2}},
+        84, 26, {0: [16, 32, 64, 80], 1: [64]}, 0),
+    # an eagle sliding drafter of window 70: its pair scan finds no run of pairs long enough (keys 32 and 80 missing)
+    "an_eagle_pair_scan_must_reach_the_chunk_holding_the_local_prefix": (
+        {"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 70, "drafter": True}],
+         "offload": {"blocks_per_chunk": 2}, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+        135, 17, {0: [16, 32, 48, 64, 80, 96, 112, 128], 1: [48, 64, 96, 112, 128]}, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(LOCAL_INSIDE_A_CHUNK_ROWS))
+def test_a_local_prefix_inside_a_chunk_scans_from_that_chunk_as_the_scalar_and_vllm(name):
+    cfg, n, local, stored, vllm = LOCAL_INSIDE_A_CHUNK_ROWS[name]
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    scalar = hits.lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
+    assert scalar.hit_tokens == vllm
+    assert batch.lookup_hits(geom, [n], stored=held, local_computed_tokens=[local]).hit(0) == scalar
+
+
+def test_an_eagle_pop_past_2_to_the_53_tokens_is_exact_as_the_scalar():
+    # an eagle full-attention drafter alone with blocks of 2^30 tokens (C = H = L = 2^30), local prefix 2^53, 2^53 + 4C
+    # tokens, max_num_new_tokens 2C + 1: the candidate 2^53 + 2C + 1 is odd past 2^53, where a float64 rounds; the
+    # drafter pops (asks one chunk more) and holds the four chunks past the prefix, so the hit is the candidate, 2C + 1
+    # tokens. The oracle is the scalar lookup_hit (Python ints); no vLLM run (a 2^53-token prefix cannot run).
+    # A float pop (lookup_views mutant 132) rounds the hit to 2C.
+    C = 2**30
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": C, "drafter": True}], "offload": {},
+                           "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+    c = 2**53
+    n, mnn, first = c + 4 * C, 2 * C + 1, c // C
+    held = np.zeros((1, n // C), dtype=bool)
+    held[0, first:first + 4] = True
+    scalar = hits.lookup_hit(geom, n, stored={0: [(j + 1) * C for j in range(first, first + 4)]},
+                             local_computed_tokens=c, max_num_new_tokens=mnn)
+    assert scalar.hit_tokens == 2 * C + 1
+    got = batch.lookup_hits(geom, [n], stored={0: held}, local_computed_tokens=[c], max_num_new_tokens=mnn)
+    assert got.hit(0) == scalar
+
+
+def test_hits_fields_are_int64_and_a_bool_mask_on_every_path():
+    # the Hits docstring: hit_tokens, end_token, local_computed_tokens int64 arrays, partial_tail a bool mask, whichever
+    # way the lookup ended. Default geometry (FA span 32, align Mamba 16, no partial tails): requests of 0, 5 and 32
+    # tokens leave no chunk past the local prefix (candidates 0, 0, 16 < 32), so the lookup returns before any scan;
+    # 64 tokens every key held takes the whole path (48, as the class docstring's example and the scalar)
+    geom = GEOMS["default"]
+    for n in ([0, 5, 32], [64]):
+        held = np.ones((len(n), 4), dtype=bool)
+        h = batch.lookup_hits(geom, n, stored={0: held, 1: held})
+        assert [a.dtype for a in (h.hit_tokens, h.end_token, h.local_computed_tokens)] == [np.dtype(np.int64)] * 3
+        assert h.partial_tail.dtype == np.dtype(np.bool_)
+        assert h.end_token[~h.partial_tail].tolist() == h.end_token.tolist()
+        for i, x in enumerate(n):
+            assert h.hit(i) == hits.lookup_hit(geom, x, stored={0: [32, 64], 1: [16, 32, 48, 64]})
+
+
+# -- partial tails (lookup_views' tail walk): the bridge chunk a tail past the next block also loads, the key a group
+# without a proof margin is asked at, the span. Rows: config, num_tokens, held end tokens per group, vLLM 0.33's hit
+# (run_lookup_trace, run 2026-12-02: the same hit and the same keys as kvgeom.hits.lookup_trace) or None (no vLLM
+# run, see the row). The batch twin must equal the scalar lookup_hit.
+_TAIL_EAGLE = {"method": "eagle", "num_speculative_tokens": 2}
+TAIL_LOOKUP_ROWS = {
+    # eagle FA 32 drafter (proof margin 8) + Mamba 32, H 8, 40 tokens: the drafter misses key 32, so no complete chunk;
+    # the top boundary is 32 = one block past 0, where the bridge chunk (key 32) is missing: the walk starts at 24 (its
+    # proof key 32 missing), then 16 (proof key 24, Mamba 16 held): tail 16. Without the bridge check: tail 32.
+    "a_tail_one_block_past_needs_the_bridge_chunk": (
+        {"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True}, {"kind": "mamba", "block_size": 32}],
+         "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {}, "speculative": _TAIL_EAGLE},
+        40, {0: [8, 16, 24, 40], 1: [8, 16, 24, 32, 40]}, 16),
+    # FA 32 + its eagle drafter (FA 32, margin 8) + Mamba 32, H 8, 80 tokens: FA misses key 32 (its bridge chunk), the
+    # drafter holds it: the bridge needs every non-Mamba group, so the walk starts at 24 (not 56): tail 24
+    "the_bridge_chunk_is_needed_of_every_attention_group": (
+        {"groups": [{"kind": "full_attention", "block_size": 32},
+                    {"kind": "full_attention", "block_size": 32, "drafter": True, "num_kv_heads": 4},
+                    {"kind": "mamba", "block_size": 32}],
+         "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {}, "speculative": _TAIL_EAGLE},
+        80, {0: [8, 16, 24, 40, 48, 56, 64, 72, 80], 1: list(range(8, 81, 8)), 2: list(range(8, 81, 8))}, 24),
+    # H = 1 (a one-token prefix match unit), FA 64 + Mamba 64, 2 tokens: the tail at 1 asks each group's key ending at
+    # 1 (no proof margin), both held: tail 1 (a group asked at the key ending at 2 instead misses: no tail)
+    "a_group_without_a_margin_is_asked_at_the_boundary": (
+        {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64,
+                                                                   "mamba_cache_mode": "align"}],
+         "cache": {"prefix_match_unit": 1}, "offload": {}},
+        2, {0: [1], 1: [1, 2]}, 1),
+    # the attention group is not prefix-cacheable: the Mamba group (span 64, H 16) is the only offloaded group; 100
+    # tokens, Mamba keys every 16 held: chunk 64 then the tail at 96 (rdown(min(99, 64 + 63), 16)). No vLLM value: the
+    # harness builds every group as a prefix-cacheable one (it asked vLLM's group 0 for keys it does not hold)
+    "a_mamba_group_offloaded_alone": (
+        {"groups": [{"kind": "full_attention", "block_size": 64, "prefix_cacheable": False},
+                    {"kind": "mamba", "block_size": 64, "mamba_cache_mode": "align"}],
+         "cache": {"prefix_match_unit": 16}, "offload": {}},
+        100, {1: [16, 32, 48, 64, 80, 96]}, None),
+}
+
+
+@pytest.mark.parametrize("name", list(TAIL_LOOKUP_ROWS))
+def test_partial_tail_rows_equal_the_scalar_and_vllm(name):
+    cfg, n, stored, vllm = TAIL_LOOKUP_ROWS[name]
+    geom = kvgeom.resolve(cfg)
+    H = geom.hash_block_size
+    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    scalar = hits.lookup_hit(geom, n, stored=stored)
+    if vllm is not None:
+        assert scalar.hit_tokens == vllm
+    else:
+        assert (scalar.hit_tokens, scalar.partial_tail) == (96, True)  # the scalar twin, by the row's comment
+    assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar

@@ -859,6 +859,44 @@ def test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run(n
     assert batch.hit(0) == lookup_hit(_SWA_DRAFTER_M32, n, stored=stored)
 
 
+def test_an_eagle_window_does_not_pop_again_after_another_eagle_window_lowers_the_candidate():
+    # two eagle sliding-window drafters (windows 16 and 33: 1 and 3 chunks of 16) beside full attention and an align
+    # Mamba 32; 151 tokens, candidate 128. The wider drafter (asked first) pops at 128 (keys 144-96 held: 128); the
+    # narrower one pops there too, misses key 128 and lowers to 96; Mamba holds 96. In the second pass the wider
+    # drafter is asked again at 96 WITHOUT popping (another eagle group's lowering does not make it pop again; only
+    # a non-eagle group's lowering or the Mamba re-alignment below a run end do): keys 96 down, misses 80 and 48,
+    # the run 32-16 reaches the start: 32. vLLM 0.33 (run_lookup_trace, run 2026-12-02): hit 32 and exactly these
+    # keys. The batch twin must agree: kvgeom.batch.hits.lookup_views' eagle re-pop reset made to fire more often, or
+    # its windowed groups taken in another order (mutants 202, 281, 282, 342, 352, 353, 355, 357), answer 0.
+    import numpy as np
+
+    from kvgeom.batch.hits import lookup_hits
+
+    geom = kvgeom.resolve({
+        "groups": [{"kind": "full_attention", "block_size": 16},
+                   {"kind": "sliding_window", "block_size": 16, "sliding_window": 16, "drafter": True},
+                   {"kind": "sliding_window", "block_size": 16, "sliding_window": 33, "drafter": True},
+                   {"kind": "mamba", "block_size": 32, "mamba_cache_mode": "align"}],
+        "offload": {}, "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+    })
+    n = 151
+    stored = {0: [16, 32, 48, 64, 80, 96, 112, 128, 144], 1: [16, 32, 48, 64, 80, 96, 112, 144],
+              2: [16, 32, 64, 96, 112, 128, 144], 3: [16, 32, 48, 64, 80, 96, 112, 128, 144]}
+    trace = hits.lookup_trace(geom, n, stored=stored)
+    assert trace.hit.hit_tokens == 32
+    assert [(p.group, p.end_token, p.held) for p in trace.probes] == [
+        *[(0, e, True) for e in range(16, 129, 16)],
+        (2, 144, True), (2, 128, True), (2, 112, True), (2, 96, True),
+        (1, 144, True), (1, 128, False), (1, 112, True), (1, 96, True),
+        (3, 96, True),
+        (2, 96, True), (2, 80, False), (2, 64, True), (2, 48, False), (2, 32, True), (2, 16, True),
+        (1, 32, True),
+        (3, 32, True),
+    ]
+    held = {g: np.array([[(i + 1) * 16 in ends for i in range(n // 16)]]) for g, ends in stored.items()}
+    assert lookup_hits(geom, [n], stored=held).hit(0) == trace.hit
+
+
 # -- a tier that answers HIT_PENDING / RETRY, step by step (_lookup_unsettled, _complete_unsettled, ---------
 # _window_states, _window_need, _prefix_states). Each row: groups, prefix_match_unit, eagle K, blocks per
 # chunk, num_tokens, local prefix, max_load_tokens, the keys that do not answer HIT ({group: {end: answer}};

@@ -327,7 +327,9 @@ def store_holdback(
 
 @dataclass(frozen=True)
 class Hits:
-    """Hits of many requests (the scalar :class:`kvgeom.hits.Hit`, one array per field)."""
+    """Hits of many requests (the scalar :class:`kvgeom.hits.Hit`, one array per field): ``hit_tokens``,
+    ``end_token`` and ``local_computed_tokens`` are int64 arrays and ``partial_tail`` a bool array (a mask
+    that selects the requests with a partial tail), whichever way the lookup ended."""
 
     hit_tokens: I64
     end_token: I64
