@@ -1387,3 +1387,60 @@ def test_partial_tail_rows_equal_the_scalar_and_vllm(name):
     else:
         assert (scalar.hit_tokens, scalar.partial_tail) == (96, True)  # the scalar twin, by the row's comment
     assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar
+
+
+# -- plan_stores' candidate chunks (kvgeom.batch.hits._swa_revisit_starts): which requests and groups start their
+# candidates below the stored start. The plans are the scalar plan_store's; the refusal's count is kvgeom's own
+# contract (plan_stores docstring: per group, each request's chunks from its stored start, or from the last partial
+# alignment segment where the scalar reconsiders it, up to its storable end), derived here by hand.
+def test_plan_stores_without_an_alignment_equal_the_scalar():
+    # two full-attention chunks (16, 32): alignment_tokens None (a warning), so no group reconsiders a segment; a
+    # finished request past its prompt, no retention, a sliding-window group: the scalar plan_store is the oracle
+    geom = kvgeom.resolve({"groups": [FA16, {"kind": "full_attention", "block_size": 32},
+                                      {"kind": "sliding_window", "block_size": 16, "sliding_window": 24}],
+                           "cache": {"retention_interval": None}, "offload": {}})
+    assert geom.offload.alignment_tokens is None
+    kw = {"num_computed_tokens": 100, "num_prompt_tokens": 64, "finished": True, "offload_prompt_only": False}
+    sp = batch.plan_stores(geom, num_tokens=[100], **{k: v if isinstance(v, bool) else [v] for k, v in kw.items()})
+    assert sp.plan(0) == hits.plan_store(geom, num_tokens=100, **kw)
+
+
+_HUGE = 2**40
+
+
+@pytest.mark.parametrize(
+    ("name", "computed", "finished", "total"),
+    [
+        # an align Mamba group (16-token chunks, under the 32-token alignment) never reconsiders a segment: request 1
+        # (finished, horizon 95 tokens: 5 chunks, its prompt 3) has none, its stored start 5 being its storable end
+        ("mamba_handoff", 96, True, 2**36),
+        # a sliding-window group reconsiders only for a finished request: request 1 decodes (80 computed: 5 chunks,
+        # stored start 5), so it has none
+        ("sliding_revisit_odd", 80, False, 2**36),
+        # finished (horizon 95: 5 chunks, prompt 3 chunks): its last partial alignment segment (32 tokens = 2 chunks)
+        # is chunk 4 alone, reconsidered: one candidate
+        ("sliding_revisit_odd", 96, True, 2**36 + 1),
+    ],
+)
+def test_plan_stores_candidate_count_counts_reconsidered_chunks_only_where_the_scalar_does(
+    name, computed, finished, total
+):
+    # request 0: 2^40 tokens, every group's stored start 0 but full attention's (its storable end 2^35: none there);
+    # its 16-token group has 2^40 / 16 = 2^36 candidates, more than MAX_RESULT: refused, with request 1's added
+    geom = GEOMS[name]
+    assert [og.tokens_per_chunk for og in geom.offload.groups] == [32, 16]
+    problem = None
+    try:
+        batch.plan_stores(geom, num_tokens=[_HUGE, 96], num_computed_tokens=[_HUGE, computed],
+                          num_prompt_tokens=[_HUGE, 48], finished=[False, finished], offload_prompt_only=False,
+                          stored_chunks={0: [_HUGE // 32, 2], 1: [0, 5]})
+    except kvgeom.QueryError as e:
+        problem = e.problems[0]
+    assert problem is not None
+    assert (problem.code, problem.field, problem.values["total"]) == (
+        "result_too_large", "plan_stores candidate chunks", total)
+    # request 1 alone: the scalar plan
+    kw = {"num_computed_tokens": computed, "num_prompt_tokens": 48, "finished": finished, "offload_prompt_only": False}
+    sp = batch.plan_stores(geom, num_tokens=[96], stored_chunks={0: [2], 1: [5]},
+                           **{k: v if isinstance(v, bool) else [v] for k, v in kw.items()})
+    assert sp.plan(0) == hits.plan_store(geom, num_tokens=96, stored_chunks={0: 2, 1: 5}, **kw)

@@ -186,6 +186,16 @@ def plan_stores(
     :mod:`kvgeom.masks` are evaluated per candidate chunk, vectorised.
     ``StorePlans.plan(i) == plan_store(...)`` for request ``i``.
 
+    A group whose masks are evaluated per candidate chunk (every group but a Mamba or sliding-window one
+    under ``retention_interval`` 0, whose kept chunks are generated directly) refuses more than
+    ``MAX_RESULT`` (2^26) candidates over all requests: ``result_too_large``, field ``plan_stores candidate
+    chunks``, ``total`` that group's count (the first group past the limit, in group order). Request ``i``'s
+    candidates are its chunks from its stored start (``stored_chunks``) up to its storable end; only where
+    the scalar plan reconsiders chunks below the stored start (a finished sliding-window request whose
+    horizon is not the prompt's, retention None, not an eagle group, the alignment a multiple of the group's
+    span: its last partial alignment segment, ``kvgeom.hits._swa_revisit_start``) do they start at that
+    segment's first chunk.
+
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> sp = plan_stores(g, num_tokens=[64, 40], num_computed_tokens=[64, 40])
