@@ -1338,8 +1338,8 @@ def test_hits_fields_are_int64_and_a_bool_mask_on_every_path():
 
 # -- partial tails (lookup_views' tail walk): the bridge chunk a tail past the next block also loads, the key a group
 # without a proof margin is asked at, the span. Rows: config, num_tokens, held end tokens per group, vLLM 0.33's hit
-# (run_lookup_trace, run 2026-12-02: the same hit and the same keys as kvgeom.hits.lookup_trace) or None (no vLLM
-# run, see the row). The batch twin must equal the scalar lookup_hit.
+# (run_lookup_trace, run 2026-12-02: the same hit and the same keys as kvgeom.hits.lookup_trace). The batch twin must
+# equal the scalar lookup_hit.
 _TAIL_EAGLE = {"method": "eagle", "num_speculative_tokens": 2}
 TAIL_LOOKUP_ROWS = {
     # eagle FA 32 drafter (proof margin 8) + Mamba 32, H 8, 40 tokens: the drafter misses key 32, so no complete chunk;
@@ -1364,14 +1364,13 @@ TAIL_LOOKUP_ROWS = {
                                                                    "mamba_cache_mode": "align"}],
          "cache": {"prefix_match_unit": 1}, "offload": {}},
         2, {0: [1], 1: [1, 2]}, 1),
-    # the attention group is not prefix-cacheable: the Mamba group (span 64, H 16) is the only offloaded group; 100
-    # tokens, Mamba keys every 16 held: chunk 64 then the tail at 96 (rdown(min(99, 64 + 63), 16)). No vLLM value: the
-    # harness builds every group as a prefix-cacheable one (it asked vLLM's group 0 for keys it does not hold)
+    # a circular buffer (never prefix-cacheable) beside an align Mamba 64, H 16: the Mamba group is the only offloaded
+    # group (the span is its own); 100 tokens, Mamba keys every 16 held: chunk 64, then the tail at 96
     "a_mamba_group_offloaded_alone": (
-        {"groups": [{"kind": "full_attention", "block_size": 64, "prefix_cacheable": False},
+        {"groups": [{"kind": "circular_buffer", "block_size": 64},
                     {"kind": "mamba", "block_size": 64, "mamba_cache_mode": "align"}],
          "cache": {"prefix_match_unit": 16}, "offload": {}},
-        100, {1: [16, 32, 48, 64, 80, 96]}, None),
+        100, {1: [16, 32, 48, 64, 80, 96]}, 96),
 }
 
 
@@ -1382,10 +1381,7 @@ def test_partial_tail_rows_equal_the_scalar_and_vllm(name):
     H = geom.hash_block_size
     held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
     scalar = hits.lookup_hit(geom, n, stored=stored)
-    if vllm is not None:
-        assert scalar.hit_tokens == vllm
-    else:
-        assert (scalar.hit_tokens, scalar.partial_tail) == (96, True)  # the scalar twin, by the row's comment
+    assert scalar.hit_tokens == vllm
     assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar
 
 
