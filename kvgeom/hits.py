@@ -49,8 +49,11 @@ from kvgeom.probes import (
     RETRY,
     Probe,
     RecordingProbe,
+    Unsettled,
+    arm,
     as_probe,
     check_chain_length,
+    disarm,
 )
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
@@ -314,29 +317,41 @@ def lookup_hit(
                      offload_keys=offload_keys)
     if block_hashes is not None and len(block_hashes) < n // order.H:
         check_chain_length(geom, n, block_hashes)
-    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
-    # a partial tail asks its bridge chunk only of the groups whose prefix scan did not reach past it
-    reach: dict[int, int] | None = {} if order.partial_tail_span else None
-    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None, reach)
-    found = _partial_tail(geom, order, probe, n, prompt, c, done, limit, reach) if reach is not None else None
-    if found is None:
-        found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
-        if found is None:
-            found = _no_hit(c) if done == c else _hit(done, c, False)
-    if probe.unsettled:
-        # the tier answered HIT_PENDING or RETRY for a key the lookup asked: ask again, by vLLM's rules for them
+    # an offload manager's answers are recorded, and its first HIT_PENDING / RETRY answer stops the settled walk:
+    # the walk by vLLM's rules for them then replays them, so the manager is asked vLLM's keys once (issue 19)
+    tape = arm(probe)
+    try:
+        try:
+            # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
+            # a partial tail asks its bridge chunk only of the groups whose prefix scan did not reach past it
+            reach: dict[int, int] | None = {} if order.partial_tail_span else None
+            done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None, reach)
+            found = _partial_tail(geom, order, probe, n, prompt, c, done, limit, reach) if reach is not None else None
+            if found is None:
+                found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
+                if found is None:
+                    found = _no_hit(c) if done == c else _hit(done, c, False)
+            if not probe.unsettled:
+                return found
+        except Unsettled:
+            assert tape is not None  # only a tape raises it
+            tape.replaying()
+        # the tier answered HIT_PENDING or RETRY for a key the lookup asked: walk by vLLM's rules for them (a
+        # Probe subclass that says so only through its unsettled flag is asked again from the start)
         unsettled = _lookup_unsettled(geom, order, probe, n, prompt, c, M, limit, mlt is not None)
-        if unsettled is None:
-            raise QueryError.single(
-                "lookup_not_ready",
-                f"the tier answered HIT_PENDING or RETRY for a key the hit of this {n}-token request depends on; "
-                "vLLM 0.33 defers the request (get_num_new_matched_tokens answers None): ask again when the tier "
-                "settles",
-                "stored",
-                num_tokens=n,
-            )
-        return unsettled
-    return found
+    finally:
+        if tape is not None and probe is stored:  # a probe built here is dropped; one passed in is given back as it was
+            disarm(probe)
+    if unsettled is None:
+        raise QueryError.single(
+            "lookup_not_ready",
+            f"the tier answered HIT_PENDING or RETRY for a key the hit of this {n}-token request depends on; "
+            "vLLM 0.33 defers the request (get_num_new_matched_tokens answers None): ask again when the tier "
+            "settles",
+            "stored",
+            num_tokens=n,
+        )
+    return unsettled
 
 
 class ProbeCall(NamedTuple):
@@ -371,10 +386,12 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
     ``realign-after-clamp`` deviation, kvgeom may stop asking earlier, or the keys asked differ with the hit).
 
     Over a tier that answers ``HIT_PENDING`` or ``RETRY`` for a key the lookup asks, :func:`lookup_hit` walks
-    the keys as over a settled tier first and then again by vLLM's rules for those answers; the trace lists
-    the second walk, the one vLLM asks (checked on vLLM runs by ``tests/test_scheduler_conformance.py``'s
-    seeded pending-tier sweep and rows in ``tests/test_hits_edges.py``). Where the lookup defers, the
-    ``lookup_not_ready`` :class:`kvgeom.QueryError` carries the keys asked as its ``probes``.
+    the keys as over a settled tier until the first such answer and then by vLLM's rules for those answers; the
+    trace lists the second walk, the one vLLM asks (checked on vLLM runs by ``tests/test_scheduler_conformance.py``'s
+    seeded pending-tier sweep and rows in ``tests/test_hits_edges.py``). An offload manager is asked exactly
+    those keys, once each time the walk asks them: the second walk replays the answers the first was given
+    (:class:`kvgeom.probes.Tape`). Where the lookup defers, the ``lookup_not_ready`` :class:`kvgeom.QueryError`
+    carries the keys asked as its ``probes``.
 
     Postconditions: ``hit`` equals :func:`lookup_hit`'s; each probe's ``held`` is the tier's answer; every
     key the hit loads was asked and held.
@@ -398,7 +415,8 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
 
 def _trace_calls(geom: Geometry, recorder: _TraceProbe) -> tuple[ProbeCall, ...]:
     """The keys :func:`lookup_trace` lists: every call, or over a tier that answered HIT_PENDING or RETRY, the
-    calls of the walk by vLLM's rules for those answers (the settled walk before it is not vLLM's)."""
+    calls of the walk by vLLM's rules for those answers (the settled walk's calls before it are not vLLM's walk;
+    an offload manager's answers to them are replayed, not asked again)."""
     H = geom.hash_block_size
     calls = recorder.calls
     if recorder.unsettled:

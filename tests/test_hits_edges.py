@@ -879,11 +879,13 @@ class _ByEnd:
     def __init__(self, chain, H, listed):
         self.index = {h: (i + 1) * H for i, h in enumerate(chain)}
         self.listed = listed
+        self.asked = []  # every call, as (group, end token)
 
     def lookup(self, key, req_context):
         from kvgeom.residency import split_offload_key
 
         block_hash, group = split_offload_key(key)
+        self.asked.append((group, self.index[block_hash]))
         return _ANSWERS.get(self.listed.get(group, {}).get(self.index[block_hash]), _Answer)()
 
 
@@ -1111,6 +1113,25 @@ def test_a_pending_tier_lookup_asks_the_keys_vllm_asks(name, groups, pmu, eagle,
         hit, probes = None, e.probes
     assert hit == vllm
     assert [(p.group, p.end_token, p.held) for p in probes] == [(g, e, a == "hit") for g, e, a in keys]
+    # and the tier itself was asked exactly vLLM's keys, each once per time vLLM asks it: the settled walk stops at
+    # the first unsettled answer and the walk by vLLM's rules replays what it was told (probes.Tape; before it, the
+    # tier was asked both walks whole)
+    assert tier.asked == [(g, e) for g, e, _ in keys]
+    # the same through the connector's own per-group keys (a prefix scan's run of hits is taped as one entry)
+    from kvgeom.residency import make_offload_key
+
+    geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
+    per_group = [[] for _ in range(max(og.index for og in geom.offload.groups) + 1)]
+    for og in geom.offload.groups:
+        hpc = og.hashes_per_chunk
+        per_group[og.index] = [make_offload_key(chain[(j + 1) * hpc - 1], og.index) for j in range(len(chain) // hpc)]
+    tail = {"block_hashes": chain} if geom.offload.supports_partial_tail else {}
+    try:
+        keyed = lookup_hit(geom, n, stored=tier, offload_keys=per_group, local_computed_tokens=local, **tail, **caps)
+        assert keyed.hit_tokens == vllm
+    except QueryError as e:
+        assert e.code == "lookup_not_ready" and vllm is None
+    assert tier.asked == [(g, e) for g, e, _ in keys]
 
 
 @pytest.mark.parametrize("c", [2**57 + 32, 2**62 + 1008])
