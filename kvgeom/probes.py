@@ -731,9 +731,10 @@ class Tape(list[tuple[Any, ...]]):
         self.pos = 0
 
     def replay(self, key: Any, lookup: Callable[[Any, Any], Any], ctx: Any) -> Any:
-        """The recorded answer when ``key`` is the next recorded key, else the manager's (and no replay after)."""
-        i = getattr(self, "pos", -1)  # -1: still recording (a state() call outside lookup_hit's walks)
-        if 0 <= i < len(self):
+        """After :meth:`replaying`: the recorded answer when ``key`` is the next recorded key, else
+        ``lookup(key, ctx)``, the manager's, and every later call the manager's too."""
+        i = self.pos
+        if i < len(self):
             recorded, answer = self[i]
             # offload keys are the same objects call to call; keys built from a hash chain are equal bytes
             if recorded is key or (type(recorded) is bytes and recorded == key):

@@ -199,6 +199,56 @@ def test_a_tier_that_answers_pending_is_read_as_vllm_reads_it(name, geom, n, ans
         assert lookup_hit(geom, n, stored=tier, block_hashes=chain).hit_tokens == hit
 
 
+class _Asked(_TriState):
+    """:class:`_TriState` recording each call's group, end token and req_context."""
+
+    def __init__(self, chain, H, answers):
+        super().__init__(chain, H, answers)
+        self.calls = []
+
+    def lookup(self, key, req_context):
+        from kvgeom.residency import split_offload_key
+
+        block_hash, group = split_offload_key(key)
+        self.calls.append((group, self.index[block_hash], req_context))
+        return super().lookup(key, req_context)
+
+
+def test_a_tape_replays_its_record_while_the_keys_match_then_asks_the_tier():
+    """kvgeom.probes.Tape's contract (its docstring): recorded answers come back, without a call, while the
+    keys asked are the recorded ones in order; from the first call that differs, every call goes to the tier,
+    with the request's req_context, even where a later recorded key comes up again."""
+    from kvgeom.probes import Tape, arm
+
+    chain = [b"t%015d" % i for i in range(8)]
+    tier = _Asked(chain, 16, {"0": {32: "MISS"}})
+    probe = as_probe(_SWA, tier, block_hashes=chain, req_context="ctx")
+    tape = arm(probe)
+    assert isinstance(tape, Tape)
+    assert (probe.contains(0, 16), probe.contains(0, 32), probe.contains(0, 48)) == (True, False, True)
+    tape.replaying()
+    tier.calls.clear()
+    assert (probe.state(0, 16), probe.state(0, 32)) == ("hit", "miss")  # replayed: the tier is not asked
+    assert tier.calls == []
+    assert probe.state(1, 48) == "hit"  # the recorded third call was (0, 48): the tier is asked from here
+    assert probe.state(0, 48) == "hit"  # ... and stays asked, though (0, 48) was recorded
+    assert tier.calls == [(1, 48, "ctx"), (0, 48, "ctx")]
+
+
+def test_a_probe_passed_in_is_given_back_untaped():
+    """A probe a caller built (as_probe over a manager) and passed to lookup_hit answers as before afterwards:
+    a pending key read through contains() counts as held and marks the probe unsettled (no exception), and a
+    second lookup over it gives the same answer as the first."""
+    chain = [b"u%015d" % i for i in range(12)]
+    tier = _Asked(chain, 16, {"1": {192: "HIT_PENDING", 176: "MISS"}})
+    probe = as_probe(_SWA, tier, block_hashes=chain, req_context=7)
+    first = lookup_hit(_SWA, 200, stored=probe, block_hashes=chain)
+    assert first.hit_tokens == 160  # the PENDING_ROWS row swa-cancelled, run on vLLM
+    assert lookup_hit(_SWA, 200, stored=probe, block_hashes=chain) == first
+    assert probe.contains(1, 192) is True and probe.unsettled
+    assert {ctx for *_, ctx in tier.calls} == {7}
+
+
 def test_an_unknown_lookup_answer_is_refused():
     chain = [b"p%015d" % i for i in range(4)]
     with pytest.raises(QueryError) as info:
