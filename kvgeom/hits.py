@@ -648,8 +648,11 @@ def _complete_unsettled(
     reach: dict[int, int] | None = None,
 ) -> int | None:
     """:func:`_complete` with three-valued answers (None: deferred): a group whose scan defers leaves the
-    candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again
-    (windowed groups alone when nothing was deferred), as vLLM 0.33's ``_lookup_complete_chunks``. ``reach``
+    candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again,
+    as vLLM 0.33's ``_lookup_complete_chunks``. Without a deferral, which groups are asked again and which eagle
+    groups pop again follow :func:`_complete`'s rules, so over HIT and MISS answers both walks ask the same keys
+    in the same order (a law, ``tests/property/test_probe_laws.py``; inside the ``realign-after-clamp``
+    deviation, where vLLM's keys differ, too). ``reach``
     (when given) receives, per full-attention group, the chunk its last prefix scan confirmed up to (vLLM's
     ``lookup_hit_end_chunk_idx``: the local chunk when the scan deferred)."""
     Cm = order.Cm
@@ -657,14 +660,14 @@ def _complete_unsettled(
     everything = (*order.full, *order.windowed)
     verified: set[int] = set()
     deferred = False
-    realign_repass = False
     m = M
-    hit = 0  # the candidate past c after the previous group
+    first_group = True  # a lowering by the walk's first group (its clamp) clears no deferral: none came before it
     todo: tuple[OffloadGroupGeometry, ...] = everything
     while todo:
-        seen_window = False
+        first: OffloadGroupGeometry | None = None  # the pass's first windowed group
         current, todo = todo, ()
         for og in current:
+            before = m
             C = og.tokens_per_chunk
             keys = keyed // og.hashes_per_chunk
             m = _clamp(og, m, keyed, load_capped, Cm)
@@ -679,8 +682,8 @@ def _complete_unsettled(
                     reach[og.index] = start + (count or 0)
             else:
                 g = geom.groups[og.index]
-                first = _window_need(g, og, min(m, (top - pop) * C)) + pop
-                count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first)
+                first_need = _window_need(g, og, min(m, (top - pop) * C)) + pop
+                count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first_need)
             if count == 0:
                 return c
             found = m
@@ -694,30 +697,24 @@ def _complete_unsettled(
                 m = _align_to_mamba_chunk(found, Cm)
             if m - c < C:
                 return c
-            if m - c < hit:
-                # the Mamba re-alignment below this group's own run end is a lowering vLLM 0.33's Mamba group
-                # makes: eagle groups pop again (as in _complete), and the windowed groups are asked again once
-                # the Mamba group has answered there without deferring
-                realigned = m < found and bool(verified)
-                if not og.eagle_group or realigned:
+            # which eagle groups pop again, and when every windowed group is asked again: _complete's rules (the
+            # two walks ask the same keys over settled answers, a law), with vLLM 0.33's for a deferral on top: a
+            # group that lowers the candidate clears it and every group is asked again
+            if og.window_chunks is None:
+                if verified and m < before and not og.eagle_group:
                     verified.clear()
-                if deferred:
-                    deferred = False
-                    todo = everything
-                elif seen_window and not todo:
+            elif verified and (m < found or (m < before and not og.eagle_group)):
+                verified.clear()
+            if m < before and deferred and not first_group:
+                deferred = False
+                todo = everything
+            first_group = False
+            if og.window_chunks is not None:
+                if first is None:
+                    first = og
+                if (m < before and not todo and not deferred
+                        and (og is not first or m != found or _clamp(og, m, keyed, load_capped, Cm) != m)):
                     todo = order.windowed
-                mamba = geom.groups[og.index].is_align_mamba
-                realign_repass = (realign_repass and not mamba) or (realigned and og.window_chunks is not None)
-            elif realign_repass and count is not None and geom.groups[og.index].is_align_mamba:
-                realign_repass = False
-                if not todo and not deferred:
-                    todo = order.windowed
-            if m < found and og.window_chunks is not None and not todo and not deferred:
-                # as _complete: the Mamba re-alignment below a windowed group's own run end asks every windowed
-                # group again there, that group included (its run was found above the new candidate)
-                todo = order.windowed
-            seen_window |= og.window_chunks is not None
-            hit = m - c
     return None if deferred else m
 
 

@@ -1152,6 +1152,26 @@ def test_the_pending_walk_asks_the_settled_walks_keys_past_2_to_the_53_chunks(c)
     assert hits.lookup_trace(geom, c + 40, stored=unsure, local_computed_tokens=c) == settled
 
 
+def test_the_pending_walk_makes_no_pass_the_settled_walk_does_not_after_a_realignment():
+    """The law above, on the case the thorough profile found (2026-12-02): Mamba 64 looked up before an eagle
+    sliding-window drafter (window 1, block 32), 193 tokens. The drafter's pop ends its run at 160, kvgeom
+    re-aligns to the Mamba chunk (128), and both groups are asked again there. The walk by vLLM's rules made one
+    more pass, asking (0, 128) and (1, 128) again, because it counted the Mamba group's answer at 128 as a
+    second lowering. vLLM 0.33 (vllm_pending_trace over these answers) hits 160 off the Mamba chunk, asking
+    (0, 192) (1, 192) (1, 160) (0, 192) (1, 160): the registered realign-after-clamp deviation, so the keys after
+    the re-alignment are kvgeom's; both of its walks now ask the same ones."""
+    cfg = {"groups": [{"kind": "mamba", "block_size": 64},
+                      {"kind": "sliding_window", "block_size": 32, "sliding_window": 1, "drafter": True}],
+           "cache": {"retention_interval": 0}, "offload": {"blocks_per_chunk": 1},
+           "speculative": {"method": "eagle", "num_speculative_tokens": 1}}
+    geom = kvgeom.resolve(cfg)
+    stored = {0: [32, 64, 96, 128, 192, 224], 1: [32, 64, 96, 128, 160, 192, 224]}
+    settled = hits.lookup_trace(geom, 193, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        128, [(0, 192), (1, 192), (1, 160), (0, 128), (1, 160), (1, 128)])
+    assert hits.lookup_trace(geom, 193, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
+
+
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
 # The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
 # answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
