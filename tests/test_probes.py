@@ -284,12 +284,15 @@ def test_an_unsettled_answer_read_directly_marks_a_keys_probe_unsettled():
 
 
 @pytest.mark.parametrize("form", ["chain", "keys"])
-@pytest.mark.parametrize("walk", ["settled", "pending"])
+@pytest.mark.parametrize("walk", ["settled", "pending", "mamba"])
 def test_an_unknown_answer_is_refused_naming_the_key(form, walk):
     """An answer that is none of HIT, MISS, HIT_PENDING, RETRY is refused (lookup_not_ready) with the offload key
-    it answered named, in the settled walk and in the walk by vLLM's rules (after a RETRY), either key form."""
+    it answered named, in the settled walk (the attention prefix scan, or the Mamba key asked alone) and in the
+    walk by vLLM's rules (after a RETRY), either key form."""
     chain = [b"w%015d" % i for i in range(12)]
-    answers = {"0": {48: "MAYBE"}} if walk == "settled" else {"0": {16: "RETRY", 48: "MAYBE"}}
+    answers = {"settled": {"0": {48: "MAYBE"}}, "pending": {"0": {16: "RETRY", 48: "MAYBE"}},
+               # attention held to 96; the Mamba key at the candidate 96 is the first of group 1 asked
+               "mamba": {"1": {96: "MAYBE"}}}[walk]
     tier = _Asked(chain, 8, answers)
     if form == "chain":
         stored = {"stored": tier}
@@ -299,7 +302,8 @@ def test_an_unknown_answer_is_refused_naming_the_key(form, walk):
     with pytest.raises(QueryError) as info:
         lookup_hit(_TAIL, 100, block_hashes=chain, **stored)
     assert info.value.code == "lookup_not_ready"
-    assert repr(make_offload_key(chain[5], 0)) in info.value.problems[0].message
+    key = make_offload_key(chain[11], 1) if walk == "mamba" else make_offload_key(chain[5], 0)
+    assert repr(key) in info.value.problems[0].message
 
 
 def test_a_partial_tail_key_without_a_chain_names_the_group_end_and_chunk():
@@ -318,17 +322,22 @@ class _TwoHits:
     """A manager answering with two distinct objects named HIT (first for the first key asked, the second after),
     RETRY or MISS as listed by offload key, recording each call."""
 
+    MISS = _Answer("MISS")  # one object: once read by name, later misses take the remembered-object path
+
     def __init__(self, answers):
-        self.answers, self.asked = answers, []
+        self.answers, self.asked, self.contexts = answers, [], set()
         self.hits = (_Answer("HIT"), _Answer("HIT"))
 
     def lookup(self, key, req_context):
         self.asked.append(key)
+        self.contexts.add(req_context)
         name = self.answers.get(key, "HIT")
+        if name == "MISS":
+            return self.MISS
         return self.hits[len(self.asked) > 1] if name == "HIT" else _Answer(name)
 
 
-@pytest.mark.parametrize("case", ["runs-after-a-slow-hit", "miss-then-retry"])
+@pytest.mark.parametrize("case", ["runs-after-a-slow-hit", "miss-then-retry", "miss-right-after-a-slow-hit"])
 def test_a_taped_prefix_scan_over_per_group_keys_replays_every_key(case):
     """The tape records a prefix scan's run of HIT answers as one entry: after an answer read by name (a new HIT
     object), the run restarts at the next key, and the answer that ends a scan is recorded too, so the walk by
@@ -338,17 +347,21 @@ def test_a_taped_prefix_scan_over_per_group_keys_replays_every_key(case):
     keys = [[make_offload_key(chain[2 * j + 1], g) for j in range(6)] for g in (0, 1)]
     if case == "runs-after-a-slow-hit":
         listed = {keys[0][4]: "RETRY"}  # attention chunks 0-3 held (one HIT object, then another), chunk 4 retried
-    else:
+    elif case == "miss-then-retry":
         listed = {keys[0][3]: "MISS", keys[1][2]: "RETRY"}  # the attention scan ends on a miss; Mamba retried later
-    by_chain, by_keys = _TwoHits(listed), _TwoHits(listed)
-    outcomes = []
-    for tier, form in ((by_chain, {}), (by_keys, {"offload_keys": keys})):
-        try:
-            outcomes.append(lookup_hit(_TAIL, 100, stored=tier, block_hashes=chain, req_context=3, **form))
-        except QueryError as e:
-            outcomes.append(e.code)
-    assert outcomes[0] == outcomes[1]
-    assert by_keys.asked == by_chain.asked
+    else:  # the miss comes right after the second HIT object's first answer (an empty run before it)
+        listed = {keys[0][2]: "MISS", **{k: "RETRY" for k in keys[1]}}
+    for _ in range(2):  # the second time, the miss that ends the attention scan is the remembered MISS object
+        by_chain, by_keys = _TwoHits(listed), _TwoHits(listed)
+        outcomes = []
+        for tier, form in ((by_chain, {}), (by_keys, {"offload_keys": keys})):
+            try:
+                outcomes.append(lookup_hit(_TAIL, 100, stored=tier, block_hashes=chain, req_context=3, **form))
+            except QueryError as e:
+                outcomes.append(e.code)
+        assert outcomes[0] == outcomes[1]
+        assert by_keys.asked == by_chain.asked
+        assert by_keys.contexts == by_chain.contexts == {3}
 
 
 def test_an_unknown_lookup_answer_is_refused():
