@@ -1172,6 +1172,19 @@ def test_the_pending_walk_makes_no_pass_the_settled_walk_does_not_after_a_realig
     assert hits.lookup_trace(geom, 193, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
 
 
+def test_the_pending_walk_gives_no_hit_less_than_a_chunk_past_a_local_prefix_inside_a_chunk():
+    """A sliding window of 16 tokens in 32-token chunks (blocks_per_chunk 2), a local prefix of 16 (inside the
+    first chunk), 100 tokens, only the chunk ending at 32 held. vLLM 0.33 (vllm_pending_trace, 2026-12-02): no
+    hit, asking (0, 96) (0, 64) (0, 32); the run ends 16 tokens past the local prefix, less than a chunk. The walk
+    by vLLM's rules (here over HIT / MISS answers) must not load it either (the settled walk's rule)."""
+    geom = kvgeom.resolve({"groups": [{"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                           "offload": {"blocks_per_chunk": 2}, "cache": {"retention_interval": None}})
+    unsure = UnsureTier(kvgeom.probes.as_probe(geom, {0: [32]}))
+    trace = hits.lookup_trace(geom, 100, stored=unsure, local_computed_tokens=16)
+    assert (trace.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in trace.probes]) == (
+        0, [(0, 96, False), (0, 64, False), (0, 32, True)])
+
+
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
 # The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
 # answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
