@@ -1185,6 +1185,33 @@ def test_the_pending_walk_gives_no_hit_less_than_a_chunk_past_a_local_prefix_ins
         0, [(0, 96, False), (0, 64, False), (0, 32, True)])
 
 
+def test_the_pending_walk_realigns_a_clamp_to_the_mamba_chunk_as_the_settled_walk_does():
+    """A sliding window of 64 tokens in 32-token chunks before a Mamba 48 group, 150 tokens, everything held. The
+    window group's keyed chunks end at 128, off the Mamba grid: kvgeom re-aligns its clamp to 96 before the scan.
+    vLLM 0.33 (vllm_pending_trace, 2026-12-02) asks (0, 128) (0, 96) (1, 144) and hits 128, loading the Mamba
+    state after token 144: the registered realign-after-clamp deviation. kvgeom's settled walk asks (0, 96)
+    (0, 64) (1, 96) and hits 96; the walk by vLLM's rules, over these HIT answers, asks the same (the law of
+    test_probe_laws, as a row: without the re-alignment in its clamp it asked (0, 128) first, as vLLM does). The
+    settled keys pin the deviation's rule, a clamp re-aligned to the Mamba chunk before the scan, on both walks."""
+    geom = kvgeom.resolve({"groups": [{"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+                                      {"kind": "mamba", "block_size": 48}],
+                           "offload": {}, "cache": {"retention_interval": None}})
+    stored = {0: [32, 64, 96, 128], 1: [48, 96, 144]}
+    settled = hits.lookup_trace(geom, 150, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        96, [(0, 96), (0, 64), (1, 96)])
+    assert hits.lookup_trace(geom, 150, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
+    # the same with full attention 32 in place of the window: vLLM asks (0, 32) .. (0, 128) (1, 144) and hits 128;
+    # kvgeom's prefix scan stops at the re-aligned 96 (docs/deviations.md: re-aligned after every clamp)
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+                                      {"kind": "mamba", "block_size": 48}],
+                           "offload": {}, "cache": {"retention_interval": None}})
+    settled = hits.lookup_trace(geom, 150, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        96, [(0, 32), (0, 64), (0, 96), (1, 96)])
+    assert hits.lookup_trace(geom, 150, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
+
+
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
 # The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
 # answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
