@@ -49,8 +49,11 @@ from kvgeom.probes import (
     RETRY,
     Probe,
     RecordingProbe,
+    Unsettled,
+    arm,
     as_probe,
     check_chain_length,
+    disarm,
 )
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
@@ -314,29 +317,41 @@ def lookup_hit(
                      offload_keys=offload_keys)
     if block_hashes is not None and len(block_hashes) < n // order.H:
         check_chain_length(geom, n, block_hashes)
-    # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
-    # a partial tail asks its bridge chunk only of the groups whose prefix scan did not reach past it
-    reach: dict[int, int] | None = {} if order.partial_tail_span else None
-    done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None, reach)
-    found = _partial_tail(geom, order, probe, n, prompt, c, done, limit, reach) if reach is not None else None
-    if found is None:
-        found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
-        if found is None:
-            found = _no_hit(c) if done == c else _hit(done, c, False)
-    if probe.unsettled:
-        # the tier answered HIT_PENDING or RETRY for a key the lookup asked: ask again, by vLLM's rules for them
+    # an offload manager's answers are recorded, and its first HIT_PENDING / RETRY answer stops the settled walk:
+    # the walk by vLLM's rules for them then replays them, so the manager is asked vLLM's keys once (issue 19)
+    tape = arm(probe)
+    try:
+        try:
+            # the first group's clamp can only lower M: less than its chunk past c is no hit, with no key asked
+            # a partial tail asks its bridge chunk only of the groups whose prefix scan did not reach past it
+            reach: dict[int, int] | None = {} if order.partial_tail_span else None
+            done = c if M - c < order.first_chunk else _complete(geom, order, probe, n, c, M, mlt is not None, reach)
+            found = _partial_tail(geom, order, probe, n, prompt, c, done, limit, reach) if reach is not None else None
+            if found is None:
+                found = _NO_HIT.get(c) if done == c else _HITS.get((done, c))
+                if found is None:
+                    found = _no_hit(c) if done == c else _hit(done, c, False)
+            if not probe.unsettled:
+                return found
+        except Unsettled:
+            assert tape is not None  # only a tape raises it
+            tape.replaying()
+        # the tier answered HIT_PENDING or RETRY for a key the lookup asked: walk by vLLM's rules for them (a
+        # Probe subclass that says so only through its unsettled flag is asked again from the start)
         unsettled = _lookup_unsettled(geom, order, probe, n, prompt, c, M, limit, mlt is not None)
-        if unsettled is None:
-            raise QueryError.single(
-                "lookup_not_ready",
-                f"the tier answered HIT_PENDING or RETRY for a key the hit of this {n}-token request depends on; "
-                "vLLM 0.33 defers the request (get_num_new_matched_tokens answers None): ask again when the tier "
-                "settles",
-                "stored",
-                num_tokens=n,
-            )
-        return unsettled
-    return found
+    finally:
+        if tape is not None and probe is stored:  # a probe built here is dropped; one passed in is given back as it was
+            disarm(probe)
+    if unsettled is None:
+        raise QueryError.single(
+            "lookup_not_ready",
+            f"the tier answered HIT_PENDING or RETRY for a key the hit of this {n}-token request depends on; "
+            "vLLM 0.33 defers the request (get_num_new_matched_tokens answers None): ask again when the tier "
+            "settles",
+            "stored",
+            num_tokens=n,
+        )
+    return unsettled
 
 
 class ProbeCall(NamedTuple):
@@ -371,10 +386,12 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
     ``realign-after-clamp`` deviation, kvgeom may stop asking earlier, or the keys asked differ with the hit).
 
     Over a tier that answers ``HIT_PENDING`` or ``RETRY`` for a key the lookup asks, :func:`lookup_hit` walks
-    the keys as over a settled tier first and then again by vLLM's rules for those answers; the trace lists
-    the second walk, the one vLLM asks (checked on vLLM runs by ``tests/test_scheduler_conformance.py``'s
-    seeded pending-tier sweep and rows in ``tests/test_hits_edges.py``). Where the lookup defers, the
-    ``lookup_not_ready`` :class:`kvgeom.QueryError` carries the keys asked as its ``probes``.
+    the keys as over a settled tier until the first such answer and then by vLLM's rules for those answers; the
+    trace lists the second walk, the one vLLM asks (checked on vLLM runs by ``tests/test_scheduler_conformance.py``'s
+    seeded pending-tier sweep and rows in ``tests/test_hits_edges.py``). An offload manager is asked exactly
+    those keys, once each time the walk asks them: the second walk replays the answers the first was given
+    (:class:`kvgeom.probes.Tape`). Where the lookup defers, the ``lookup_not_ready`` :class:`kvgeom.QueryError`
+    carries the keys asked as its ``probes``.
 
     Postconditions: ``hit`` equals :func:`lookup_hit`'s; each probe's ``held`` is the tier's answer; every
     key the hit loads was asked and held.
@@ -398,7 +415,8 @@ def lookup_trace(geom: Geometry, num_tokens: int, *, stored: Any, block_hashes: 
 
 def _trace_calls(geom: Geometry, recorder: _TraceProbe) -> tuple[ProbeCall, ...]:
     """The keys :func:`lookup_trace` lists: every call, or over a tier that answered HIT_PENDING or RETRY, the
-    calls of the walk by vLLM's rules for those answers (the settled walk before it is not vLLM's)."""
+    calls of the walk by vLLM's rules for those answers (the settled walk's calls before it are not vLLM's walk;
+    an offload manager's answers to them are replayed, not asked again)."""
     H = geom.hash_block_size
     calls = recorder.calls
     if recorder.unsettled:
@@ -630,8 +648,11 @@ def _complete_unsettled(
     reach: dict[int, int] | None = None,
 ) -> int | None:
     """:func:`_complete` with three-valued answers (None: deferred): a group whose scan defers leaves the
-    candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again
-    (windowed groups alone when nothing was deferred), as vLLM 0.33's ``_lookup_complete_chunks``. ``reach``
+    candidate as it is; a group that lowers the candidate clears the deferral and every group is asked again,
+    as vLLM 0.33's ``_lookup_complete_chunks``. Without a deferral, which groups are asked again and which eagle
+    groups pop again follow :func:`_complete`'s rules, so over HIT and MISS answers both walks ask the same keys
+    in the same order (a law, ``tests/property/test_probe_laws.py``; inside the ``realign-after-clamp``
+    deviation, where vLLM's keys differ, too). ``reach``
     (when given) receives, per full-attention group, the chunk its last prefix scan confirmed up to (vLLM's
     ``lookup_hit_end_chunk_idx``: the local chunk when the scan deferred)."""
     Cm = order.Cm
@@ -639,14 +660,14 @@ def _complete_unsettled(
     everything = (*order.full, *order.windowed)
     verified: set[int] = set()
     deferred = False
-    realign_repass = False
     m = M
-    hit = 0  # the candidate past c after the previous group
+    first_group = True  # a lowering by the walk's first group (its clamp) clears no deferral: none came before it
     todo: tuple[OffloadGroupGeometry, ...] = everything
     while todo:
-        seen_window = False
+        first: OffloadGroupGeometry | None = None  # the pass's first windowed group
         current, todo = todo, ()
         for og in current:
+            before = m
             C = og.tokens_per_chunk
             keys = keyed // og.hashes_per_chunk
             m = _clamp(og, m, keyed, load_capped, Cm)
@@ -661,8 +682,8 @@ def _complete_unsettled(
                     reach[og.index] = start + (count or 0)
             else:
                 g = geom.groups[og.index]
-                first = _window_need(g, og, min(m, (top - pop) * C)) + pop
-                count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first)
+                first_need = _window_need(g, og, min(m, (top - pop) * C)) + pop
+                count = _window_states(probe, og.index, C, start, top, og.window_chunks + pop, first_need)
             if count == 0:
                 return c
             found = m
@@ -676,30 +697,24 @@ def _complete_unsettled(
                 m = _align_to_mamba_chunk(found, Cm)
             if m - c < C:
                 return c
-            if m - c < hit:
-                # the Mamba re-alignment below this group's own run end is a lowering vLLM 0.33's Mamba group
-                # makes: eagle groups pop again (as in _complete), and the windowed groups are asked again once
-                # the Mamba group has answered there without deferring
-                realigned = m < found and bool(verified)
-                if not og.eagle_group or realigned:
+            # which eagle groups pop again, and when every windowed group is asked again: _complete's rules (the
+            # two walks ask the same keys over settled answers, a law), with vLLM 0.33's for a deferral on top: a
+            # group that lowers the candidate clears it and every group is asked again
+            if og.window_chunks is None:
+                if verified and m < before and not og.eagle_group:
                     verified.clear()
-                if deferred:
-                    deferred = False
-                    todo = everything
-                elif seen_window and not todo:
+            elif verified and (m < found or (m < before and not og.eagle_group)):
+                verified.clear()
+            if m < before and deferred and not first_group:
+                deferred = False
+                todo = everything
+            first_group = False
+            if og.window_chunks is not None:
+                if first is None:
+                    first = og
+                if (m < before and not todo and not deferred
+                        and (og is not first or m != found or _clamp(og, m, keyed, load_capped, Cm) != m)):
                     todo = order.windowed
-                mamba = geom.groups[og.index].is_align_mamba
-                realign_repass = (realign_repass and not mamba) or (realigned and og.window_chunks is not None)
-            elif realign_repass and count is not None and geom.groups[og.index].is_align_mamba:
-                realign_repass = False
-                if not todo and not deferred:
-                    todo = order.windowed
-            if m < found and og.window_chunks is not None and not todo and not deferred:
-                # as _complete: the Mamba re-alignment below a windowed group's own run end asks every windowed
-                # group again there, that group included (its run was found above the new candidate)
-                todo = order.windowed
-            seen_window |= og.window_chunks is not None
-            hit = m - c
     return None if deferred else m
 
 

@@ -285,7 +285,7 @@ class _ResidencyProbe(Probe):
 class _LookupProbe(Probe):
     """An object with the offload manager's ``lookup(key, req_context)``, keyed by the chain's bytes hashes."""
 
-    __slots__ = ("_H", "_chain", "_ctx", "_lookup", "_n", "_suffix", "unsettled")
+    __slots__ = ("_H", "_chain", "_ctx", "_lookup", "_n", "_suffix", "_tape", "unsettled")
 
     def __init__(self, lookup: Callable[[bytes, Any], Any], chain: Sequence[Hashable], H: int, ctx: Any) -> None:
         n = len(chain)
@@ -294,6 +294,7 @@ class _LookupProbe(Probe):
         self._suffix: dict[int, bytes] = {}
         self.unsettled = False
         """Whether the tier has answered :data:`PENDING` or :data:`RETRY` for a key asked so far."""
+        self._tape: Tape | None = None
 
     def _key(self, i: int, group: int) -> bytes:
         block_hash = self._chain[i]
@@ -309,7 +310,8 @@ class _LookupProbe(Probe):
         return block_hash + suffix
 
     def _answer(self, key: bytes) -> str:
-        answer = self._lookup(key, self._ctx)
+        tape = self._tape
+        answer = self._lookup(key, self._ctx) if tape is None else tape.replay(key, self._lookup, self._ctx)
         if answer is _ANSWERS[0]:
             return HIT
         if answer is _ANSWERS[1]:
@@ -321,14 +323,19 @@ class _LookupProbe(Probe):
 
     def _held(self, key: bytes) -> bool:
         answer = self._lookup(key, self._ctx)
+        tape = self._tape
+        if tape is not None:
+            tape.append((key, answer))
         if answer is _ANSWERS[0]:
             return True
         if answer is _ANSWERS[1]:
             return False
         state = _read_answer(answer, key)
         if state is PENDING or state is RETRY:
-            # an unsettled answer counts as held here; the lookup re-asks with state() once it has seen one
+            # taped: the settled walk stops here. Otherwise it counts as held; the lookup re-asks with state()
             self.unsettled = True
+            if tape is not None:
+                raise Unsettled
             return True
         return state is HIT
 
@@ -361,7 +368,7 @@ class _KeysProbe(Probe):
     (chunk j of group g is ``keys[g][j]``): nothing is built per probe. An end token off a group's chunk
     grid (a partial-tail key) is keyed through the hash chain, when one was given."""
 
-    __slots__ = ("_chunk", "_ctx", "_keys", "_lookup", "_tail", "unsettled")
+    __slots__ = ("_chunk", "_ctx", "_keys", "_lookup", "_tail", "_tape", "unsettled")
 
     def __init__(self, lookup: Callable[[Any, Any], Any], keys: Any, chunk: dict[int, int], ctx: Any,
                  tail: _LookupProbe | None) -> None:
@@ -369,13 +376,17 @@ class _KeysProbe(Probe):
         self._lookup, self._keys, self._chunk, self._ctx, self._tail = lookup, keys, chunk, ctx, tail
         self.unsettled = False
         """Whether the tier has answered :data:`PENDING` or :data:`RETRY` for a key asked so far."""
+        self._tape: Tape | None = None
 
     def _slow_held(self, answer: Any, key: Any) -> bool:
-        """An answer that is not the remembered HIT / MISS object; an unsettled one counts as held here (the
-        lookup re-asks with :meth:`state` once it has seen one)."""
+        """An answer that is not the remembered HIT / MISS object (already taped, when taped); an unsettled one
+        stops a taped settled walk (:class:`Unsettled`), or counts as held (the lookup re-asks with
+        :meth:`state` once it has seen one)."""
         state = _read_answer(answer, key)
         if state is PENDING or state is RETRY:
             self.unsettled = True
+            if self._tape is not None:
+                raise Unsettled
             return True
         return state is HIT
 
@@ -389,7 +400,8 @@ class _KeysProbe(Probe):
             if j >= len(keys):
                 return MISS
             key = keys[j]
-            answer = self._lookup(key, self._ctx)
+            tape = self._tape
+            answer = self._lookup(key, self._ctx) if tape is None else tape.replay(key, self._lookup, self._ctx)
             if answer is _ANSWERS[0]:
                 return HIT
             if answer is _ANSWERS[1]:
@@ -436,6 +448,9 @@ class _KeysProbe(Probe):
                 return False
             key = keys[j]
             answer = self._lookup(key, self._ctx)
+            tape = self._tape
+            if tape is not None:
+                tape.append((key, answer))
             if answer is _ANSWERS[0]:
                 return True
             return answer is not _ANSWERS[1] and self._slow_held(answer, key)
@@ -455,15 +470,27 @@ class _KeysProbe(Probe):
         stop = -(-top // C)
         if len(keys) < stop:
             stop = len(keys)
-        lookup, ctx, hit = self._lookup, self._ctx, _ANSWERS[0]
+        lookup, ctx, hit, tape = self._lookup, self._ctx, _ANSWERS[0], self._tape
+        start = j
         while j < stop:
             key = keys[j]
             answer = lookup(key, ctx)
             if answer is not hit:
-                if answer is _ANSWERS[1] or not self._slow_held(answer, key):
+                if answer is _ANSWERS[1]:
+                    break
+                if tape is not None:  # the run so far and this answer, before an unsettled one stops the walk
+                    tape.append((keys, start, j))
+                    tape.append((key, answer))
+                    start = j + 1
+                if not self._slow_held(answer, key):
                     break
                 hit = _ANSWERS[0]  # the remembered HIT object (this answer, unless it was unsettled)
             j += 1
+        if tape is not None:
+            # one entry for the run of HIT answers (replayed key by key), then the answer that ended it
+            tape.append((keys, start, j))
+            if j < stop and start <= j:
+                tape.append((keys[j], answer))
         return j
 
     def below(self, group: int, tokens_per_chunk: int, j: int) -> int:
@@ -662,6 +689,90 @@ def _residency_probe(geom: Geometry, res: Residency, chain: Sequence[Hashable], 
 _ANSWERS: list[Any] = [True, False]
 
 _ANSWER_NAMES = {"HIT": HIT, "MISS": MISS, "HIT_PENDING": PENDING, "RETRY": RETRY}
+
+
+class Unsettled(Exception):
+    """Raised inside :func:`kvgeom.hits.lookup_hit` (never out of it) by a taped offload manager's first
+    ``HIT_PENDING`` or ``RETRY`` answer in the settled walk (:class:`Tape`)."""
+
+
+class Tape(list[tuple[Any, ...]]):
+    """One lookup's calls to an offload manager's ``lookup(key, req_context)``, so that the manager is asked
+    vLLM 0.33's keys once each, as vLLM's single walk asks them (issue 19).
+
+    :func:`kvgeom.hits.lookup_hit` walks a manager by the fast settled rules first (:meth:`Probe.contains`,
+    :meth:`Probe.forward`). While taped (:func:`arm`), the probe records every answer, and the first
+    ``HIT_PENDING`` / ``RETRY`` stops that walk (:class:`Unsettled`). The walk by vLLM's rules for those answers
+    (:meth:`Probe.state`) then replays the recorded answers, call by call, while it asks the recorded keys in
+    the recorded order, and asks the manager from the first call that differs, or past the record.
+
+    Entries are ``(key, answer)``, or ``(keys, i, j)`` for a run of HIT answers to ``keys[i:j]`` (a prefix scan
+    over per-group offload keys records one entry, not one per key). ``pos``, set by :meth:`replaying`, is the
+    next entry to replay (:meth:`replay`).
+
+    Invariant (``tests/property/test_probe_laws.py``, checked on vLLM runs by the pending-trace rows): over
+    answers that are all HIT or MISS the two walks ask the same keys in the same order, so up to the first
+    unsettled answer they agree, and the manager is asked exactly the keys of the walk by vLLM's rules.
+    """
+
+    __slots__ = ("pos",)
+
+    def replaying(self) -> None:
+        """Switch from recording to replaying: runs are spelled out key by key, each answer the remembered HIT."""
+        hit = _ANSWERS[0]
+        flat: list[tuple[Any, Any]] = []
+        for entry in self:
+            if len(entry) == 3:
+                keys, i, j = entry
+                flat.extend((keys[k], hit) for k in range(i, j))
+            else:
+                flat.append(entry)
+        self[:] = flat
+        self.pos = 0
+
+    def replay(self, key: Any, lookup: Callable[[Any, Any], Any], ctx: Any) -> Any:
+        """After :meth:`replaying`: the recorded answer when ``key`` is the next recorded key, else
+        ``lookup(key, ctx)``, the manager's, and every later call the manager's too."""
+        i = self.pos
+        if i < len(self):
+            recorded, answer = self[i]
+            # offload keys are the same objects call to call; keys built from a hash chain are equal bytes
+            if recorded is key or (type(recorded) is bytes and recorded == key):
+                self.pos = i + 1
+                return answer
+            self.pos = len(self)  # the walks part here: every later call goes to the manager
+        return lookup(key, ctx)
+
+
+def arm(probe: Probe) -> Tape | None:
+    """Tape an offload manager's probe (or the one a :class:`RecordingProbe` wraps) for one
+    :func:`kvgeom.hits.lookup_hit`; None for any other tier. A :class:`Probe` subclass that answers unsettled
+    through :meth:`Probe.state` is not taped: it is walked twice, the settled walk's answers discarded.
+    :func:`disarm` ends it."""
+    if type(probe) is _KeysProbe:
+        tape = probe._tape = Tape()
+        tail = probe._tail
+        if tail is not None:
+            tail._tape = tape  # the partial-tail probe asks the same manager: one record, in call order
+        return tape
+    if type(probe) is _LookupProbe:
+        tape = probe._tape = Tape()
+        return tape
+    if isinstance(probe, RecordingProbe):
+        return arm(probe.inner)
+    return None
+
+
+def disarm(probe: Probe) -> None:
+    """Undo :func:`arm`: the probe asks its manager directly again."""
+    while isinstance(probe, RecordingProbe):
+        probe = probe.inner
+    if type(probe) is _LookupProbe:
+        probe._tape = None
+    elif type(probe) is _KeysProbe:
+        probe._tape = None
+        if probe._tail is not None:
+            probe._tail._tape = None
 
 
 def _read_answer(answer: Any, key: Any) -> str:

@@ -917,11 +917,13 @@ class _ByEnd:
     def __init__(self, chain, H, listed):
         self.index = {h: (i + 1) * H for i, h in enumerate(chain)}
         self.listed = listed
+        self.asked = []  # every call, as (group, end token)
 
     def lookup(self, key, req_context):
         from kvgeom.residency import split_offload_key
 
         block_hash, group = split_offload_key(key)
+        self.asked.append((group, self.index[block_hash]))
         return _ANSWERS.get(self.listed.get(group, {}).get(self.index[block_hash]), _Answer)()
 
 
@@ -1149,6 +1151,25 @@ def test_a_pending_tier_lookup_asks_the_keys_vllm_asks(name, groups, pmu, eagle,
         hit, probes = None, e.probes
     assert hit == vllm
     assert [(p.group, p.end_token, p.held) for p in probes] == [(g, e, a == "hit") for g, e, a in keys]
+    # and the tier itself was asked exactly vLLM's keys, each once per time vLLM asks it: the settled walk stops at
+    # the first unsettled answer and the walk by vLLM's rules replays what it was told (probes.Tape; before it, the
+    # tier was asked both walks whole)
+    assert tier.asked == [(g, e) for g, e, _ in keys]
+    # the same through the connector's own per-group keys (a prefix scan's run of hits is taped as one entry)
+    from kvgeom.residency import make_offload_key
+
+    geom, chain, tier = _pending_case(groups, pmu, eagle, bpc, n, listed)
+    per_group = [[] for _ in range(max(og.index for og in geom.offload.groups) + 1)]
+    for og in geom.offload.groups:
+        hpc = og.hashes_per_chunk
+        per_group[og.index] = [make_offload_key(chain[(j + 1) * hpc - 1], og.index) for j in range(len(chain) // hpc)]
+    tail = {"block_hashes": chain} if geom.offload.supports_partial_tail else {}
+    try:
+        keyed = lookup_hit(geom, n, stored=tier, offload_keys=per_group, local_computed_tokens=local, **tail, **caps)
+        assert keyed.hit_tokens == vllm
+    except QueryError as e:
+        assert e.code == "lookup_not_ready" and vllm is None
+    assert tier.asked == [(g, e) for g, e, _ in keys]
 
 
 @pytest.mark.parametrize("c", [2**57 + 32, 2**62 + 1008])
@@ -1167,6 +1188,66 @@ def test_the_pending_walk_asks_the_settled_walks_keys_past_2_to_the_53_chunks(c)
         24, [(0, 16, True), (0, 32, True), (1, 16, True), (0, 40, False), (0, 32, True), (1, 24, True)])
     unsure = UnsureTier(kvgeom.probes.as_probe(geom, stored))
     assert hits.lookup_trace(geom, c + 40, stored=unsure, local_computed_tokens=c) == settled
+
+
+def test_the_pending_walk_makes_no_pass_the_settled_walk_does_not_after_a_realignment():
+    """The law above, on the case the thorough profile found (2026-12-02): Mamba 64 looked up before an eagle
+    sliding-window drafter (window 1, block 32), 193 tokens. The drafter's pop ends its run at 160, kvgeom
+    re-aligns to the Mamba chunk (128), and both groups are asked again there. The walk by vLLM's rules made one
+    more pass, asking (0, 128) and (1, 128) again, because it counted the Mamba group's answer at 128 as a
+    second lowering. vLLM 0.33 (vllm_pending_trace over these answers) hits 160 off the Mamba chunk, asking
+    (0, 192) (1, 192) (1, 160) (0, 192) (1, 160): the registered realign-after-clamp deviation, so the keys after
+    the re-alignment are kvgeom's; both of its walks now ask the same ones."""
+    cfg = {"groups": [{"kind": "mamba", "block_size": 64},
+                      {"kind": "sliding_window", "block_size": 32, "sliding_window": 1, "drafter": True}],
+           "cache": {"retention_interval": 0}, "offload": {"blocks_per_chunk": 1},
+           "speculative": {"method": "eagle", "num_speculative_tokens": 1}}
+    geom = kvgeom.resolve(cfg)
+    stored = {0: [32, 64, 96, 128, 192, 224], 1: [32, 64, 96, 128, 160, 192, 224]}
+    settled = hits.lookup_trace(geom, 193, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        128, [(0, 192), (1, 192), (1, 160), (0, 128), (1, 160), (1, 128)])
+    assert hits.lookup_trace(geom, 193, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
+
+
+def test_the_pending_walk_gives_no_hit_less_than_a_chunk_past_a_local_prefix_inside_a_chunk():
+    """A sliding window of 16 tokens in 32-token chunks (blocks_per_chunk 2), a local prefix of 16 (inside the
+    first chunk), 100 tokens, only the chunk ending at 32 held. vLLM 0.33 (vllm_pending_trace, 2026-12-02): no
+    hit, asking (0, 96) (0, 64) (0, 32); the run ends 16 tokens past the local prefix, less than a chunk. The walk
+    by vLLM's rules (here over HIT / MISS answers) must not load it either (the settled walk's rule)."""
+    geom = kvgeom.resolve({"groups": [{"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                           "offload": {"blocks_per_chunk": 2}, "cache": {"retention_interval": None}})
+    unsure = UnsureTier(kvgeom.probes.as_probe(geom, {0: [32]}))
+    trace = hits.lookup_trace(geom, 100, stored=unsure, local_computed_tokens=16)
+    assert (trace.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in trace.probes]) == (
+        0, [(0, 96, False), (0, 64, False), (0, 32, True)])
+
+
+def test_the_pending_walk_realigns_a_clamp_to_the_mamba_chunk_as_the_settled_walk_does():
+    """A sliding window of 64 tokens in 32-token chunks before a Mamba 48 group, 150 tokens, everything held. The
+    window group's keyed chunks end at 128, off the Mamba grid: kvgeom re-aligns its clamp to 96 before the scan.
+    vLLM 0.33 (vllm_pending_trace, 2026-12-02) asks (0, 128) (0, 96) (1, 144) and hits 128, loading the Mamba
+    state after token 144: the registered realign-after-clamp deviation. kvgeom's settled walk asks (0, 96)
+    (0, 64) (1, 96) and hits 96; the walk by vLLM's rules, over these HIT answers, asks the same (the law of
+    test_probe_laws, as a row: without the re-alignment in its clamp it asked (0, 128) first, as vLLM does). The
+    settled keys pin the deviation's rule, a clamp re-aligned to the Mamba chunk before the scan, on both walks."""
+    geom = kvgeom.resolve({"groups": [{"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+                                      {"kind": "mamba", "block_size": 48}],
+                           "offload": {}, "cache": {"retention_interval": None}})
+    stored = {0: [32, 64, 96, 128], 1: [48, 96, 144]}
+    settled = hits.lookup_trace(geom, 150, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        96, [(0, 96), (0, 64), (1, 96)])
+    assert hits.lookup_trace(geom, 150, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
+    # the same with full attention 32 in place of the window: vLLM asks (0, 32) .. (0, 128) (1, 144) and hits 128;
+    # kvgeom's prefix scan stops at the re-aligned 96 (docs/deviations.md: re-aligned after every clamp)
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32},
+                                      {"kind": "mamba", "block_size": 48}],
+                           "offload": {}, "cache": {"retention_interval": None}})
+    settled = hits.lookup_trace(geom, 150, stored=stored)
+    assert (settled.hit.hit_tokens, [(p.group, p.end_token) for p in settled.probes]) == (
+        96, [(0, 32), (0, 64), (0, 96), (1, 96)])
+    assert hits.lookup_trace(geom, 150, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
 
 
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)

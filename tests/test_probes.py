@@ -199,6 +199,171 @@ def test_a_tier_that_answers_pending_is_read_as_vllm_reads_it(name, geom, n, ans
         assert lookup_hit(geom, n, stored=tier, block_hashes=chain).hit_tokens == hit
 
 
+class _Asked(_TriState):
+    """:class:`_TriState` recording each call's group, end token and req_context."""
+
+    def __init__(self, chain, H, answers):
+        super().__init__(chain, H, answers)
+        self.calls = []
+
+    def lookup(self, key, req_context):
+        from kvgeom.residency import split_offload_key
+
+        block_hash, group = split_offload_key(key)
+        self.calls.append((group, self.index[block_hash], req_context))
+        return super().lookup(key, req_context)
+
+
+def test_a_tape_replays_its_record_while_the_keys_match_then_asks_the_tier():
+    """kvgeom.probes.Tape's contract (its docstring): recorded answers come back, without a call, while the
+    keys asked are the recorded ones in order; from the first call that differs, every call goes to the tier,
+    with the request's req_context, even where a later recorded key comes up again."""
+    from kvgeom.probes import Tape, arm
+
+    chain = [b"t%015d" % i for i in range(8)]
+    tier = _Asked(chain, 16, {"0": {32: "MISS"}})
+    probe = as_probe(_SWA, tier, block_hashes=chain, req_context="ctx")
+    tape = arm(probe)
+    assert isinstance(tape, Tape)
+    assert (probe.contains(0, 16), probe.contains(0, 32), probe.contains(0, 48)) == (True, False, True)
+    tape.replaying()
+    tier.calls.clear()
+    assert (probe.state(0, 16), probe.state(0, 32)) == ("hit", "miss")  # replayed: the tier is not asked
+    assert tier.calls == []
+    assert probe.state(1, 48) == "hit"  # the recorded third call was (0, 48): the tier is asked from here
+    assert probe.state(0, 48) == "hit"  # ... and stays asked, though (0, 48) was recorded
+    assert tier.calls == [(1, 48, "ctx"), (0, 48, "ctx")]
+
+
+def _passed_in(form, tier, chain):
+    """A probe over ``tier`` built by the caller: by hash chain, by per-group offload keys (with the chain for the
+    partial-tail keys), or a RecordingProbe around the chain form."""
+    from kvgeom.probes import RecordingProbe
+
+    if form == "chain":
+        return as_probe(_TAIL, tier, block_hashes=chain, req_context=7)
+    if form == "keys":
+        keys = [[make_offload_key(chain[2 * j + 1], g) for j in range(len(chain) // 2)] for g in (0, 1)]
+        return as_probe(_TAIL, tier, offload_keys=keys, block_hashes=chain, req_context=7)
+    return RecordingProbe(as_probe(_TAIL, tier, block_hashes=chain, req_context=7))
+
+
+@pytest.mark.parametrize("form", ["chain", "keys", "recording"])
+def test_a_probe_passed_in_is_given_back_untaped(form):
+    """A probe a caller built over a manager and passed to lookup_hit answers as before afterwards (the lookup
+    tapes it and unsettles it only inside its own walks): a pending key read through contains() counts as held
+    and marks the probe unsettled (no exception), a partial-tail key too, state() asks the tier with the
+    request's req_context, and a second lookup over it gives the same answer as the first."""
+    chain = [b"u%015d" % i for i in range(12)]
+    # the PENDING_ROWS row tail-pending (run on vLLM 0.33): the complete-chunk hit 80 stands
+    tier = _Asked(chain, 8, {"0": {96: "MISS"}, "1": {88: "HIT_PENDING"}})
+    probe = _passed_in(form, tier, chain)
+    first = lookup_hit(_TAIL, 100, stored=probe, block_hashes=chain)
+    assert first.hit_tokens == 80
+    assert lookup_hit(_TAIL, 100, stored=probe, block_hashes=chain) == first
+    assert probe.contains(1, 88) is True and probe.unsettled  # an off-grid (partial-tail) key: the tail probe
+    assert probe.contains(1, 96) is True
+    tier.calls.clear()
+    assert probe.state(1, 88) == "pending" and tier.calls == [(1, 88, 7)]
+    assert {ctx for *_, ctx in tier.calls} == {7}
+
+
+def test_an_unsettled_answer_read_directly_marks_a_keys_probe_unsettled():
+    """Probe.unsettled (its docstring): whether the tier answered HIT_PENDING or RETRY for a key asked so far,
+    through contains() as through state(), per-group keys (_KeysProbe) as the chain form."""
+    chain = [b"v%015d" % i for i in range(8)]
+    keys = [[make_offload_key(chain[2 * j + 1], g) for j in range(4)] for g in (0, 1)]
+    for ask in ("contains", "forward"):
+        probe = as_probe(_TAIL, _Asked(chain, 8, {"0": {32: "RETRY"}}), offload_keys=keys, block_hashes=chain)
+        assert not probe.unsettled
+        if ask == "contains":
+            assert probe.contains(0, 32) is True  # counts as held outside a lookup's walks
+        else:
+            assert probe.forward(0, 16, 0, 64) == 4  # the scan goes on past it
+        assert probe.unsettled
+
+
+@pytest.mark.parametrize("form", ["chain", "keys"])
+@pytest.mark.parametrize("walk", ["settled", "pending", "mamba"])
+def test_an_unknown_answer_is_refused_naming_the_key(form, walk):
+    """An answer that is none of HIT, MISS, HIT_PENDING, RETRY is refused (lookup_not_ready) with the offload key
+    it answered named, in the settled walk (the attention prefix scan, or the Mamba key asked alone) and in the
+    walk by vLLM's rules (after a RETRY), either key form."""
+    chain = [b"w%015d" % i for i in range(12)]
+    answers = {"settled": {"0": {48: "MAYBE"}}, "pending": {"0": {16: "RETRY", 48: "MAYBE"}},
+               # attention held to 96; the Mamba key at the candidate 96 is the first of group 1 asked
+               "mamba": {"1": {96: "MAYBE"}}}[walk]
+    tier = _Asked(chain, 8, answers)
+    if form == "chain":
+        stored = {"stored": tier}
+    else:
+        keys = [[make_offload_key(chain[2 * j + 1], g) for j in range(6)] for g in (0, 1)]
+        stored = {"stored": tier, "offload_keys": keys}
+    with pytest.raises(QueryError) as info:
+        lookup_hit(_TAIL, 100, block_hashes=chain, **stored)
+    assert info.value.code == "lookup_not_ready"
+    key = make_offload_key(chain[11], 1) if walk == "mamba" else make_offload_key(chain[5], 0)
+    assert repr(key) in info.value.problems[0].message
+
+
+def test_a_partial_tail_key_without_a_chain_names_the_group_end_and_chunk():
+    """A per-group-keys probe built without block_hashes (a geometry without partial tails) asked directly for a
+    key off a group's chunk grid refuses it (missing_block_hashes), naming the group, the end token and C."""
+    probe = as_probe(SEED, KeyTier(), offload_keys=SEED_KEYS)
+    for ask in (probe.contains, probe.state):
+        with pytest.raises(QueryError) as info:
+            ask(1, 8)
+        assert info.value.code == "missing_block_hashes"
+        message = info.value.problems[0].message
+        assert "group 1 ending at token 8" in message and "C=16" in message
+
+
+class _TwoHits:
+    """A manager answering with two distinct objects named HIT (first for the first key asked, the second after),
+    RETRY or MISS as listed by offload key, recording each call."""
+
+    MISS = _Answer("MISS")  # one object: once read by name, later misses take the remembered-object path
+
+    def __init__(self, answers):
+        self.answers, self.asked, self.contexts = answers, [], set()
+        self.hits = (_Answer("HIT"), _Answer("HIT"))
+
+    def lookup(self, key, req_context):
+        self.asked.append(key)
+        self.contexts.add(req_context)
+        name = self.answers.get(key, "HIT")
+        if name == "MISS":
+            return self.MISS
+        return self.hits[len(self.asked) > 1] if name == "HIT" else _Answer(name)
+
+
+@pytest.mark.parametrize("case", ["runs-after-a-slow-hit", "miss-then-retry", "miss-right-after-a-slow-hit"])
+def test_a_taped_prefix_scan_over_per_group_keys_replays_every_key(case):
+    """The tape records a prefix scan's run of HIT answers as one entry: after an answer read by name (a new HIT
+    object), the run restarts at the next key, and the answer that ends a scan is recorded too, so the walk by
+    vLLM's rules replays every key and the tier is asked each key of it once (the keys the chain form asks, the
+    one pinned on vLLM by the pending-trace rows)."""
+    chain = [b"x%015d" % i for i in range(12)]
+    keys = [[make_offload_key(chain[2 * j + 1], g) for j in range(6)] for g in (0, 1)]
+    if case == "runs-after-a-slow-hit":
+        listed = {keys[0][4]: "RETRY"}  # attention chunks 0-3 held (one HIT object, then another), chunk 4 retried
+    elif case == "miss-then-retry":
+        listed = {keys[0][3]: "MISS", keys[1][2]: "RETRY"}  # the attention scan ends on a miss; Mamba retried later
+    else:  # the miss comes right after the second HIT object's first answer (an empty run before it)
+        listed = {keys[0][2]: "MISS", **{k: "RETRY" for k in keys[1]}}
+    for _ in range(2):  # the second time, the miss that ends the attention scan is the remembered MISS object
+        by_chain, by_keys = _TwoHits(listed), _TwoHits(listed)
+        outcomes = []
+        for tier, form in ((by_chain, {}), (by_keys, {"offload_keys": keys})):
+            try:
+                outcomes.append(lookup_hit(_TAIL, 100, stored=tier, block_hashes=chain, req_context=3, **form))
+            except QueryError as e:
+                outcomes.append(e.code)
+        assert outcomes[0] == outcomes[1]
+        assert by_keys.asked == by_chain.asked
+        assert by_keys.contexts == by_chain.contexts == {3}
+
+
 def test_an_unknown_lookup_answer_is_refused():
     chain = [b"p%015d" % i for i in range(4)]
     with pytest.raises(QueryError) as info:

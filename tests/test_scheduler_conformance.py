@@ -297,3 +297,5 @@ def test_seeded_pending_trace_sweep_asks_vllms_keys_but_for_registered_deviation
     assert len(report["differences"]) <= 3, report["differences"]
     for *case, cls in report["differences"]:
         assert cls in DEVIATIONS, case
+    # the tier itself saw vLLM's calls in every other case (it was asked both walks whole before probes.Tape)
+    assert report["asked_differs"] == 0, report

@@ -204,8 +204,9 @@ def kvgeom_pending_trace(geom: Geometry, num_tokens: int, answers: Mapping[str, 
                          max_num_new_tokens: int | None = None) -> dict[str, Any]:
     """:func:`kvgeom.hits.lookup_trace` over the same tier, in :func:`vllm_pending_trace`'s shape (each key's
     answer read back from the tier's own record of the same calls); where kvgeom raises ``lookup_not_ready``
-    the hit is None and the keys are the error's ``probes``. ``asked``: every key the tier was asked (a
-    lookup over a tier that answers pending walks as over a settled tier first, then by vLLM's rules)."""
+    the hit is None and the keys are the error's ``probes``. ``asked``: every key the tier was asked, in the
+    same shape: ``probes`` itself, each key once per time the walk asks it, where the settled walk and the walk by
+    vLLM's rules agree on the settled answers before the first unsettled one (:class:`kvgeom.probes.Tape`)."""
     from kvgeom.hits import lookup_trace
 
     _, H = _sizes(geom)
@@ -379,12 +380,15 @@ def classify_trace(geom: Geometry) -> str | None:
 def trace_sweep(n: int, seed: int) -> dict[str, Any]:
     """``n`` :func:`random_trace_case` cases through both sides, comparing hits and the keys asked (group, end
     token and answer, in order): ``{"cases", "kvgeom_refused", "compared", "unsettled", "deferred",
-    "hit_differs", "trace_differs", "differences": [(cfg, n, local, caps, answers, kvgeom, vllm, class)]}``
-    (``unsettled``: cases where vLLM was answered HIT_PENDING or RETRY for a key it asked; class:
-    :func:`classify_trace`)."""
+    "hit_differs", "trace_differs", "asked", "vllm_asked", "asked_differs", "differences": [(cfg, n, local, caps,
+    answers, kvgeom, vllm, class)]}`` (``unsettled``: cases where vLLM was answered HIT_PENDING or RETRY for a key it
+    asked; ``asked`` / ``vllm_asked``: the tier's ``lookup`` calls over all compared cases, kvgeom's and vLLM's;
+    ``asked_differs``: cases outside ``differences`` where the keys the tier saw from kvgeom are not vLLM's keys, in
+    order; class: :func:`classify_trace`)."""
     rng = random.Random(seed)
     report: dict[str, Any] = {"cases": n, "kvgeom_refused": 0, "compared": 0, "unsettled": 0, "deferred": 0,
-                              "hit_differs": 0, "trace_differs": 0, "differences": []}
+                              "hit_differs": 0, "trace_differs": 0, "asked": 0, "vllm_asked": 0, "asked_differs": 0,
+                              "differences": []}
     for _ in range(n):
         cfg, num, local, caps, answers = random_trace_case(rng)
         try:
@@ -398,10 +402,14 @@ def trace_sweep(n: int, seed: int) -> dict[str, Any]:
         report["unsettled"] += any(a in ("pending", "retry") for _, _, a in theirs["probes"])
         report["deferred"] += theirs["hit"] is None
         report["hit_differs"] += ours["hit"] != theirs["hit"]
+        report["asked"] += len(ours["asked"])
+        report["vllm_asked"] += len(theirs["probes"])
         if ours["hit"] != theirs["hit"] or ours["probes"] != theirs["probes"]:
             report["trace_differs"] += 1
             report["differences"].append((cfg, num, local, caps, answers, ours, theirs,
                                           classify_trace(geom)))
+        elif ours["asked"] != theirs["probes"]:
+            report["asked_differs"] += 1
     return report
 
 
@@ -415,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         traces = trace_sweep(args.cases, args.seed)
         print(f"cases {traces['cases']}: kvgeom refused {traces['kvgeom_refused']}, compared {traces['compared']} "
               f"(vLLM met a pending or retried key {traces['unsettled']}, deferred {traces['deferred']}), "
-              f"hits differ {traces['hit_differs']}, traces differ {traces['trace_differs']}")
+              f"hits differ {traces['hit_differs']}, traces differ {traces['trace_differs']}; tier lookups: kvgeom "
+              f"{traces['asked']}, vLLM {traces['vllm_asked']}, other keys than vLLM's {traces['asked_differs']}")
         for cfg, num, local, caps, answers, ours, theirs, cls in traces["differences"]:
             unsettled = {g: {e: a for e, a in ends.items() if a != "hit"} for g, ends in answers.items()}
             print(f"  [{cls}] {cfg} n={num} local={local} caps={caps} non-hits={unsettled}:\n"

@@ -236,6 +236,57 @@ def test_a_lookup_that_does_not_defer_loads_no_more_than_the_settled_keys_give(g
     assert hit.hit_tokens <= _lookup(geom, req, stored=Manager(settled), block_hashes=chain).hit_tokens
 
 
+class _AskedTriState(_TriState):
+    """:class:`_TriState` recording every key it is asked, in order."""
+
+    def __init__(self, answers):
+        super().__init__(answers)
+        self.asked = []
+
+    def lookup(self, key, req_context):
+        self.asked.append(key)
+        return super().lookup(key, req_context)
+
+
+@given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
+                     tail_speculative_geometries()), data=st.data())
+def test_a_tier_that_defers_is_asked_the_keys_of_vllms_walk_once(geom, data):
+    """Issue 19: over an offload manager answering HIT, MISS, HIT_PENDING or RETRY, the manager is asked exactly
+    the keys ``lookup_trace`` lists (vLLM 0.33's walk, checked on vLLM by the pending-trace rows and sweep), in
+    order, each once per time that walk asks it: the settled walk stops at the first unsettled answer and the walk
+    by vLLM's rules replays the answers it was given (:class:`kvgeom.probes.Tape`). Before the tape the manager
+    was asked both walks whole (a RETRY key twice). Per-group offload keys are asked the same way."""
+    req = data.draw(requests(geom))
+    n, local, prompt, mlt, mnn, stored = req
+    options = {"num_prompt_tokens": prompt, "local_computed_tokens": local, "max_load_tokens": mlt,
+               "max_num_new_tokens": mnn}
+    H = geom.hash_block_size
+    chain = chain_of(geom, n)
+    answers = {make_offload_key(chain[e // H - 1], g): LookupResult.HIT
+               for g, ends in stored.items() for e in ends if 0 < e // H <= len(chain)}
+    every = [make_offload_key(h, og.index) for h in chain for og in geom.offload.groups]
+    if every:
+        for key in data.draw(st.lists(st.sampled_from(every), max_size=4), label="unsettled keys"):
+            answers[key] = data.draw(st.sampled_from([LookupResult.HIT_PENDING, LookupResult.RETRY]))
+    by_chain, by_keys = _AskedTriState(answers), _AskedTriState(answers)
+    try:
+        trace = hits.lookup_trace(geom, n, stored=by_chain, block_hashes=chain, **options)
+        hit, probes = trace.hit, trace.probes
+    except kvgeom.QueryError as e:
+        assert e.code == "lookup_not_ready"
+        hit, probes = None, e.probes
+    assert by_chain.asked == [make_offload_key(chain[p.hash_index], p.group) for p in probes]
+    # the connector's own per-group keys: the same hit (or deferral) and the same calls
+    tail = {"block_hashes": chain} if geom.offload.supports_partial_tail else {}
+    try:
+        keyed = hits.lookup_hit(geom, n, stored=by_keys, offload_keys=_per_group_keys(geom, chain), **tail, **options)
+    except kvgeom.QueryError as e:
+        assert e.code == "lookup_not_ready"
+        keyed = None
+    assert keyed == hit
+    assert by_keys.asked == by_chain.asked
+
+
 @given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
                      tail_speculative_geometries()), data=st.data())
 def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(geom, data):
