@@ -1250,6 +1250,26 @@ def test_the_pending_walk_realigns_a_clamp_to_the_mamba_chunk_as_the_settled_wal
     assert hits.lookup_trace(geom, 150, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored))) == settled
 
 
+def test_a_window_run_realigned_below_one_chunk_past_the_local_prefix_asks_no_more_keys():
+    """FA 8 + an eagle sliding-window drafter (block 24, window 100) + Mamba 16, two blocks per chunk (chunks 16,
+    48, 32), 143 tokens. The attention scan ends at 80 (96 missing), re-aligned to 64; the drafter finds 96 and 48
+    held and pops to 48, re-aligned to the Mamba chunk: 32, less than its chunk (48) past the local prefix, so no
+    hit and no further key (docs/deviations.md realign-after-clamp; _complete: "a candidate less than one chunk
+    past c is no hit"). vLLM 0.33 (vllm_pending_trace, 2026-12-02) does not re-align: it asks the Mamba key
+    ending at 64 and hits 48, the state after token 64 (the deviation)."""
+    geom = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 8},
+                                      {"kind": "sliding_window", "block_size": 24, "sliding_window": 100,
+                                       "drafter": True},
+                                      {"kind": "mamba", "block_size": 16}],
+                           "cache": {"retention_interval": None}, "offload": {"blocks_per_chunk": 2},
+                           "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+    stored = {0: [16, 32, 48, 64, 80, 128, 144], 1: [48, 96, 144], 2: [64, 96, 128]}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(geom, stored))):
+        trace = hits.lookup_trace(geom, 143, stored=tier)
+        assert (trace.hit.hit_tokens, [(p.group, p.end_token) for p in trace.probes]) == (
+            0, [(0, 16), (0, 32), (0, 48), (0, 64), (0, 80), (0, 96), (1, 96), (1, 48)])
+
+
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
 # The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
 # answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
