@@ -1270,6 +1270,22 @@ def test_a_window_run_realigned_below_one_chunk_past_the_local_prefix_asks_no_mo
             0, [(0, 16), (0, 32), (0, 48), (0, 64), (0, 80), (0, 96), (1, 96), (1, 48)])
 
 
+def test_the_pending_walk_under_a_load_cap_asks_a_group_not_at_rest_again():
+    """An eagle sliding-window drafter (block 24, window 8, two blocks per chunk: chunk 48) + Mamba 32, eagle
+    K 2, 271 tokens, max_load_tokens 130; held: window chunks 96, 144, 240, 288, Mamba 64, 128, 192, 256. vLLM 0.33
+    (vllm_pending_trace, 2026-12-02, over these answers and with the Mamba key at 256 pending): no hit. The walk by
+    vLLM's rules must send the windowed groups round again when the candidate is one a group's clamp would move
+    (under the cap, off its chunk grid): without that it loaded 64."""
+    geom = kvgeom.resolve({"groups": [{"kind": "sliding_window", "block_size": 24, "sliding_window": 8,
+                                       "drafter": True},
+                                      {"kind": "mamba", "block_size": 32}],
+                           "cache": {"retention_interval": None}, "offload": {"blocks_per_chunk": 2},
+                           "speculative": {"method": "eagle", "num_speculative_tokens": 2}})
+    stored = {0: [96, 144, 240, 288], 1: [64, 128, 192, 256]}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(geom, stored))):
+        assert lookup_hit(geom, 271, stored=tier, max_load_tokens=130).hit_tokens == 0
+
+
 # -- the same eagle sliding-window drafter beside Mamba 32 over a tier that answers pending (_complete_unsettled)
 # The held keys of test_an_eagle_window_pops_again_after_the_mamba_realignment_lowers_its_run, with one key
 # answering HIT_PENDING or RETRY: the pending-tier path must let the drafter pop again when the Mamba
