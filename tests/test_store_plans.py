@@ -442,6 +442,31 @@ def test_partial_tail_of_a_request_that_loaded_from_the_tier_as_vllm_stores_it(n
     assert [(g.end_tokens, g.partial_tail) for g in plan.groups] == [fa, mamba]
 
 
+#: FINE64 with multi-module MTP (K = 3, P = 3): a step ending at e caches e - 2 tokens
+FINE64_MTP = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                             "cache": {"prefix_match_unit": 16}, "offload": {},
+                             "speculative": spec("mtp", 3, mtp_modules=3)})
+
+
+@pytest.mark.parametrize(
+    ("computed", "ends", "stored", "fa", "mamba"),
+    [
+        # a 100-token prompt prefilled with budgets 64, 16, 2, 100 (vLLM: chunks end at 64, 80, 82, 100): FA 64 at
+        # the step ending at 64; the step ending at 82 caches exactly the checkpoint 80, and the partial tail 80 of
+        # both groups is stored at the step ending at 100
+        (64, (64, 80, 82, 100), None, ((64,), None), ((), None)),
+        (100, (64, 80, 82, 100), {0: 1, 1: 1}, ((), 80), ((), 80)),
+        # vLLM's own split (an unbounded budget: chunks end at 80, 100): no step caches exactly 80, no tail
+        (100, None, None, ((64,), None), ((), None)),
+    ],
+)
+def test_the_given_chunk_ends_decide_the_partial_tail_as_vllm_stores_it(computed, ends, stored, fa, mamba):
+    """vLLM 0.33 runs (the Scheduler's split with the given budgets, the connector's stores per step)."""
+    plan = plan_store(FINE64_MTP, num_tokens=100, num_computed_tokens=computed, chunk_ends=ends, stored_chunks=stored)
+    assert [(g.end_tokens, g.partial_tail) for g in plan.groups] == [fa, mamba]
+
+
 #: FA16 + Mamba16, retention 32, offload_prompt_only off: a 40-token prompt decoded to 80 tokens
 DECODE32 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"retention_interval": 32}, "offload": {}})
 
