@@ -738,6 +738,44 @@ def test_gpu_prefix_cache_partial_entries_match_vllm(cfg, n, kw, resident):
     assert c.resident() == resident
 
 
+_DROP16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}, {**FA16, "num_kv_heads": 4, "drafter": True}],
+           "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {},
+           "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+_MTP16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}],
+          "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {},
+          "speculative": {"method": "mtp", "num_speculative_tokens": 2, "lookahead_hashes": False}}
+_MTP32 = {"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}],
+          "cache": {"prefix_match_unit": 8, "retention_interval": 32}, "offload": {},
+          "speculative": {"method": "mtp", "num_speculative_tokens": 1, "lookahead_hashes": False}}
+_MTP3_16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 8, **_D},
+            "offload": {}, "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n", "resident"),
+    [
+        # vLLM runs (the block pool's cached entries after the prompt, unbounded budget). Under the GPU drop the
+        # prompt's H-grid checkpoint lies one A = 8 below rdown(n - 1, 8), and the Mamba manager keys its state
+        # there: 8 for a 17-token prompt, 40 for 50; for 57 the checkpoint 48 is on the Mamba block grid and is
+        # kept although the store mask (replay boundaries 16, 32) does not keep that block
+        (_DROP16, 17, {"0": [16], "1": [8], "2": [16]}),
+        (_DROP16, 50, {"0": [16, 32, 48], "1": [32, 40], "2": [16, 32, 48]}),
+        (_DROP16, 57, {"0": [16, 32, 48, 56], "1": [32, 48], "2": [16, 32, 48, 56]}),
+        (_MTP16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 88]}),
+        (_MTP32, 90, {"0": [32, 64, 88], "1": [32, 80]}),
+        # multi-module MTP (P = 3): no step caches exactly the checkpoint (a step ending at e caches e - 2), so
+        # no Mamba state is keyed there
+        (_MTP3_16, 17, {}),
+        (_MTP3_16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 96]}),
+    ],
+    ids=["eagle-17", "eagle-50", "eagle-57", "mtp-100", "mtp32-90", "mtp3-17", "mtp3-100"],
+)
+def test_gpu_prefix_cache_keys_the_mamba_state_at_the_prompt_checkpoint_as_vllm(cfg, n, resident):
+    c = S.GPUPrefixCache(kvgeom.resolve(cfg))
+    c.cache_request(n)
+    assert {g: e for g, e in c.resident().items() if e} == resident
+
+
 def test_gpu_prefix_cache_takes_a_first_chunk_ending_at_one_token():
     # vLLM run: a 1-token prompt (FA16 + Mamba16) is one chunk ending at 1 and leaves nothing cached
     c = S.GPUPrefixCache(kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D}))
