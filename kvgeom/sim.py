@@ -664,8 +664,10 @@ def run_request(
     """A cold run of a ``first_tokens`` prompt (default ``num_tokens``) fills the GPU prefix cache
     and, with an offload section, the tier; entries are evicted per group from each; then a request
     of ``num_tokens`` tokens on the same chain is admitted by :func:`kvgeom.request.plan_request`
-    and executed: the GPU entries it adopts are checked (:meth:`GPUPrefixCache.check_adopted`) and
-    the load is followed on a fresh GPU and compared with a cold run (:meth:`Simulator.check_restored`).
+    and executed: the GPU entries it adopts are checked (:meth:`GPUPrefixCache.check_adopted`) up to the
+    local hit it resumes at (``plan.local_hit_tokens``, which a load may put below the GPU hit: positions
+    past it are loaded, not adopted), and the load is followed on a fresh GPU and compared with a cold run
+    (:meth:`Simulator.check_restored`).
 
     ``evict_gpu`` / ``evict_tier``: a predicate ``evict(group, end_token)`` or booleans applied in
     order to the entries sorted by ``(group, end_token)`` (True evicts). ``max_num_batched_tokens``: the

@@ -623,6 +623,25 @@ def test_check_restored_reports_a_slot_holding_another_columns_position(cfg, ran
     assert want in problems
 
 
+
+def test_check_restored_reads_every_rank_of_a_column_after_a_missing_page():
+    # an injected fault after a right load (DCP 2): column 0's page of rank 0 is gone and its page of rank 1 is
+    # overwritten with column 1's; the checker (every non-empty slot of a written entry holds the position dealt to
+    # it) still reads rank 1 and reports its first slot
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": _D})
+    sim = _stored(g, 64)
+    plan = kvgeom.hits.plan_hit(g, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
+    sim.load(plan)
+    row = sim.groups[0].row
+    del sim.pages[(0, row[0])]
+    sim.pages[(1, row[0])] = list(sim.pages[(1, row[1])])
+    wrong = sim.pages[(1, row[0])][0]
+    dealt = kvgeom.ranks.dcp_placement(g, 0, wrong)
+    assert (dealt.column, dealt.rank) == (1, 1)
+    problems = sim.check_restored(plan, num_tokens=64)
+    assert f"group 0: slot (column 0, rank 1, offset 0) holds position {wrong}, which is dealt to {dealt}" in problems
+
+
 def test_run_request_first_budget_decides_the_gpu_mamba_states():
     # vLLM run (the run_request doctest): budget 16, Mamba entries past 48 evicted from the GPU: GPU hit 32,
     # connector 64 more
@@ -682,6 +701,47 @@ def test_run_request_first_budget_decides_the_tier_mamba_states():
     assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (0, 80)
     assert [grp["load_keys"] for grp in r.plan.to_dict()["groups"]] == [[16, 32, 48, 64, 80], [80]]
     assert r.ok
+
+
+
+def test_run_request_tier_evictions_given_as_bools_follow_the_group_end_token_order():
+    # the vLLM run above, the tier's Mamba key at 96 evicted by booleans over the tier's entries sorted by (group,
+    # end token): FA 16..96, then Mamba 16..96, the last one True. vLLM: hit 80, loading FA 16..80 and Mamba 80
+    g = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D, "offload": {}})
+    r = S.run_request(g, 100, max_num_batched_tokens=16, evict_gpu=lambda group, end: True,
+                      evict_tier=[False] * 11 + [True])
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (0, 80)
+    assert [grp["load_keys"] for grp in r.plan.to_dict()["groups"]] == [[16, 32, 48, 64, 80], [80]]
+    assert r.ok
+
+
+@pytest.mark.parametrize(
+    ("entry", "lost", "problems"),
+    [
+        # a fault past the local hit 32 (positions 40..47 of the adopted FA entry ending at 64): the request loads
+        # [32, 96) from the tier and does not read them, so nothing is reported
+        ((0, 64), range(40, 48), ()),
+        # a fault below it (position 5 of the FA entry ending at 32) is reported
+        ((0, 32), range(5, 6),
+         ("group 0: resuming at 32 needs positions [0, 32); 1 are in no adopted entry (first 5)",)),
+    ],
+)
+def test_run_request_checks_the_adopted_entries_up_to_the_local_hit_it_resumes_at(monkeypatch, entry, lost,
+                                                                                   problems):
+    # run_request's doctest run (vLLM: a GPU hit of 48 resumed at L = 32, 64 loaded), with an injected fault in
+    # the GPU cache: an adopted entry misses some positions. The checker (run_request's docstring) checks the
+    # adopted entries up to plan.local_hit_tokens, not up to the GPU hit
+    real = S.GPUPrefixCache.cache_request
+
+    def faulty(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.entries[entry] = tuple(p for p in self.entries[entry] if p not in lost)
+
+    monkeypatch.setattr(S.GPUPrefixCache, "cache_request", faulty)
+    r = S.run_request(DENSE, 100, max_num_batched_tokens=16, evict_gpu=lambda g, e: g == 1 and e > 48)
+    assert (r.plan.local.hit_tokens, r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (48, 32, 64)
+    assert r.local_problems == problems
+    assert r.ok == (not problems)
 
 
 def test_run_request_reports_a_lost_load(monkeypatch):
