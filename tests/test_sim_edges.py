@@ -809,30 +809,39 @@ _MTP32 = {"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mam
           "speculative": {"method": "mtp", "num_speculative_tokens": 1, "lookahead_hashes": False}}
 _MTP3_16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 8, **_D},
             "offload": {}, "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}
+_MTP3_64 = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+            "cache": {"prefix_match_unit": 16}, "offload": {},
+            "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}
 
 
 @pytest.mark.parametrize(
-    ("cfg", "n", "resident"),
+    ("cfg", "n", "resident", "ends"),
     [
         # vLLM runs (the block pool's cached entries after the prompt, unbounded budget). Under the GPU drop the
         # prompt's H-grid checkpoint lies one A = 8 below rdown(n - 1, 8), and the Mamba manager keys its state
         # there: 8 for a 17-token prompt, 40 for 50; for 57 the checkpoint 48 is on the Mamba block grid and is
         # kept although the store mask (replay boundaries 16, 32) does not keep that block
-        (_DROP16, 17, {"0": [16], "1": [8], "2": [16]}),
-        (_DROP16, 50, {"0": [16, 32, 48], "1": [32, 40], "2": [16, 32, 48]}),
-        (_DROP16, 57, {"0": [16, 32, 48, 56], "1": [32, 48], "2": [16, 32, 48, 56]}),
-        (_MTP16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 88]}),
-        (_MTP32, 90, {"0": [32, 64, 88], "1": [32, 80]}),
+        (_DROP16, 17, {"0": [16], "1": [8], "2": [16]}, None),
+        (_DROP16, 50, {"0": [16, 32, 48], "1": [32, 40], "2": [16, 32, 48]}, None),
+        (_DROP16, 57, {"0": [16, 32, 48, 56], "1": [32, 48], "2": [16, 32, 48, 56]}, None),
+        (_MTP16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 88]}, None),
+        (_MTP32, 90, {"0": [32, 64, 88], "1": [32, 80]}, None),
         # multi-module MTP (P = 3): no step caches exactly the checkpoint (a step ending at e caches e - 2), so
         # no Mamba state is keyed there
-        (_MTP3_16, 17, {}),
-        (_MTP3_16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 96]}),
+        (_MTP3_16, 17, {}, None),
+        (_MTP3_16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 96]}, None),
+        # FA64 + Mamba64, H 16, the same MTP: budgets 64, 16, 2, 100 end chunks at 64, 80, 82, 100, and the step
+        # ending at 82 caches exactly the checkpoint 80: the Mamba state there is kept (vLLM's own split of 100,
+        # chunks ending at 80 and 100, keeps none: the row above's default)
+        (_MTP3_64, 100, {"0": [64, 96], "1": [80]}, (64, 80, 82, 100)),
+        (_MTP3_64, 100, {"0": [64, 96]}, None),
     ],
-    ids=["eagle-17", "eagle-50", "eagle-57", "mtp-100", "mtp32-90", "mtp3-17", "mtp3-100"],
+    ids=["eagle-17", "eagle-50", "eagle-57", "mtp-100", "mtp32-90", "mtp3-17", "mtp3-100", "mtp3-64-split",
+         "mtp3-64-unbounded"],
 )
-def test_gpu_prefix_cache_keys_the_mamba_state_at_the_prompt_checkpoint_as_vllm(cfg, n, resident):
+def test_gpu_prefix_cache_keys_the_mamba_state_at_the_prompt_checkpoint_as_vllm(cfg, n, resident, ends):
     c = S.GPUPrefixCache(kvgeom.resolve(cfg))
-    c.cache_request(n)
+    c.cache_request(n, chunk_ends=ends)
     assert {g: e for g, e in c.resident().items() if e} == resident
 
 
