@@ -252,8 +252,10 @@ def partial_tail_boundary(
     chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
     manager copies the state out of the block the next chunk overwrites and hands the copy over then);
     ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the
-    job runs only for a request that itself loaded from the tier, once ``t + m`` prompt tokens are
-    computed. Every offloaded group then stores its key at
+    job runs only for a request that itself loaded from the tier, and only if ``t + m`` prompt tokens are
+    computed by the end of the step that hands ``t`` over (the first chunk end after the step that cached
+    exactly ``t`` tokens; before that step, ``min(computed, prompt)``): vLLM 0.33 offers the hand-off once.
+    Every offloaded group then stores its key at
     :func:`partial_tail_key` of ``t``.
 
     >>> import kvgeom
@@ -281,9 +283,29 @@ def partial_tail_boundary(
     if not _cached_exactly(geom, mamba[0], prompt, computed, chunk_ends, t):
         return None
     margin = max((og.proof_margin or 0 for og in off.groups), default=0)
-    if margin and (not loaded_from_offload or min(computed, prompt) < t + margin):
+    if margin and (
+        not loaded_from_offload or _handoff_end(geom, mamba[0], prompt, computed, chunk_ends, t) < t + margin
+    ):
         return None
     return t
+
+
+def _handoff_end(
+    geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
+) -> int:
+    """The prompt tokens computed by the end of the step that hands the checkpoint ``t`` over: the first chunk
+    end after the step that cached exactly ``t`` tokens (the next chunk overwrites the block), or, before that
+    step, ``min(computed, prompt)``. vLLM 0.33 offers the hand-off once; an eagle proof margin not reached by
+    then drops the tail for good."""
+    sg = geom.speculative
+    reach = geom.scheduler_block_size + (sg.prefill_lookahead_tokens if sg is not None else 0)
+    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)
+    cached = next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
+    top = min(computed, prompt)
+    if cached is None:
+        return top
+    after = state_ends(geom, prompt, computed, chunk_ends, above=cached)
+    return after[0] if after else top
 
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:

@@ -428,6 +428,13 @@ EAGLE_TAIL = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size":
         (150, 96, (64, 96, 136, 150), {0: 2, 1: 2}, True, ((96,), None), ((96,), None)),
         (150, 136, (64, 96, 136, 150), {0: 3, 1: 3}, True, ((128,), None), ((), None)),
         (150, 150, (64, 96, 136, 150), {0: 4, 1: 4}, True, ((), 144), ((), 136)),
+        # request B prefilled with budgets 100, 32, 32, 8, 4, 100 (chunks end at 96, 128, 136, 140, 150): the
+        # manager hands the checkpoint 136 over once, at the step ending at 140 < 136 + 8, so vLLM stores no tail,
+        # neither then nor at 150 (kvgeom listed it at 150 before the hand-off step was modelled)
+        (150, 140, (64, 96, 128, 136, 140, 150), {0: 4, 1: 4}, True, ((), None), ((), None)),
+        (150, 150, (64, 96, 128, 136, 140, 150), {0: 4, 1: 4}, True, ((), None), ((), None)),
+        # budgets 100, 32, 40, 4, 100 (chunks end at 96, 128, 132, 136, 150): the hand-off step ends at 150
+        (150, 150, (64, 96, 128, 132, 136, 150), {0: 4, 1: 4}, True, ((), 144), ((), 136)),
     ],
 )
 def test_partial_tail_of_a_request_that_loaded_from_the_tier_as_vllm_stores_it(n, computed, ends, stored, loaded,
