@@ -178,15 +178,22 @@ def checked_chunk_ends(chunk_ends: Any) -> tuple[int, ...]:
     return tuple(bounded_ints("chunk_ends", chunk_ends, MAX_STORE_BLOCKS, "chunk_ends[]", "token counts"))
 
 
-def _cached_exactly(
+def _exact_end(
     geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
-) -> bool:
-    """Whether some prefill step ended with exactly ``t`` tokens cacheable in ``group`` (a step ending at
+) -> int | None:
+    """The first prefill step end with exactly ``t`` tokens cacheable in ``group``, or None (a step ending at
     ``e`` caches at least ``e - L - (P - 1)`` tokens, so only ends up to that far past ``t`` are read)."""
     sg = geom.speculative
     reach = geom.scheduler_block_size + (sg.prefill_lookahead_tokens if sg is not None else 0)
     ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)
-    return any(mamba_cacheable_tokens(geom, group, e) == t for e in ends)
+    return next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
+
+
+def _cached_exactly(
+    geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
+) -> bool:
+    """Whether some prefill step ended with exactly ``t`` tokens cacheable in ``group`` (:func:`_exact_end`)."""
+    return _exact_end(geom, group, prompt, computed, chunk_ends, t) is not None
 
 
 def mamba_handoffs(
@@ -252,8 +259,10 @@ def partial_tail_boundary(
     chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
     manager copies the state out of the block the next chunk overwrites and hands the copy over then);
     ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the
-    job runs only for a request that itself loaded from the tier, once ``t + m`` prompt tokens are
-    computed. Every offloaded group then stores its key at
+    job runs only for a request that itself loaded from the tier, and only if ``t + m`` prompt tokens are
+    computed by the end of the step that hands ``t`` over (the first chunk end after the step that cached
+    exactly ``t`` tokens; before that step, ``min(computed, prompt)``): vLLM 0.33 offers the hand-off once.
+    Every offloaded group then stores its key at
     :func:`partial_tail_key` of ``t``.
 
     >>> import kvgeom
@@ -278,12 +287,21 @@ def partial_tail_boundary(
         return None
     if t not in state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t):
         return None
-    if not _cached_exactly(geom, mamba[0], prompt, computed, chunk_ends, t):
+    exact = _exact_end(geom, mamba[0], prompt, computed, chunk_ends, t)
+    if exact is None:
         return None
     margin = max((og.proof_margin or 0 for og in off.groups), default=0)
-    if margin and (not loaded_from_offload or min(computed, prompt) < t + margin):
+    if margin and (not loaded_from_offload or _handoff_end(geom, prompt, computed, chunk_ends, exact) < t + margin):
         return None
     return t
+
+
+def _handoff_end(geom: Geometry, prompt: int, computed: int, chunk_ends: Collection[int] | None, exact: int) -> int:
+    """The prompt tokens computed by the end of the step that hands a partial-tail checkpoint over: the first
+    chunk end after ``exact`` (the step that cached exactly the checkpoint; the next chunk overwrites its block),
+    or ``min(computed, prompt)`` before that step. vLLM 0.33 offers the hand-off once: an eagle proof margin not
+    reached by then drops the tail for good."""
+    return min((*state_ends(geom, prompt, computed, chunk_ends, above=exact), min(computed, prompt)))
 
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:

@@ -1121,6 +1121,14 @@ def plan_store(
     stores the key there (``GroupStore.partial_tail``); with an eagle proof margin
     only for a request that ``loaded_from_offload``.
 
+    Size: a group's plan walks its chunks from ``stored_chunks[g]`` to its storable end, and the plan is
+    refused (:class:`kvgeom.QueryError` ``result_too_large``) past :data:`kvgeom.masks.MAX_STORE_BLOCKS`
+    walked blocks in all. The store masks cover only the walked chunks, so a step with a few chunks left
+    is answered however long the request or wide a sliding window's segments. The one wider mask: a
+    finished sliding-window group that revisits its last segment (retention ``None``, a final horizon
+    other than the prompt's, an alignment that is a multiple of its span, not an EAGLE group) builds its
+    masks from that segment's first chunk, each refused past :data:`kvgeom.masks.MAX_SCALAR_RESULT` blocks.
+
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": {"retention_interval": None}})
     >>> [s.chunks for s in plan_store(g, num_tokens=64, num_computed_tokens=64).groups]  # vLLM run: chunks end 48, 64

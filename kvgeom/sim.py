@@ -488,12 +488,14 @@ class GPUPrefixCache:
         None: :func:`kvgeom.prefill.prefill_chunk_ends` with ``max_num_batched_tokens`` (None: unbounded;
         the split kept total where the multi-module MTP reserve stalls it, as
         :class:`kvgeom.prefill.MambaCheckpoint` does). Only an align Mamba group reads them: it keeps a
-        state at a chunk end on its block grid (or at the prompt's partial H-boundary entry), never at a
-        boundary a chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
+        state at a chunk end on its block grid (or at the prompt's H-grid checkpoint when a step cached
+        exactly that many tokens, as :func:`kvgeom.handoff.mamba_handoffs` keys it), never at a boundary a
+        chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
         chunk ends that are not strictly increasing up to ``num_tokens`` are ``bad_chunk_ends``.
         """
-        from kvgeom.handoff import mamba_cacheable_tokens, replay_boundaries
+        from kvgeom.handoff import _cached_exactly, mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
+        from kvgeom.prefill import prompt_hash_checkpoint
 
         geom = self.geom
         n = _sim_tokens("num_tokens", num_tokens)
@@ -515,13 +517,17 @@ class GPUPrefixCache:
             for j in range(blocks):
                 if (mask is None or j in mask) and (written is None or (j + 1) * g.span in written):
                     self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
+            if g.family == "mamba":
+                # the manager keys the state at the prompt's H-grid checkpoint t, whatever the mask says, when a
+                # chunk ended there and a step cached exactly t tokens (as kvgeom.handoff.mamba_handoffs keys it)
+                t = prompt_hash_checkpoint(geom, n)
+                if g.span != H and t > 0 and t in ends and _cached_exactly(geom, g.index, n, n, ends, t):
+                    self.entries[(g.index, t)] = self._holds(g.index, t)
+                continue
             end = tail
             if g.family == "full" and g.index in geom.gpu_drop_groups:
                 end = n // H * H  # an EAGLE lookup reads the whole prompt before it drops (no n - 1 cap)
-            if (
-                g.span != H and g.family in {"full", "mamba"} and 0 < end <= cacheable and end % g.span
-                and (written is None or end in written)
-            ):
+            if g.span != H and g.family == "full" and 0 < end <= cacheable and end % g.span:
                 self.entries[(g.index, end)] = self._holds(g.index, end)
 
     def _chunk_ends(self, n: int, chunk_ends: Sequence[int] | None, budget: int | None) -> frozenset[int]:
@@ -658,8 +664,10 @@ def run_request(
     """A cold run of a ``first_tokens`` prompt (default ``num_tokens``) fills the GPU prefix cache
     and, with an offload section, the tier; entries are evicted per group from each; then a request
     of ``num_tokens`` tokens on the same chain is admitted by :func:`kvgeom.request.plan_request`
-    and executed: the GPU entries it adopts are checked (:meth:`GPUPrefixCache.check_adopted`) and
-    the load is followed on a fresh GPU and compared with a cold run (:meth:`Simulator.check_restored`).
+    and executed: the GPU entries it adopts are checked (:meth:`GPUPrefixCache.check_adopted`) up to the
+    local hit it resumes at (``plan.local_hit_tokens``, which a load may put below the GPU hit: positions
+    past it are loaded, not adopted), and the load is followed on a fresh GPU and compared with a cold run
+    (:meth:`Simulator.check_restored`).
 
     ``evict_gpu`` / ``evict_tier``: a predicate ``evict(group, end_token)`` or booleans applied in
     order to the entries sorted by ``(group, end_token)`` (True evicts). ``max_num_batched_tokens``: the

@@ -623,6 +623,25 @@ def test_check_restored_reports_a_slot_holding_another_columns_position(cfg, ran
     assert want in problems
 
 
+
+def test_check_restored_reads_every_rank_of_a_column_after_a_missing_page():
+    # an injected fault after a right load (DCP 2): column 0's page of rank 0 is gone and its page of rank 1 is
+    # overwritten with column 1's; the checker (every non-empty slot of a written entry holds the position dealt to
+    # it) still reads rank 1 and reports its first slot
+    g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "cache": _D})
+    sim = _stored(g, 64)
+    plan = kvgeom.hits.plan_hit(g, {"num_tokens": 64, "stored": sim.tier_end_tokens()})
+    sim.load(plan)
+    row = sim.groups[0].row
+    del sim.pages[(0, row[0])]
+    sim.pages[(1, row[0])] = list(sim.pages[(1, row[1])])
+    wrong = sim.pages[(1, row[0])][0]
+    dealt = kvgeom.ranks.dcp_placement(g, 0, wrong)
+    assert (dealt.column, dealt.rank) == (1, 1)
+    problems = sim.check_restored(plan, num_tokens=64)
+    assert f"group 0: slot (column 0, rank 1, offset 0) holds position {wrong}, which is dealt to {dealt}" in problems
+
+
 def test_run_request_first_budget_decides_the_gpu_mamba_states():
     # vLLM run (the run_request doctest): budget 16, Mamba entries past 48 evicted from the GPU: GPU hit 32,
     # connector 64 more
@@ -684,6 +703,47 @@ def test_run_request_first_budget_decides_the_tier_mamba_states():
     assert r.ok
 
 
+
+def test_run_request_tier_evictions_given_as_bools_follow_the_group_end_token_order():
+    # the vLLM run above, the tier's Mamba key at 96 evicted by booleans over the tier's entries sorted by (group,
+    # end token): FA 16..96, then Mamba 16..96, the last one True. vLLM: hit 80, loading FA 16..80 and Mamba 80
+    g = kvgeom.resolve({"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": _D, "offload": {}})
+    r = S.run_request(g, 100, max_num_batched_tokens=16, evict_gpu=lambda group, end: True,
+                      evict_tier=[False] * 11 + [True])
+    assert (r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (0, 80)
+    assert [grp["load_keys"] for grp in r.plan.to_dict()["groups"]] == [[16, 32, 48, 64, 80], [80]]
+    assert r.ok
+
+
+@pytest.mark.parametrize(
+    ("entry", "lost", "problems"),
+    [
+        # a fault past the local hit 32 (positions 40..47 of the adopted FA entry ending at 64): the request loads
+        # [32, 96) from the tier and does not read them, so nothing is reported
+        ((0, 64), range(40, 48), ()),
+        # a fault below it (position 5 of the FA entry ending at 32) is reported
+        ((0, 32), range(5, 6),
+         ("group 0: resuming at 32 needs positions [0, 32); 1 are in no adopted entry (first 5)",)),
+    ],
+)
+def test_run_request_checks_the_adopted_entries_up_to_the_local_hit_it_resumes_at(monkeypatch, entry, lost,
+                                                                                   problems):
+    # run_request's doctest run (vLLM: a GPU hit of 48 resumed at L = 32, 64 loaded), with an injected fault in
+    # the GPU cache: an adopted entry misses some positions. The checker (run_request's docstring) checks the
+    # adopted entries up to plan.local_hit_tokens, not up to the GPU hit
+    real = S.GPUPrefixCache.cache_request
+
+    def faulty(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.entries[entry] = tuple(p for p in self.entries[entry] if p not in lost)
+
+    monkeypatch.setattr(S.GPUPrefixCache, "cache_request", faulty)
+    r = S.run_request(DENSE, 100, max_num_batched_tokens=16, evict_gpu=lambda g, e: g == 1 and e > 48)
+    assert (r.plan.local.hit_tokens, r.plan.local_hit_tokens, r.plan.external_hit_tokens) == (48, 32, 64)
+    assert r.local_problems == problems
+    assert r.ok == (not problems)
+
+
 def test_run_request_reports_a_lost_load(monkeypatch):
     # the same run as above with the simulated load dropped: the restored GPU misses what the external hit
     # claims, and the report says so
@@ -736,6 +796,53 @@ def test_gpu_prefix_cache_partial_entries_match_vllm(cfg, n, kw, resident):
     c = S.GPUPrefixCache(kvgeom.resolve(cfg))
     c.cache_request(n, **kw)
     assert c.resident() == resident
+
+
+_DROP16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}, {**FA16, "num_kv_heads": 4, "drafter": True}],
+           "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {},
+           "speculative": {"method": "eagle", "num_speculative_tokens": 2}}
+_MTP16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}],
+          "cache": {"prefix_match_unit": 8, "retention_interval": 0}, "offload": {},
+          "speculative": {"method": "mtp", "num_speculative_tokens": 2, "lookahead_hashes": False}}
+_MTP32 = {"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}],
+          "cache": {"prefix_match_unit": 8, "retention_interval": 32}, "offload": {},
+          "speculative": {"method": "mtp", "num_speculative_tokens": 1, "lookahead_hashes": False}}
+_MTP3_16 = {"groups": [FA16, {"kind": "mamba", "block_size": 16}], "cache": {"prefix_match_unit": 8, **_D},
+            "offload": {}, "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}
+_MTP3_64 = {"groups": [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}],
+            "cache": {"prefix_match_unit": 16}, "offload": {},
+            "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n", "resident", "ends"),
+    [
+        # vLLM runs (the block pool's cached entries after the prompt, unbounded budget). Under the GPU drop the
+        # prompt's H-grid checkpoint lies one A = 8 below rdown(n - 1, 8), and the Mamba manager keys its state
+        # there: 8 for a 17-token prompt, 40 for 50; for 57 the checkpoint 48 is on the Mamba block grid and is
+        # kept although the store mask (replay boundaries 16, 32) does not keep that block
+        (_DROP16, 17, {"0": [16], "1": [8], "2": [16]}, None),
+        (_DROP16, 50, {"0": [16, 32, 48], "1": [32, 40], "2": [16, 32, 48]}, None),
+        (_DROP16, 57, {"0": [16, 32, 48, 56], "1": [32, 48], "2": [16, 32, 48, 56]}, None),
+        (_MTP16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 88]}, None),
+        (_MTP32, 90, {"0": [32, 64, 88], "1": [32, 80]}, None),
+        # multi-module MTP (P = 3): no step caches exactly the checkpoint (a step ending at e caches e - 2), so
+        # no Mamba state is keyed there
+        (_MTP3_16, 17, {}, None),
+        (_MTP3_16, 100, {"0": [16, 32, 48, 64, 80, 96], "1": [80, 96]}, None),
+        # FA64 + Mamba64, H 16, the same MTP: budgets 64, 16, 2, 100 end chunks at 64, 80, 82, 100, and the step
+        # ending at 82 caches exactly the checkpoint 80: the Mamba state there is kept (vLLM's own split of 100,
+        # chunks ending at 80 and 100, keeps none: the row above's default)
+        (_MTP3_64, 100, {"0": [64, 96], "1": [80]}, (64, 80, 82, 100)),
+        (_MTP3_64, 100, {"0": [64, 96]}, None),
+    ],
+    ids=["eagle-17", "eagle-50", "eagle-57", "mtp-100", "mtp32-90", "mtp3-17", "mtp3-100", "mtp3-64-split",
+         "mtp3-64-unbounded"],
+)
+def test_gpu_prefix_cache_keys_the_mamba_state_at_the_prompt_checkpoint_as_vllm(cfg, n, resident, ends):
+    c = S.GPUPrefixCache(kvgeom.resolve(cfg))
+    c.cache_request(n, chunk_ends=ends)
+    assert {g: e for g, e in c.resident().items() if e} == resident
 
 
 def test_gpu_prefix_cache_takes_a_first_chunk_ending_at_one_token():

@@ -103,6 +103,75 @@ def test_store_plan_too_large_for_the_scalar_path():
     assert n // 16 > MAX_SCALAR_RESULT
 
 
+
+# ------------------------------------------------------- an explicit `reachable` list (no vLLM counterpart)
+# plan_store's `reachable` replaces the replay boundary num_prompt - 1 (its default) in the store masks. vLLM 0.33
+# always uses the replay boundary, so only the default rows are vLLM's (runs noted below); the other rows are
+# derived by hand from kvgeom.masks' module docstring (retention 0: only the reachable boundaries are kept; a
+# boundary t keeps the Mamba block rdown(t, A) // B_m - 1, and the `need` sliding-window blocks before
+# rdown(t, alignment_tokens)) and from plan_store's (a chunk is stored when a block of it is kept; an align Mamba
+# key inside the prompt also needs a prefill chunk to end there, and the prompt's H-grid checkpoint is keyed
+# whatever the mask says).
+
+#: FA16 + SWA16 (window 16: need 1 block), retention 0, alignment 16: one block per chunk
+SWA_R0 = kvgeom.resolve({"groups": [FA16, {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                         "offload": {}})
+#: FA16 + Mamba16, retention 0, A = 16, DCP 1 (no partial tails)
+MAMBA_R0 = kvgeom.resolve({"groups": [FA16, M16], "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("reachable", "swa"),
+    [
+        (None, (192,)),  # vLLM run (200-token prompt): SWA 192 alone, the block before rdown(199, 16) = 192
+        ((199,), (192,)),  # the default spelled out
+        ((99, 150), (96, 144)),  # rdown(99, 16) = 96 keeps block 5 (end 96); rdown(150, 16) = 144 keeps block 8
+        ((), ()),  # no boundary: retention 0 keeps nothing
+    ],
+)
+def test_explicit_reachable_boundaries_move_the_sliding_window_store_mask(reachable, swa):
+    plan = plan_store(SWA_R0, num_tokens=200, num_computed_tokens=200, reachable=reachable)
+    assert plan.groups[0].end_tokens == tuple(range(16, 193, 16))  # full attention: dense
+    assert plan.groups[1].end_tokens == swa
+
+
+@pytest.mark.parametrize(
+    ("reachable", "mamba"),
+    [
+        # vLLM run (100-token prompt, budgets 32, 32, 36: chunks end at 32, 64, 96, 100): Mamba 96, the block of
+        # rdown(99, 16) = 96, which is also the prompt's H-grid checkpoint
+        (None, (96,)),
+        ((64,), (64, 96)),  # block 3 (end 64; a chunk ended there) and the checkpoint 96
+        ((32, 64), (32, 64, 96)),
+        ((48,), (96,)),  # block 2 (end 48) is kept, but no chunk ended at 48: no state to hand over
+        ((), (96,)),  # the checkpoint alone
+    ],
+)
+def test_explicit_reachable_boundaries_choose_the_mamba_hand_offs_in_the_prompt(reachable, mamba):
+    plan = plan_store(MAMBA_R0, num_tokens=100, num_computed_tokens=100, chunk_ends=(32, 64, 96, 100),
+                      reachable=reachable)
+    assert plan.groups[0].end_tokens == (16, 32, 48, 64, 80, 96)
+    assert plan.groups[1].end_tokens == mamba
+
+
+@pytest.mark.parametrize(
+    ("reachable", "mamba"),
+    [
+        # vLLM run (40-token prompt decoded to 80, offload_prompt_only off: chunks end at 32, 40): Mamba 32 alone
+        # (the block of rdown(39, 16) = 32 and the checkpoint); nothing past the prompt
+        (None, (32,)),
+        ((64, 80), (32, 64, 80)),  # past the prompt the store mask alone: blocks 3 and 4 (ends 64, 80)
+        ((79,), (32, 64)),  # rdown(79, 16) = 64
+        ((), (32,)),
+    ],
+)
+def test_explicit_reachable_boundaries_choose_the_mamba_keys_past_the_prompt(reachable, mamba):
+    plan = plan_store(MAMBA_R0, num_tokens=80, num_computed_tokens=80, num_prompt_tokens=40, offload_prompt_only=False,
+                      chunk_ends=(32, 40), reachable=reachable)
+    assert plan.groups[0].end_tokens == (16, 32, 48, 64, 80)
+    assert plan.groups[1].end_tokens == mamba
+
+
 # ----------------------------------------------------------------------------------- sliding windows
 
 
@@ -338,6 +407,73 @@ def test_partial_tail_keys_in_the_store_plan_match_vllm(n, computed, kw, tail):
     assert [g.stored_end_tokens for g in plan.groups] == [() if tail is None else (tail,)] * 2
 
 
+#: an eagle FA32 drafter + Mamba32, H = 8, K = 2, DCP 1: partial tails with a proof margin of one hash unit (8)
+EAGLE_TAIL = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                                        {"kind": "mamba", "block_size": 32}],
+                             "cache": {"prefix_match_unit": 8}, "offload": {}, "speculative": spec()})
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "ends", "stored", "loaded", "fa", "mamba"),
+    [
+        # request A, a 100-token prompt that loaded nothing (vLLM: chunks end at 64, 88, 96, 100; the Mamba manager
+        # hands over the checkpoint 88 at the step ending at 96 = 88 + the margin, and no partial-tail key is
+        # stored for a request that did not load from the tier); `loaded` None: the argument left out
+        (100, 64, (64, 88, 96, 100), None, None, ((32, 64), None), ((64,), None)),
+        (100, 96, (64, 88, 96, 100), {0: 2, 1: 2}, None, ((96,), None), ((), None)),
+        (100, 96, (64, 88, 96, 100), {0: 2, 1: 2}, False, ((96,), None), ((), None)),
+        # request B, a 150-token prompt over A's tier: it loads FA 32, 64 and Mamba 64 (hit 64), then computes 96,
+        # 136, 150; the step ending at 150 (past the checkpoint 136 + 8) stores its partial tail: the drafter's key
+        # at 136 + 8 = 144, Mamba's at 136
+        (150, 96, (64, 96, 136, 150), {0: 2, 1: 2}, True, ((96,), None), ((96,), None)),
+        (150, 136, (64, 96, 136, 150), {0: 3, 1: 3}, True, ((128,), None), ((), None)),
+        (150, 150, (64, 96, 136, 150), {0: 4, 1: 4}, True, ((), 144), ((), 136)),
+        # request B prefilled with budgets 100, 32, 32, 8, 4, 100 (chunks end at 96, 128, 136, 140, 150): the
+        # manager hands the checkpoint 136 over once, at the step ending at 140 < 136 + 8, so vLLM stores no tail,
+        # neither then nor at 150 (kvgeom listed it at 150 before the hand-off step was modelled)
+        (150, 140, (64, 96, 128, 136, 140, 150), {0: 4, 1: 4}, True, ((), None), ((), None)),
+        (150, 150, (64, 96, 128, 136, 140, 150), {0: 4, 1: 4}, True, ((), None), ((), None)),
+        # budgets 100, 32, 40, 4, 100 (chunks end at 96, 128, 132, 136, 150): the hand-off step ends at 150
+        (150, 150, (64, 96, 128, 132, 136, 150), {0: 4, 1: 4}, True, ((), 144), ((), 136)),
+    ],
+)
+def test_partial_tail_of_a_request_that_loaded_from_the_tier_as_vllm_stores_it(n, computed, ends, stored, loaded,
+                                                                               fa, mamba):
+    """vLLM 0.33 runs (the Scheduler and OffloadingConnector over a recording tier as above, request B built
+    over request A's stored keys, its loads reported done; the KV cache config's hit alignment set as vLLM's
+    engine core sets it, which makes the proof margin one hash unit, 8, rather than a block): each step's stores.
+    With an eagle proof margin, only a request that ``loaded_from_offload`` stores its partial tail."""
+    kw = {} if loaded is None else {"loaded_from_offload": loaded}
+    plan = plan_store(EAGLE_TAIL, num_tokens=n, num_computed_tokens=computed, chunk_ends=ends, stored_chunks=stored,
+                      **kw)
+    assert [(g.end_tokens, g.partial_tail) for g in plan.groups] == [fa, mamba]
+
+
+#: FINE64 with multi-module MTP (K = 3, P = 3): a step ending at e caches e - 2 tokens
+FINE64_MTP = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+                                        {"kind": "mamba", "block_size": 64}],
+                             "cache": {"prefix_match_unit": 16}, "offload": {},
+                             "speculative": spec("mtp", 3, mtp_modules=3)})
+
+
+@pytest.mark.parametrize(
+    ("computed", "ends", "stored", "fa", "mamba"),
+    [
+        # a 100-token prompt prefilled with budgets 64, 16, 2, 100 (vLLM: chunks end at 64, 80, 82, 100): FA 64 at
+        # the step ending at 64; the step ending at 82 caches exactly the checkpoint 80, and the partial tail 80 of
+        # both groups is stored at the step ending at 100
+        (64, (64, 80, 82, 100), None, ((64,), None), ((), None)),
+        (100, (64, 80, 82, 100), {0: 1, 1: 1}, ((), 80), ((), 80)),
+        # vLLM's own split (an unbounded budget: chunks end at 80, 100): no step caches exactly 80, no tail
+        (100, None, None, ((64,), None), ((), None)),
+    ],
+)
+def test_the_given_chunk_ends_decide_the_partial_tail_as_vllm_stores_it(computed, ends, stored, fa, mamba):
+    """vLLM 0.33 runs (the Scheduler's split with the given budgets, the connector's stores per step)."""
+    plan = plan_store(FINE64_MTP, num_tokens=100, num_computed_tokens=computed, chunk_ends=ends, stored_chunks=stored)
+    assert [(g.end_tokens, g.partial_tail) for g in plan.groups] == [fa, mamba]
+
+
 #: FA16 + Mamba16, retention 32, offload_prompt_only off: a 40-token prompt decoded to 80 tokens
 DECODE32 = kvgeom.resolve({"groups": [FA16, M16], "cache": {"retention_interval": 32}, "offload": {}})
 
@@ -424,10 +560,94 @@ def test_no_final_tail_revisit_off_the_sliding_window_grid_as_vllm_stores_it(n, 
     assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
 
 
+#: FA64 + SWA16 (window 33: need 2 blocks), retention None: alignment 64 = 4 SWA blocks, one block per chunk
+SWA_NEAR_TAILS = _geom(64, 16, 33, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "stored", "finished", "fa", "swa"),
+    [
+        # vLLM's steps for a 216-token prompt decoded to 230 tokens (offload_prompt_only off): the prefill stores
+        # FA 64, 128, 192 and SWA 48, 64, 112, 128, 176, 192 (segment tails) and 208 (the partial last segment's
+        # tail); decoding stores nothing; the step that sees the finish stores SWA 224 alone: the final tail of
+        # [192, 256) is 208 and 224, and 208, kept under the prompt's horizon, was stored by the prefill
+        (216, 216, None, False, (64, 128, 192), (48, 64, 112, 128, 176, 192, 208)),
+        (224, 224, {0: 3, 1: 13}, False, (), ()),
+        (229, 229, {0: 3, 1: 14}, False, (), ()),
+        (230, 229, {0: 3, 1: 14}, True, (), (224,)),
+    ],
+)
+def test_finished_sliding_window_does_not_store_the_prompt_tail_again_as_vllm_stores_it(n, computed, stored,
+                                                                                         finished, fa, swa):
+    plan = plan_store(SWA_NEAR_TAILS, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=216,
+                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+
+
+#: FA16 + FA32 (different chunks: the connector has no alignment_tokens, warning alignment_tokens_none) + SWA16
+#: (window 16), retention None: the sliding window's store mask is dense and no final tail is revisited
+SWA_NO_ALIGNMENT = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                              {"kind": "full_attention", "block_size": 32, "num_kv_heads": 4},
+                                              {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                                   "cache": {"retention_interval": None}, "offload": {}})
+
+
+@pytest.mark.parametrize(
+    ("n", "computed", "stored", "finished", "ends"),
+    [
+        # vLLM's steps for a 64-token prompt decoded to 100 tokens (offload_prompt_only off): every chunk of each
+        # group as it completes, the sliding window's too; the step that sees the finish stores nothing
+        (64, 64, None, False, ((16, 32, 48, 64), (32, 64), (16, 32, 48, 64))),
+        (80, 80, {0: 4, 1: 2, 2: 4}, False, ((80,), (), (80,))),
+        (96, 96, {0: 5, 1: 2, 2: 5}, False, ((96,), (96,), (96,))),
+        (100, 100, {0: 6, 1: 3, 2: 6}, False, ((), (), ())),
+        (101, 100, {0: 6, 1: 3, 2: 6}, True, ((), (), ())),
+    ],
+)
+def test_sliding_window_without_an_offload_alignment_stores_every_chunk_as_vllm_does(n, computed, stored, finished,
+                                                                                    ends):
+    plan = plan_store(SWA_NO_ALIGNMENT, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=64,
+                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    assert tuple(g.end_tokens for g in plan.groups) == ends
+
+
 # ------------------------------------------------------- the walked-blocks bound (kvgeom's own, masks.MAX_STORE_BLOCKS)
 # Not a vLLM answer: kvgeom refuses a scalar store plan that would walk more than MAX_STORE_BLOCKS = 2**18 blocks
 # (docs: kvgeom.masks.check_store_size). FA16 with 4 blocks per chunk: 2**16 chunks walk exactly 2**18 blocks.
 _FA16_K4 = {"kind": "full_attention", "block_size": 16}
+
+
+# A step with one chunk left is answered however wide the sliding window's segments (plan_store's docstring, "Size":
+# the masks cover only the walked chunks; only a finished group revisiting its last segment builds a mask from that
+# segment's first chunk). Not a vLLM answer (2**25-token requests): the stored chunk is derived by hand. FA 2**22
+# (chunk and alignment 2**25 tokens) + SWA with block 1 and a window of 2**24 + 16 tokens (need 2**24 + 15 blocks; an
+# EAGLE drafter needs one block more, one block later), 8 blocks per chunk; a segment is 2**25 blocks. The request
+# has N = 2**25 + 2**24 + 8 tokens: the last SWA chunk (blocks [N - 8, N)) lies in the last need blocks of segment 1,
+# [2**26 - need, 2**26), so it is stored; everything before it was stored already. Its segment starts 2**24 + 8
+# blocks below N: a mask from there would be refused as more than MAX_SCALAR_RESULT = 2**24 blocks.
+_WIDE_N = 2**25 + 2**24 + 8
+_WIDE_SWA = {"kind": "sliding_window", "block_size": 1, "sliding_window": 2**24 + 16}
+
+
+@pytest.mark.parametrize(
+    ("swa", "retention", "n", "prompt", "finished"),
+    [
+        (_WIDE_SWA, None, _WIDE_N, 2**25 + 8, False),  # decoding past the prompt: no final tail, no revisit
+        (_WIDE_SWA, None, _WIDE_N, _WIDE_N, True),  # finished at the prompt's horizon: nothing to revisit
+        (_WIDE_SWA, 2**25, _WIDE_N + 1, 2**25 + 8, True),  # a retention interval: no final tail, no revisit
+        ({**_WIDE_SWA, "drafter": True}, None, _WIDE_N + 1, 2**25 + 8, True),  # an EAGLE group: no final tail
+    ],
+    ids=["decoding", "finished-at-the-prompt", "retention", "eagle"],
+)
+def test_a_step_with_one_chunk_left_is_answered_over_a_wide_sliding_segment(swa, retention, n, prompt, finished):
+    cfg = {"groups": [{"kind": "full_attention", "block_size": 2**22}, swa], "offload": {"blocks_per_chunk": 8},
+           "cache": {"retention_interval": retention}}
+    if swa.get("drafter"):
+        cfg["speculative"] = spec(k=1)
+    geom = kvgeom.resolve(cfg)
+    plan = plan_store(geom, num_tokens=n, num_computed_tokens=_WIDE_N, num_prompt_tokens=prompt,
+                      offload_prompt_only=False, finished=finished, stored_chunks={0: 1, 1: _WIDE_N // 8 - 1})
+    assert [g.end_tokens for g in plan.groups] == [(), (_WIDE_N,)]
 
 
 @pytest.mark.parametrize(
