@@ -48,6 +48,7 @@ from kvgeom.masks import MAX_STORE_BLOCKS, reachable_block_mask, reachable_point
 from kvgeom.prefill import mamba_checkpoint, prompt_hash_checkpoint
 
 __all__ = [
+    "cached_exactly",
     "checked_chunk_ends",
     "mamba_cacheable_tokens",
     "mamba_handoffs",
@@ -189,11 +190,24 @@ def _exact_end(
     return next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
 
 
-def _cached_exactly(
-    geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
+def cached_exactly(
+    geom: Geometry, group: int, num_prompt_tokens: int, num_computed_tokens: int,
+    chunk_ends: Collection[int] | None, tokens: int,
 ) -> bool:
-    """Whether some prefill step ended with exactly ``t`` tokens cacheable in ``group`` (:func:`_exact_end`)."""
-    return _exact_end(geom, group, prompt, computed, chunk_ends, t) is not None
+    """Whether some prefill step of a prompt computed up to ``num_computed_tokens`` ended with exactly ``tokens``
+    tokens cacheable in ``group`` (:func:`mamba_cacheable_tokens` at the step's end; ``chunk_ends`` as
+    :func:`state_ends` reads them). vLLM 0.33 keeps an align Mamba group's state at the prompt's H-grid
+    checkpoint only then: :func:`mamba_handoffs` keys it, the simulated GPU prefix cache keeps it.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # FA 16 + Mamba 16, DCP 2
+    >>> cached_exactly(g, 1, 100, 100, (96, 100), 96), cached_exactly(g, 1, 100, 100, (90, 100), 96)
+    (True, False)
+    """
+    geom.group(group)  # an unknown group index is refused
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    return _exact_end(geom, group, prompt, computed, chunk_ends, nonneg("tokens", tokens)) is not None
 
 
 def mamba_handoffs(
@@ -238,7 +252,7 @@ def mamba_handoffs(
         geom, group, candidates[-1] // B, first_block=candidates[0] // B - 1, reachable=points
     )
     checkpoint = prompt_hash_checkpoint(geom, prompt)
-    keyed = checkpoint in candidates and _cached_exactly(geom, group, prompt, computed, chunk_ends, checkpoint)
+    keyed = checkpoint in candidates and cached_exactly(geom, group, prompt, computed, chunk_ends, checkpoint)
     return tuple(e for e in candidates if mask is None or e // B - 1 in mask or (e == checkpoint and keyed))
 
 

@@ -493,7 +493,7 @@ class GPUPrefixCache:
         chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
         chunk ends that are not strictly increasing up to ``num_tokens`` are ``bad_chunk_ends``.
         """
-        from kvgeom.handoff import _cached_exactly, mamba_cacheable_tokens, replay_boundaries
+        from kvgeom.handoff import cached_exactly, mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
         from kvgeom.prefill import prompt_hash_checkpoint
 
@@ -521,7 +521,7 @@ class GPUPrefixCache:
                 # the manager keys the state at the prompt's H-grid checkpoint t, whatever the mask says, when a
                 # chunk ended there and a step cached exactly t tokens (as kvgeom.handoff.mamba_handoffs keys it)
                 t = prompt_hash_checkpoint(geom, n)
-                if g.span != H and t > 0 and t in ends and _cached_exactly(geom, g.index, n, n, ends, t):
+                if g.span != H and t > 0 and t in ends and cached_exactly(geom, g.index, n, n, ends, t):
                     self.entries[(g.index, t)] = self._holds(g.index, t)
                 continue
             end = tail

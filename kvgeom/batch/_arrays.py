@@ -106,6 +106,14 @@ def ints(name: str, x: Any, ndim: int = 1, *, allow_minus_one: bool = False, sig
                     "not_an_integer_array", f"{name} must hold integers, got {a.dtype} elements", name
                 )
             lo, hi = int(min(flat)), int(max(flat))
+            if signed and lo < -INT64_MAX - 1:  # signed skips the sign check, not the int64 range (issue 19 fuzz)
+                raise QueryError.single(
+                    "int64_overflow",
+                    f"{name} holds {show(lo)}, below what int64 holds ({-INT64_MAX - 1}); block ids and indices are "
+                    "small integers: pass the entries your engine's table holds",
+                    name,
+                    **{name: lo},
+                )
             check_range(name, max(lo, 0) if signed else lo, hi, allow_minus_one)
             return a.astype(np.int64)
         if a.dtype.kind not in "iu":

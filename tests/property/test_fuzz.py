@@ -253,6 +253,7 @@ def test_plan_hit_is_result_or_kvgeom_error(geom, scenario):
 @example(geom=DEFAULT, a=[2**40], b=None)  # a key map of 2**40 tokens: refused before allocating
 @example(geom=DEFAULT, a=[2_306_965_904], b=None)  # thorough profile: 2e8 keys under the old 2**28 cap took 112 s
 @example(geom=DEFAULT, a=[10**5000], b=None)
+@example(geom=DEFAULT, a=[], b=[[-(2**63) - 1]])  # thorough profile: a block-table entry below int64 (OverflowError)
 @given(geom=GEOMS, a=values | st.lists(st.integers(0, 2**63) | huge, max_size=3), b=values)
 @FUZZ
 def test_batch_functions_are_result_or_kvgeom_error(geom, a, b):
