@@ -217,3 +217,21 @@ def test_the_default_split_of_a_huge_prompt_is_two_chunk_ends_not_a_walk():
     # be refused; vLLM's unbounded split (the default since issue 19 item 3) is one chunk to the last
     # cacheable boundary and the prompt's end, answered without a walk
     assert state_ends(SEED, 10**9, 10**9) == (10**9 - 16, 10**9)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ((-1, 100, None, 96), "num_prompt_tokens"),
+    ((100, -1, None, 96), "num_computed_tokens"),
+    ((100, 100, None, -1), "tokens"),
+])
+def test_cached_exactly_refuses_bad_counts_naming_the_field(args, field):
+    """handoff.cached_exactly (public for the simulated GPU cache) refuses a negative count as every count is
+    refused (nonneg): QueryError naming the field."""
+    from kvgeom.handoff import cached_exactly
+
+    geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})
+    with pytest.raises(kvgeom.QueryError) as info:
+        cached_exactly(geom, 1, *args)
+    assert info.value.problems[0].field == field
+    with pytest.raises(kvgeom.KVGeomError):
+        cached_exactly(geom, 7, 100, 100, None, 96)  # no group 7
