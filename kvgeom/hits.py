@@ -694,9 +694,11 @@ def _complete_unsettled(
                 realign_repass = False
                 if not todo and not deferred:
                     todo = order.windowed
-            if m < found and og.window_chunks is not None and not todo and not deferred:
+            if (og.window_chunks is not None and not todo and not deferred
+                    and (m < found or _clamp(og, m, keyed, load_capped, Cm) != m)):
                 # as _complete: the Mamba re-alignment below a windowed group's own run end asks every windowed
-                # group again there, that group included (its run was found above the new candidate)
+                # group again there, that group included (its run was found above the new candidate); so does a
+                # candidate the group is not at rest at (under max_load_tokens, a re-alignment off its chunk grid)
                 todo = order.windowed
             seen_window |= og.window_chunks is not None
             hit = m - c

@@ -966,6 +966,17 @@ PENDING_WALK_ROWS = [
     # does: a hit whose window held a pending key.)
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
      {1: {96: "pending", 128: "miss"}}, None, 104, "realign-after-clamp"),
+    # max_load_tokens and a window group whose chunk (24) is off the Mamba grid (16): its clamp takes 80 to 72,
+    # the re-alignment to 64, where the group is not at rest (its clamp takes 64 to 48), so every windowed group
+    # is asked again at 48, as _complete does. The pending walk stopped at 64: it answered 64 where vLLM defers on
+    # the Mamba key at 48, and deferred on the Mamba key at 64 where vLLM loads 48 (issue 19, the law table's
+    # clean-run failure in the fast pass). vLLM 0.33 runs (vllm_pending_trace, 2026-12-02 17:10 UTC).
+    ([_fa(16), _sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {2: {48: "pending"}}, None, None, None),
+    ([_fa(16), _sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {2: {64: "pending"}}, (48, 48, 0, False), 48,
+     None),
+    ([_fa(16), _sw(24, 48), _mamba(16)], None, None, None, 97, 0, 96, {2: {48: "retry"}}, None, None, None),
+    ([_sw(24, 24), _mamba(16)], None, None, None, 97, 0, 96, {1: {48: "retry"}}, None, None, None),
+    ([_sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {1: {64: "retry"}}, (48, 48, 0, False), 48, None),
 ]
 
 
