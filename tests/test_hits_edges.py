@@ -704,6 +704,25 @@ def test_lookup_trace_names_each_key_by_its_hash_index():
     assert all(type(p.hash_index) is int for p in trace.probes)
 
 
+# -- keys asked after a clamp re-aligns the candidate (realign-after-clamp) -----------------------------------
+# FA 16 beside Mamba 24: the first clamp takes the candidate 72 to the attention grid (64: the group's keyed
+# chunks for a 73-token request; max_load_tokens for a 100-token one), and kvgeom re-aligns it to the Mamba chunk,
+# 48, before any key is asked (docs/deviations.md#realign-after-clamp). From there kvgeom asks what vLLM 0.33 asks
+# for the same request with its candidate at 48 (max_load_tokens 49): expected keys from vllm_pending_trace with
+# max_load_tokens=49, all listed keys held (2026-12-02 17:40 UTC). Without the cap vLLM asks the attention key at 64
+# as well (and for 73 tokens loads 64 with the Mamba state after 72: the deviation).
+_FA16_M24 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                       {"kind": "mamba", "block_size": 24}],
+                            "cache": {"retention_interval": None}, "offload": {}})
+
+
+@pytest.mark.parametrize(("n", "cap"), [(73, None), (100, 73)])
+def test_after_a_clamp_re_aligns_the_walk_asks_what_vllm_asks_from_the_re_aligned_candidate(n, cap):
+    trace = hits.lookup_trace(_FA16_M24, n, stored={0: [16, 32, 48, 64], 1: [24, 48, 72]}, max_load_tokens=cap)
+    assert trace.hit.end_token == 48
+    assert [(p.group, p.end_token) for p in trace.probes] == [(0, 16), (0, 32), (0, 48), (1, 48)]
+
+
 # -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
 def test_plan_hit_drops_a_load_that_does_not_pass_an_unaligned_local_prefix():
     """A local prefix of 48 on SEED (L = 32) is asked from 32; a hit of 16 ends at 48, not past the local
