@@ -453,6 +453,10 @@ def test_a_lowered_candidate_sends_the_windowed_groups_round_again(name, geom, n
     assert lookup_hit(geom, n, stored=stored).hit_tokens == hit
     if keys is not None:
         assert [(p.group, p.end_token, p.held) for p in hits.lookup_trace(geom, n, stored=stored).probes] == keys
+        # vLLM 0.33 has one walk: over a tier that may answer HIT_PENDING / RETRY (all HIT or MISS here), the walk
+        # by vLLM's rules for those answers asks the same keys (issue 19: _complete_unsettled mutants)
+        unsure = hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored)))
+        assert (unsure.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in unsure.probes]) == (hit, keys)
 
 
 _DRAFT_SW40_M16 = _win_geom([{**_FA16, "drafter": True}, _sw(16, 40), {"kind": "mamba", "block_size": 16}], _E)
@@ -484,6 +488,9 @@ def test_lookup_trace_asks_the_windowed_passes_vllm_asks(name, geom, n, stored, 
     assert trace.hit.hit_tokens == hit
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
     assert lookup_hit(geom, n, stored=stored) == trace.hit  # the skipping path finds the same hit
+    # the walk by vLLM's rules for pending answers, over the same settled answers, asks vLLM's keys too
+    unsure = hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored)))
+    assert (unsure.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in unsure.probes]) == (hit, keys)
 
 
 # -- an eagle sliding-window group's widened scan (_scan_window with the pop) ------------------------------
