@@ -730,6 +730,25 @@ def test_after_a_clamp_re_aligns_the_walk_asks_what_vllm_asks_from_the_re_aligne
     assert [(p.group, p.end_token) for p in trace.probes] == [(0, 16), (0, 32), (0, 48), (1, 48)]
 
 
+# -- the pending walk from a local prefix inside a chunk --------------------------------------------------------
+# FA 8 and sliding window 48 (H 8, 2 blocks per chunk: chunks of 16), local prefix 90 (c = 88, inside the chunk
+# 80-96), max_load_tokens 37: attention holds 96 and 112, the window's run ends at 96, 8 tokens past c, less than
+# a chunk: no hit. vLLM 0.33 (vllm_pending_trace over exactly these keys, 2026-12-02 17:50 UTC): hit 0 after the
+# keys below. The walk by vLLM's rules for pending answers (an UnsureTier: all answers HIT or MISS) must agree
+# (issue 19: _complete_unsettled 126 answered 8).
+_FA8_SW48 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 8}, _sw(8, 48)],
+                            "cache": {"prefix_match_unit": 8, "retention_interval": None},
+                            "offload": {"blocks_per_chunk": 2}})
+
+
+def test_a_run_ending_less_than_a_chunk_past_a_local_prefix_inside_a_chunk_is_no_hit_in_either_walk():
+    stored = {0: [*range(8, 97, 8), 112, 120, 128], 1: list(range(8, 105, 8))}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_FA8_SW48, stored))):
+        trace = hits.lookup_trace(_FA8_SW48, 134, stored=tier, local_computed_tokens=90, max_load_tokens=37)
+        assert (trace.hit.hit_tokens, trace.hit.end_token) == (0, 88)
+        assert [(p.group, p.end_token) for p in trace.probes] == [(0, 96), (0, 112), (1, 112), (1, 96)]
+
+
 # -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
 def test_plan_hit_drops_a_load_that_does_not_pass_an_unaligned_local_prefix():
     """A local prefix of 48 on SEED (L = 32) is asked from 32; a hit of 16 ends at 48, not past the local
