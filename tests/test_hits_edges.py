@@ -749,6 +749,27 @@ def test_a_run_ending_less_than_a_chunk_past_a_local_prefix_inside_a_chunk_is_no
         assert [(p.group, p.end_token) for p in trace.probes] == [(0, 96), (0, 112), (1, 112), (1, 96)]
 
 
+# -- the pending walk's re-alignment repass ends (realign_repass) -------------------------------------------------
+# Mamba 16 (one speculative block) beside an eagle sliding-window drafter (block 8, window 8), K 1, a 42-token
+# request with max_num_new_tokens 41: the drafter pops, the Mamba re-alignment lowers the candidate below its run
+# end and the drafter pops again (the repass). vLLM 0.33 loads 24 (vllm_pending_trace over exactly these keys,
+# 2026-12-02 17:50 UTC), off the Mamba chunk: the registered realign-after-clamp deviation, kvgeom ends at 24
+# rounded down to the Mamba chunk. The walk by vLLM's rules for pending answers (UnsureTier) must end there too,
+# and end (issue 19: _complete_unsettled 153 kept the repass flag set and looped for ever).
+_M16_EAGLE_SW8 = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 16, "num_speculative_blocks": 1},
+                                            _sw(8, 8, drafter=True)],
+                                 "cache": {"retention_interval": None}, "offload": {},
+                                 "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+
+
+def test_the_pending_walk_after_a_drafter_pops_again_below_a_mamba_re_alignment_ends_where_the_settled_walk_ends():
+    stored = {0: [16, 32], 1: [8, 16, 24, 32]}
+    vllm_end, Cm = 24, _M16_EAGLE_SW8.offload.mamba_align_size
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_M16_EAGLE_SW8, stored))):
+        hit = lookup_hit(_M16_EAGLE_SW8, 42, stored=tier, max_num_new_tokens=41)
+        assert hit.end_token == vllm_end // Cm * Cm < vllm_end
+
+
 # -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
 def test_plan_hit_drops_a_load_that_does_not_pass_an_unaligned_local_prefix():
     """A local prefix of 48 on SEED (L = 32) is asked from 32; a hit of 16 ends at 48, not past the local
