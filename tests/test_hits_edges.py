@@ -725,9 +725,11 @@ _FA16_M24 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 
 
 @pytest.mark.parametrize(("n", "cap"), [(73, None), (100, 73)])
 def test_after_a_clamp_re_aligns_the_walk_asks_what_vllm_asks_from_the_re_aligned_candidate(n, cap):
-    trace = hits.lookup_trace(_FA16_M24, n, stored={0: [16, 32, 48, 64], 1: [24, 48, 72]}, max_load_tokens=cap)
-    assert trace.hit.end_token == 48
-    assert [(p.group, p.end_token) for p in trace.probes] == [(0, 16), (0, 32), (0, 48), (1, 48)]
+    stored = {0: [16, 32, 48, 64], 1: [24, 48, 72]}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_FA16_M24, stored))):  # both walks
+        trace = hits.lookup_trace(_FA16_M24, n, stored=tier, max_load_tokens=cap)
+        assert trace.hit.end_token == 48
+        assert [(p.group, p.end_token) for p in trace.probes] == [(0, 16), (0, 32), (0, 48), (1, 48)]
 
 
 # -- the pending walk from a local prefix inside a chunk --------------------------------------------------------
