@@ -453,6 +453,10 @@ def test_a_lowered_candidate_sends_the_windowed_groups_round_again(name, geom, n
     assert lookup_hit(geom, n, stored=stored).hit_tokens == hit
     if keys is not None:
         assert [(p.group, p.end_token, p.held) for p in hits.lookup_trace(geom, n, stored=stored).probes] == keys
+        # vLLM 0.33 has one walk: over a tier that may answer HIT_PENDING / RETRY (all HIT or MISS here), the walk
+        # by vLLM's rules for those answers asks the same keys (issue 19: _complete_unsettled mutants)
+        unsure = hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored)))
+        assert (unsure.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in unsure.probes]) == (hit, keys)
 
 
 _DRAFT_SW40_M16 = _win_geom([{**_FA16, "drafter": True}, _sw(16, 40), {"kind": "mamba", "block_size": 16}], _E)
@@ -484,6 +488,9 @@ def test_lookup_trace_asks_the_windowed_passes_vllm_asks(name, geom, n, stored, 
     assert trace.hit.hit_tokens == hit
     assert [(p.group, p.end_token, p.held) for p in trace.probes] == keys
     assert lookup_hit(geom, n, stored=stored) == trace.hit  # the skipping path finds the same hit
+    # the walk by vLLM's rules for pending answers, over the same settled answers, asks vLLM's keys too
+    unsure = hits.lookup_trace(geom, n, stored=UnsureTier(kvgeom.probes.as_probe(geom, stored)))
+    assert (unsure.hit.hit_tokens, [(p.group, p.end_token, p.held) for p in unsure.probes]) == (hit, keys)
 
 
 # -- an eagle sliding-window group's widened scan (_scan_window with the pop) ------------------------------
@@ -702,6 +709,67 @@ def test_lookup_trace_names_each_key_by_its_hash_index():
     assert [(p.group, p.end_token, p.hash_index, p.held) for p in trace.probes] == [
         (0, 32, 1, True), (0, 64, 3, True), (1, 64, 3, True)]
     assert all(type(p.hash_index) is int for p in trace.probes)
+
+
+# -- keys asked after a clamp re-aligns the candidate (realign-after-clamp) -----------------------------------
+# FA 16 beside Mamba 24: the first clamp takes the candidate 72 to the attention grid (64: the group's keyed
+# chunks for a 73-token request), and kvgeom re-aligns it to the Mamba chunk,
+# 48, before any key is asked (docs/deviations.md#realign-after-clamp). From there kvgeom asks what vLLM 0.33 asks
+# for the same request with its candidate at 48 (max_load_tokens 49): expected keys from vllm_pending_trace with
+# max_load_tokens=49, all listed keys held (2026-12-02 17:40 UTC). Without the cap vLLM asks the attention key at 64
+# as well (and for 73 tokens loads 64 with the Mamba state after 72: the deviation).
+_FA16_M24 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
+                                       {"kind": "mamba", "block_size": 24}],
+                            "cache": {"retention_interval": None}, "offload": {}})
+
+
+@pytest.mark.parametrize(("n", "cap"), [(73, None)])
+def test_after_a_clamp_re_aligns_the_walk_asks_what_vllm_asks_from_the_re_aligned_candidate(n, cap):
+    stored = {0: [16, 32, 48, 64], 1: [24, 48, 72]}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_FA16_M24, stored))):  # both walks
+        trace = hits.lookup_trace(_FA16_M24, n, stored=tier, max_load_tokens=cap)
+        assert trace.hit.end_token == 48
+        assert [(p.group, p.end_token) for p in trace.probes] == [(0, 16), (0, 32), (0, 48), (1, 48)]
+
+
+# -- the pending walk from a local prefix inside a chunk --------------------------------------------------------
+# FA 8 and sliding window 48 (H 8, 2 blocks per chunk: chunks of 16), local prefix 90 (c = 88, inside the chunk
+# 80-96), max_load_tokens 37: attention holds 96 and 112, the window's run ends at 96, 8 tokens past c, less than
+# a chunk: no hit. vLLM 0.33 (vllm_pending_trace over exactly these keys, 2026-12-02 17:50 UTC): hit 0 after the
+# keys below. The walk by vLLM's rules for pending answers (an UnsureTier: all answers HIT or MISS) must agree
+# (issue 19: _complete_unsettled 126 answered 8).
+_FA8_SW48 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 8}, _sw(8, 48)],
+                            "cache": {"prefix_match_unit": 8, "retention_interval": None},
+                            "offload": {"blocks_per_chunk": 2}})
+
+
+def test_a_run_ending_less_than_a_chunk_past_a_local_prefix_inside_a_chunk_is_no_hit_in_either_walk():
+    stored = {0: [*range(8, 97, 8), 112, 120, 128], 1: list(range(8, 105, 8))}
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_FA8_SW48, stored))):
+        trace = hits.lookup_trace(_FA8_SW48, 134, stored=tier, local_computed_tokens=90, max_load_tokens=37)
+        assert (trace.hit.hit_tokens, trace.hit.end_token) == (0, 88)
+        assert [(p.group, p.end_token) for p in trace.probes] == [(0, 96), (0, 112), (1, 112), (1, 96)]
+
+
+# -- the pending walk's re-alignment repass ends (realign_repass) -------------------------------------------------
+# Mamba 16 (one speculative block) beside an eagle sliding-window drafter (block 8, window 8), K 1, a 42-token
+# request with max_num_new_tokens 41: the drafter pops, the Mamba re-alignment lowers the candidate below its run
+# end and the drafter pops again (the repass). vLLM 0.33 loads 24 (vllm_pending_trace over exactly these keys,
+# 2026-12-02 17:50 UTC), off the Mamba chunk: the registered realign-after-clamp deviation, kvgeom ends at 24
+# rounded down to the Mamba chunk. The walk by vLLM's rules for pending answers (UnsureTier) must end there too,
+# and end (issue 19: _complete_unsettled 153 kept the repass flag set and looped for ever).
+_M16_EAGLE_SW8 = kvgeom.resolve({"groups": [{"kind": "mamba", "block_size": 16, "num_speculative_blocks": 1},
+                                            _sw(8, 8, drafter=True)],
+                                 "cache": {"retention_interval": None}, "offload": {},
+                                 "speculative": {"method": "eagle", "num_speculative_tokens": 1}})
+
+
+def test_the_pending_walk_after_a_drafter_pops_again_below_a_mamba_re_alignment_ends_where_the_settled_walk_ends():
+    stored = {0: [16, 32], 1: [8, 16, 24, 32]}
+    vllm_end, Cm = 24, _M16_EAGLE_SW8.offload.mamba_align_size
+    for tier in (stored, UnsureTier(kvgeom.probes.as_probe(_M16_EAGLE_SW8, stored))):
+        hit = lookup_hit(_M16_EAGLE_SW8, 42, stored=tier, max_num_new_tokens=41)
+        assert hit.end_token == vllm_end // Cm * Cm < vllm_end
 
 
 # -- plan_hit and plan_load: the scenario's fields, the loads the Scheduler keeps ---------------------------
@@ -1006,6 +1074,17 @@ PENDING_WALK_ROWS = [
     # does: a hit whose window held a pending key.)
     ([_fa(16), _sw(8, 17), _mamba(16)], 8, None, None, 130, 18, None,
      {1: {96: "pending", 128: "miss"}}, None, 104, "realign-after-clamp"),
+    # max_load_tokens and a window group whose chunk (24) is off the Mamba grid (16): its clamp takes 80 to 72,
+    # the re-alignment to 64, where the group is not at rest (its clamp takes 64 to 48), so every windowed group
+    # is asked again at 48, as _complete does. The pending walk stopped at 64: it answered 64 where vLLM defers on
+    # the Mamba key at 48, and deferred on the Mamba key at 64 where vLLM loads 48 (issue 19, the law table's
+    # clean-run failure in the fast pass). vLLM 0.33 runs (vllm_pending_trace, 2026-12-02 17:10 UTC).
+    ([_fa(16), _sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {2: {48: "pending"}}, None, None, None),
+    ([_fa(16), _sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {2: {64: "pending"}}, (48, 48, 0, False), 48,
+     None),
+    ([_fa(16), _sw(24, 48), _mamba(16)], None, None, None, 97, 0, 96, {2: {48: "retry"}}, None, None, None),
+    ([_sw(24, 24), _mamba(16)], None, None, None, 97, 0, 96, {1: {48: "retry"}}, None, None, None),
+    ([_sw(24, 24), _mamba(16)], None, None, None, 97, 0, 81, {1: {64: "retry"}}, (48, 48, 0, False), 48, None),
 ]
 
 

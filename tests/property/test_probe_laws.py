@@ -30,6 +30,12 @@ _SWA = {
     "cache": {"retention_interval": None},
     "offload": {},
 }
+_SW24_M16 = {
+    "groups": [{"kind": "full_attention", "block_size": 16},
+               {"kind": "sliding_window", "block_size": 24, "sliding_window": 24}, {"kind": "mamba", "block_size": 16}],
+    "cache": {"retention_interval": None},
+    "offload": {},
+}
 _TAIL = {
     "groups": [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 16}],
     "cache": {"prefix_match_unit": 8, "retention_interval": None},
@@ -287,6 +293,10 @@ def test_a_tier_that_defers_is_asked_the_keys_of_vllms_walk_once(geom, data):
     assert by_keys.asked == by_chain.asked
 
 
+# max_load_tokens 81, every key held: the window group (chunk 24) is clamped to 72 and re-aligned to 64 (Mamba
+# chunk 16), where its clamp would move it again (to 48); the pending walk stopped at 64 (the settled walk and
+# vLLM 0.33 end at 48)
+@example(geom=kvgeom.resolve(_SW24_M16), data=None)
 @given(geom=st.one_of(geometries(offload=True, max_block_size=16), speculative_geometries(offload=True),
                      tail_speculative_geometries()), data=st.data())
 def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(geom, data):
@@ -294,7 +304,11 @@ def test_the_pending_tier_walk_over_settled_answers_asks_the_settled_walks_keys(
     settled walk: the same hit and the same keys, in the same order (``lookup_trace`` lists that walk). vLLM 0.33
     has one walk (``_lookup``), so the two must agree; this caught the pending walk asking a partial tail's
     bridge chunk of a group whose prefix scan had already confirmed it."""
-    req = data.draw(requests(geom))
+    if data is None:  # the @example row: every chunk held, max_load_tokens 81
+        req = (97, 0, 97, 81, None, {og.index: list(range(og.tokens_per_chunk, 97, og.tokens_per_chunk))
+                                     for og in geom.offload.groups})
+    else:
+        req = data.draw(requests(geom))
     n, local, prompt, mlt, mnn, stored = req
     options = {"num_prompt_tokens": prompt, "local_computed_tokens": local, "max_load_tokens": mlt,
                "max_num_new_tokens": mnn}
