@@ -1244,12 +1244,18 @@ LOCAL_OFF_GRID_ROWS = {
 }
 
 
+def _one_row(geom, n, stored):
+    """A one-request held matrix per group from a ``stored`` mapping of end tokens (column i: the key ending at
+    ``(i + 1) * H``)."""
+    H = geom.hash_block_size
+    return {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+
+
 @pytest.mark.parametrize("name", list(LOCAL_OFF_GRID_ROWS))
 def test_local_prefix_rows_equal_the_scalar(name):
     cfg, n, local, mnn, stored = LOCAL_OFF_GRID_ROWS[name]
     geom = kvgeom.resolve(cfg)
-    H = geom.hash_block_size
-    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    held = _one_row(geom, n, stored)
     scalar = hits.lookup_hit(geom, n, stored=stored, local_computed_tokens=local, max_num_new_tokens=mnn)
     assert (scalar.hit_tokens, scalar.end_token) == (0, local)
     got = batch.lookup_hits(geom, [n], stored=held, local_computed_tokens=[local], max_num_new_tokens=mnn)
@@ -1293,8 +1299,7 @@ LOCAL_INSIDE_A_CHUNK_ROWS = {
 def test_a_local_prefix_inside_a_chunk_scans_from_that_chunk_as_the_scalar_and_vllm(name):
     cfg, n, local, stored, vllm = LOCAL_INSIDE_A_CHUNK_ROWS[name]
     geom = kvgeom.resolve(cfg)
-    H = geom.hash_block_size
-    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    held = _one_row(geom, n, stored)
     scalar = hits.lookup_hit(geom, n, stored=stored, local_computed_tokens=local)
     assert scalar.hit_tokens == vllm
     assert batch.lookup_hits(geom, [n], stored=held, local_computed_tokens=[local]).hit(0) == scalar
@@ -1378,8 +1383,7 @@ TAIL_LOOKUP_ROWS = {
 def test_partial_tail_rows_equal_the_scalar_and_vllm(name):
     cfg, n, stored, vllm = TAIL_LOOKUP_ROWS[name]
     geom = kvgeom.resolve(cfg)
-    H = geom.hash_block_size
-    held = {g: np.array([[(i + 1) * H in ends for i in range(n // H)]]) for g, ends in stored.items()}
+    held = _one_row(geom, n, stored)
     scalar = hits.lookup_hit(geom, n, stored=stored)
     assert scalar.hit_tokens == vllm
     assert batch.lookup_hits(geom, [n], stored=held).hit(0) == scalar

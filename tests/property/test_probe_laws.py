@@ -203,6 +203,19 @@ def test_the_popped_window_scan_finds_the_run_of_the_pair_probe(geom, data):
     assert all((start + 1) * C <= e <= stop * C for e in asked)
 
 
+def _tri_state_answers(geom, chain, stored, data):
+    """Every held key of ``stored`` answering HIT, and up to four keys of the request drawn to answer HIT_PENDING
+    or RETRY instead (other keys: MISS)."""
+    H = geom.hash_block_size
+    answers = {make_offload_key(chain[e // H - 1], g): LookupResult.HIT
+               for g, ends in stored.items() for e in ends if 0 < e // H <= len(chain)}
+    every = [make_offload_key(h, og.index) for h in chain for og in geom.offload.groups]
+    if every:
+        for key in data.draw(st.lists(st.sampled_from(every), max_size=4), label="unsettled keys"):
+            answers[key] = data.draw(st.sampled_from([LookupResult.HIT_PENDING, LookupResult.RETRY]))
+    return answers
+
+
 class _TriState:
     """An offload manager answering ``answers[key]`` (a LookupResult) and MISS for every other key."""
 
@@ -224,14 +237,8 @@ def test_a_lookup_that_does_not_defer_loads_no_more_than_the_settled_keys_give(g
     the thorough profile found that case)."""
     req = data.draw(requests(geom))
     n, stored = req[0], req[5]
-    H = geom.hash_block_size
     chain = chain_of(geom, n)
-    answers = {make_offload_key(chain[e // H - 1], g): LookupResult.HIT
-               for g, ends in stored.items() for e in ends if 0 < e // H <= len(chain)}
-    every = [make_offload_key(h, og.index) for h in chain for og in geom.offload.groups]
-    if every:
-        for key in data.draw(st.lists(st.sampled_from(every), max_size=4), label="unsettled keys"):
-            answers[key] = data.draw(st.sampled_from([LookupResult.HIT_PENDING, LookupResult.RETRY]))
+    answers = _tri_state_answers(geom, chain, stored, data)
     settled = {k for k, a in answers.items() if a is LookupResult.HIT}
     try:
         hit = _lookup(geom, req, stored=_TriState(answers), block_hashes=chain)
@@ -266,14 +273,8 @@ def test_a_tier_that_defers_is_asked_the_keys_of_vllms_walk_once(geom, data):
     n, local, prompt, mlt, mnn, stored = req
     options = {"num_prompt_tokens": prompt, "local_computed_tokens": local, "max_load_tokens": mlt,
                "max_num_new_tokens": mnn}
-    H = geom.hash_block_size
     chain = chain_of(geom, n)
-    answers = {make_offload_key(chain[e // H - 1], g): LookupResult.HIT
-               for g, ends in stored.items() for e in ends if 0 < e // H <= len(chain)}
-    every = [make_offload_key(h, og.index) for h in chain for og in geom.offload.groups]
-    if every:
-        for key in data.draw(st.lists(st.sampled_from(every), max_size=4), label="unsettled keys"):
-            answers[key] = data.draw(st.sampled_from([LookupResult.HIT_PENDING, LookupResult.RETRY]))
+    answers = _tri_state_answers(geom, chain, stored, data)
     by_chain, by_keys = _AskedTriState(answers), _AskedTriState(answers)
     try:
         trace = hits.lookup_trace(geom, n, stored=by_chain, block_hashes=chain, **options)
