@@ -1119,7 +1119,9 @@ def plan_store(
     Partial tails (DCP 1, :func:`kvgeom.handoff.partial_tail_boundary`): once the
     prefill passes the prompt's sub-block H-grid checkpoint, every group also
     stores the key there (``GroupStore.partial_tail``); with an eagle proof margin
-    only for a request that ``loaded_from_offload``.
+    only for a request that ``loaded_from_offload``. The tail is listed at every step
+    from then on, where vLLM 0.33 stores it once, at the step that hands the
+    checkpoint over (docs/hits.md, "Not modelled").
 
     Size: a group's plan walks its chunks from ``stored_chunks[g]`` to its storable end, and the plan is
     refused (:class:`kvgeom.QueryError` ``result_too_large``) past :data:`kvgeom.masks.MAX_STORE_BLOCKS`
