@@ -48,8 +48,8 @@ from kvgeom.masks import MAX_STORE_BLOCKS, reachable_block_mask, reachable_point
 from kvgeom.prefill import mamba_checkpoint, prompt_hash_checkpoint
 
 __all__ = [
-    "cached_exactly",
     "checked_chunk_ends",
+    "checkpoint_step",
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
@@ -190,24 +190,32 @@ def _exact_end(
     return next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
 
 
-def cached_exactly(
+def checkpoint_step(
     geom: Geometry, group: int, num_prompt_tokens: int, num_computed_tokens: int,
-    chunk_ends: Collection[int] | None, tokens: int,
-) -> bool:
-    """Whether some prefill step of a prompt computed up to ``num_computed_tokens`` ended with exactly ``tokens``
-    tokens cacheable in ``group`` (:func:`mamba_cacheable_tokens` at the step's end; ``chunk_ends`` as
-    :func:`state_ends` reads them). vLLM 0.33 keeps an align Mamba group's state at the prompt's H-grid
-    checkpoint only then: :func:`mamba_handoffs` keys it, the simulated GPU prefix cache keeps it.
+    chunk_ends: Collection[int] | None = None,
+) -> int | None:
+    """Where the prefill step that cached exactly the prompt's H-grid checkpoint ``t`` ended
+    (:func:`kvgeom.prefill.prompt_hash_checkpoint`), when a chunk also ended at ``t``; None otherwise. The one home
+    of the rule that vLLM 0.33 keeps align Mamba group ``group``'s state at ``t`` only then (a step ending at
+    ``e`` caches :func:`mamba_cacheable_tokens` of ``e``; ``chunk_ends`` as :func:`state_ends` reads them):
+    :func:`mamba_handoffs` keys it, :func:`partial_tail_boundary` stores it as the partial tail (handed over
+    after that step), the simulated GPU prefix cache keeps it.
+
+    Postcondition: None, or an end ``e`` with ``t <= e <= min(computed, prompt)``, ``t`` a chunk end and
+    ``mamba_cacheable_tokens(geom, group, e) == t``.
 
     >>> import kvgeom
-    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # FA 16 + Mamba 16, DCP 2
-    >>> cached_exactly(g, 1, 100, 100, (96, 100), 96), cached_exactly(g, 1, 100, 100, (90, 100), 96)
-    (True, False)
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # FA 16 + Mamba 16, DCP 2: t = 96
+    >>> checkpoint_step(g, 1, 100, 100, (96, 100)), checkpoint_step(g, 1, 100, 100, (90, 100))
+    (96, None)
     """
     geom.group(group)  # an unknown group index is refused
     prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
     computed = nonneg("num_computed_tokens", num_computed_tokens)
-    return _exact_end(geom, group, prompt, computed, chunk_ends, nonneg("tokens", tokens)) is not None
+    t = prompt_hash_checkpoint(geom, prompt)
+    if t <= 0 or t not in state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t):
+        return None
+    return _exact_end(geom, group, prompt, computed, chunk_ends, t)
 
 
 def mamba_handoffs(
@@ -252,7 +260,7 @@ def mamba_handoffs(
         geom, group, candidates[-1] // B, first_block=candidates[0] // B - 1, reachable=points
     )
     checkpoint = prompt_hash_checkpoint(geom, prompt)
-    keyed = checkpoint in candidates and cached_exactly(geom, group, prompt, computed, chunk_ends, checkpoint)
+    keyed = checkpoint in candidates and checkpoint_step(geom, group, prompt, computed, chunk_ends) is not None
     return tuple(e for e in candidates if mask is None or e // B - 1 in mask or (e == checkpoint and keyed))
 
 
@@ -299,9 +307,7 @@ def partial_tail_boundary(
         return None
     if max_offload_tokens is not None and t > nonneg("max_offload_tokens", max_offload_tokens):
         return None
-    if t not in state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t):
-        return None
-    exact = _exact_end(geom, mamba[0], prompt, computed, chunk_ends, t)
+    exact = checkpoint_step(geom, mamba[0], prompt, computed, chunk_ends)
     if exact is None:
         return None
     margin = max((og.proof_margin or 0 for og in off.groups), default=0)

@@ -493,7 +493,7 @@ class GPUPrefixCache:
         chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
         chunk ends that are not strictly increasing up to ``num_tokens`` are ``bad_chunk_ends``.
         """
-        from kvgeom.handoff import cached_exactly, mamba_cacheable_tokens, replay_boundaries
+        from kvgeom.handoff import checkpoint_step, mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
         from kvgeom.prefill import prompt_hash_checkpoint
 
@@ -518,10 +518,10 @@ class GPUPrefixCache:
                 if (mask is None or j in mask) and (written is None or (j + 1) * g.span in written):
                     self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
             if g.family == "mamba":
-                # the manager keys the state at the prompt's H-grid checkpoint t, whatever the mask says, when a
-                # chunk ended there and a step cached exactly t tokens (as kvgeom.handoff.mamba_handoffs keys it)
+                # the manager keys the state at the prompt's H-grid checkpoint, whatever the mask says, when
+                # kvgeom.handoff.checkpoint_step says it is kept (off the span grid: a block entry otherwise)
                 t = prompt_hash_checkpoint(geom, n)
-                if g.span != H and t > 0 and t in ends and cached_exactly(geom, g.index, n, n, ends, t):
+                if g.span != H and checkpoint_step(geom, g.index, n, n, ends) is not None:
                     self.entries[(g.index, t)] = self._holds(g.index, t)
                 continue
             end = tail

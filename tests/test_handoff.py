@@ -220,18 +220,17 @@ def test_the_default_split_of_a_huge_prompt_is_two_chunk_ends_not_a_walk():
 
 
 @pytest.mark.parametrize(("args", "field"), [
-    ((-1, 100, None, 96), "num_prompt_tokens"),
-    ((100, -1, None, 96), "num_computed_tokens"),
-    ((100, 100, None, -1), "tokens"),
+    ((-1, 100, None), "num_prompt_tokens"),
+    ((100, -1, None), "num_computed_tokens"),
 ])
-def test_cached_exactly_refuses_bad_counts_naming_the_field(args, field):
-    """handoff.cached_exactly (public for the simulated GPU cache) refuses a negative count as every count is
-    refused (nonneg): QueryError naming the field."""
-    from kvgeom.handoff import cached_exactly
+def test_checkpoint_step_refuses_bad_counts_naming_the_field(args, field):
+    """handoff.checkpoint_step (public for the simulated GPU cache) refuses a negative count as every count is
+    refused (nonneg): QueryError naming the field; an unknown group is refused too."""
+    from kvgeom.handoff import checkpoint_step
 
     geom = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})
     with pytest.raises(kvgeom.QueryError) as info:
-        cached_exactly(geom, 1, *args)
+        checkpoint_step(geom, 1, *args)
     assert info.value.problems[0].field == field
     with pytest.raises(kvgeom.KVGeomError):
-        cached_exactly(geom, 7, 100, 100, None, 96)  # no group 7
+        checkpoint_step(geom, 7, 100, 100, None)  # no group 7

@@ -585,3 +585,30 @@ def test_mamba_handoffs_are_exact_states(geom, prompt, budget):
         assert t in ends and 0 < t < prompt and t % geom.hash_block_size == 0
         assert t % off.groups[0].tokens_per_block != 0
         event("partial tail stored")
+
+
+@given(st.one_of(speculative_geometries(), tail_speculative_geometries()), st.integers(0, 400), st.data())
+def test_the_kept_checkpoint_is_a_chunk_end_cached_exactly_and_every_reader_agrees(geom, prompt, data):
+    """kvgeom.handoff.checkpoint_step is the one home of "vLLM 0.33 keeps the align Mamba state at the prompt's
+    H-grid checkpoint t" (a chunk ended at t and a step cached exactly t tokens). Its answer is such a step end,
+    and a partial tail, when planned, is at t and kept."""
+    from kvgeom.handoff import checkpoint_step, mamba_cacheable_tokens, partial_tail_boundary, state_ends
+
+    mamba = [g.index for g in geom.groups if g.is_align_mamba]
+    assume(mamba and prompt > 0)
+    budget = data.draw(st.sampled_from([None, 8, 24, 40, 100, "any"]), label="max_num_batched_tokens")
+    if budget == "any" and prompt > 1:  # any split a connector may report
+        ends = (*sorted(data.draw(st.sets(st.integers(1, prompt - 1), max_size=12), label="ends")), prompt)
+    else:
+        try:
+            ends = prefill_chunk_ends(geom, prompt, max_num_batched_tokens=None if budget == "any" else budget)
+        except kvgeom.QueryError as e:
+            assert e.code == "prefill_stalls"
+            ends = None  # the default split, as state_ends keeps it
+    t = prompt_hash_checkpoint(geom, prompt)
+    step = checkpoint_step(geom, mamba[0], prompt, prompt, ends)
+    if step is not None:
+        assert t in state_ends(geom, prompt, prompt, ends) and t <= step <= prompt
+        assert mamba_cacheable_tokens(geom, mamba[0], step) == t
+    if geom.offload is not None and partial_tail_boundary(geom, prompt, prompt, ends) is not None:
+        assert step is not None and partial_tail_boundary(geom, prompt, prompt, ends) == t
