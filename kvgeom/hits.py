@@ -568,7 +568,7 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
         m = _align_to_mamba_chunk(found, Cm)
         if m - c < og.tokens_per_chunk:
             return c
-        if verified and m < before and not og.eagle_group:
+        if verified and _pops_again(og, m, before, found):
             verified.clear()
     windowed = order.windowed
     # Every windowed group is asked again in every pass, one that found its run at the current candidate
@@ -583,16 +583,9 @@ def _complete(geom: Geometry, order: _Order, probe: Probe, n: int, c: int, M: in
             m = _align_to_mamba_chunk(found, Cm)
             if m - c < og.tokens_per_chunk:
                 return c
-            # a lowering an eagle group pops again at: another group's, or the Mamba re-alignment below the
-            # eagle group's own run end (vLLM's Mamba group makes that lowering, and the drafter pops again)
-            if verified and (m < found or (m < before and not og.eagle_group)):
+            if verified and _pops_again(og, m, before, found):
                 verified.clear()
-            # A group is at rest at m when its clamp (the one home of that rule) leaves m as it is: under
-            # max_load_tokens the clamp rounds down to the group's chunk, so a candidate off that grid moves.
-            at_rest = _clamp(og, m, keyed, load_capped, Cm) == m
-            # the pass's first group lowering to exactly its own run end, at rest there, needs no second look
-            # (vLLM 0.33 asks no key again then); any other lowering sends every group round once more
-            changed = changed or (m < before and (og is not windowed[0] or m != found or not at_rest))
+            changed = changed or (m < before and _asks_again(og, windowed[0], m, found, keyed, load_capped, Cm))
         if not changed:
             break
     return m
@@ -700,10 +693,7 @@ def _complete_unsettled(
             # which eagle groups pop again, and when every windowed group is asked again: _complete's rules (the
             # two walks ask the same keys over settled answers, a law), with vLLM 0.33's for a deferral on top: a
             # group that lowers the candidate clears it and every group is asked again
-            if og.window_chunks is None:
-                if verified and m < before and not og.eagle_group:
-                    verified.clear()
-            elif verified and (m < found or (m < before and not og.eagle_group)):
+            if verified and _pops_again(og, m, before, found):
                 verified.clear()
             if m < before and deferred and not first_group:
                 deferred = False
@@ -713,9 +703,27 @@ def _complete_unsettled(
                 if first is None:
                     first = og
                 if (m < before and not todo and not deferred
-                        and (og is not first or m != found or _clamp(og, m, keyed, load_capped, Cm) != m)):
+                        and _asks_again(og, first, m, found, keyed, load_capped, Cm)):
                     todo = order.windowed
     return None if deferred else m
+
+
+def _pops_again(og: OffloadGroupGeometry, m: int, before: int, found: int) -> bool:
+    """Whether the eagle groups verified at the candidate pop again after ``og``'s step lowered it from ``before``
+    to ``m`` (its run ending at ``found``): another group's lowering, or, for a windowed group, the Mamba
+    re-alignment below its own run end (vLLM's Mamba group makes that lowering, and the drafter pops again).
+    Both walks (:func:`_complete`, :func:`_complete_unsettled`) read it."""
+    return (m < before and not og.eagle_group) or (og.window_chunks is not None and m < found)
+
+
+def _asks_again(og: OffloadGroupGeometry, first: OffloadGroupGeometry | None, m: int, found: int, keyed: int,
+                load_capped: bool, Cm: int | None) -> bool:
+    """Whether windowed group ``og``'s lowering of the candidate to ``m`` sends every windowed group round again:
+    always, unless ``og`` is the pass's ``first`` windowed group, lowered to exactly its own run end ``found`` and
+    at rest there (its clamp, the one home of that rule, leaves ``m`` as it is: under max_load_tokens it rounds
+    down to the group's chunk, so a candidate off that grid moves); vLLM 0.33 asks no key again then. Both walks
+    read it."""
+    return og is not first or m != found or _clamp(og, m, keyed, load_capped, Cm) != m
 
 
 def _window_need(g: GroupGeometry, og: OffloadGroupGeometry, end: int) -> int:
