@@ -342,7 +342,6 @@ def test_check_adopted_asks_a_chunked_local_group_for_its_current_chunk_only():
         "group 1: resuming at 90 needs positions [64, 90); 26 are in no adopted entry (first 64)"]
 
 
-
 def test_check_adopted_asks_a_short_sliding_hit_from_position_zero():
     # window 32 (needs 31 positions): resuming at 16 needs [max(16 - 31, 0), 16) = [0, 16), position 0 included
     g = kvgeom.resolve({"groups": [FA16, SW], "cache": _D})

@@ -522,6 +522,14 @@ def test_eagle_hold_back_of_the_only_offloadable_chunk_matches_vllm(n, computed,
 SWA_REVISIT = _geom(128, 32, 16, 0, None)
 
 
+def _fa_swa_step(n, computed, stored, finished, geom, prompt):
+    """The full-attention and sliding-window end tokens one store step lists (decode stored too:
+    offload_prompt_only off), for the step tables below, each from vLLM 0.33's own steps."""
+    plan = plan_store(geom, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=prompt,
+                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
+    return plan.groups[0].end_tokens, plan.groups[1].end_tokens
+
+
 @pytest.mark.parametrize(
     ("n", "computed", "stored", "finished", "fa", "swa"),
     [
@@ -536,9 +544,7 @@ SWA_REVISIT = _geom(128, 32, 16, 0, None)
 )
 def test_finished_sliding_window_revisits_only_its_final_tail_as_vllm_stores_it(n, computed, stored, finished, fa,
                                                                                  swa):
-    plan = plan_store(SWA_REVISIT, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=230,
-                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
-    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+    assert _fa_swa_step(n, computed, stored, finished, SWA_REVISIT, 230) == (fa, swa)
 
 
 #: FA16 + SWA32 (window 16), retention None: the offload alignment (16) is no multiple of the SWA block (32)
@@ -555,9 +561,7 @@ SWA_OFF_GRID = _geom(16, 32, 16, 0, None)
     ],
 )
 def test_no_final_tail_revisit_off_the_sliding_window_grid_as_vllm_stores_it(n, computed, stored, finished, fa, swa):
-    plan = plan_store(SWA_OFF_GRID, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=301,
-                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
-    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+    assert _fa_swa_step(n, computed, stored, finished, SWA_OFF_GRID, 301) == (fa, swa)
 
 
 #: FA64 + SWA16 (window 33: need 2 blocks), retention None: alignment 64 = 4 SWA blocks, one block per chunk
@@ -579,9 +583,7 @@ SWA_NEAR_TAILS = _geom(64, 16, 33, 0, None)
 )
 def test_finished_sliding_window_does_not_store_the_prompt_tail_again_as_vllm_stores_it(n, computed, stored,
                                                                                          finished, fa, swa):
-    plan = plan_store(SWA_NEAR_TAILS, num_tokens=n, num_computed_tokens=computed, num_prompt_tokens=216,
-                      offload_prompt_only=False, finished=finished, stored_chunks=stored)
-    assert (plan.groups[0].end_tokens, plan.groups[1].end_tokens) == (fa, swa)
+    assert _fa_swa_step(n, computed, stored, finished, SWA_NEAR_TAILS, 216) == (fa, swa)
 
 
 #: FA16 + FA32 (different chunks: the connector has no alignment_tokens, warning alignment_tokens_none) + SWA16
