@@ -53,7 +53,6 @@ from kvgeom.probes import (
     arm,
     as_probe,
     check_chain_length,
-    disarm,
 )
 from kvgeom.probes import stored_group_index as stored_group_index  # moved to probes; kept importable here
 from kvgeom.residency import Residency
@@ -341,7 +340,7 @@ def lookup_hit(
         unsettled = _lookup_unsettled(geom, order, probe, n, prompt, c, M, limit, mlt is not None)
     finally:
         if tape is not None and probe is stored:  # a probe built here is dropped; one passed in is given back as it was
-            disarm(probe)
+            tape.disarm()
     if unsettled is None:
         raise QueryError.single(
             "lookup_not_ready",

@@ -708,14 +708,21 @@ class Tape(list[tuple[Any, ...]]):
 
     Entries are ``(key, answer)``, or ``(keys, i, j)`` for a run of HIT answers to ``keys[i:j]`` (a prefix scan
     over per-group offload keys records one entry, not one per key). ``pos``, set by :meth:`replaying`, is the
-    next entry to replay (:meth:`replay`).
+    next entry to replay (:meth:`replay`); ``probes``, the probes that write to it (:func:`arm`).
 
     Invariant (``tests/property/test_probe_laws.py``, checked on vLLM runs by the pending-trace rows): over
     answers that are all HIT or MISS the two walks ask the same keys in the same order, so up to the first
     unsettled answer they agree, and the manager is asked exactly the keys of the walk by vLLM's rules.
     """
 
-    __slots__ = ("pos",)
+    __slots__ = ("pos", "probes")
+    pos: int
+    probes: tuple[Any, ...]
+
+    def disarm(self) -> None:
+        """Undo :func:`arm`: the taped probes ask their manager directly again."""
+        for p in self.probes:
+            p._tape = None
 
     def replaying(self) -> None:
         """Switch from recording to replaying: runs are spelled out key by key, each answer the remembered HIT."""
@@ -748,31 +755,21 @@ def arm(probe: Probe) -> Tape | None:
     """Tape an offload manager's probe (or the one a :class:`RecordingProbe` wraps) for one
     :func:`kvgeom.hits.lookup_hit`; None for any other tier. A :class:`Probe` subclass that answers unsettled
     through :meth:`Probe.state` is not taped: it is walked twice, the settled walk's answers discarded.
-    :func:`disarm` ends it."""
-    if type(probe) is _KeysProbe:
-        tape = probe._tape = Tape()
-        tail = probe._tail
-        if tail is not None:
-            tail._tape = tape  # the partial-tail probe asks the same manager: one record, in call order
-        return tape
-    if type(probe) is _LookupProbe:
-        tape = probe._tape = Tape()
-        return tape
-    if isinstance(probe, RecordingProbe):
-        return arm(probe.inner)
-    return None
-
-
-def disarm(probe: Probe) -> None:
-    """Undo :func:`arm`: the probe asks its manager directly again."""
+    :meth:`Tape.disarm` ends it."""
     while isinstance(probe, RecordingProbe):
         probe = probe.inner
-    if type(probe) is _LookupProbe:
-        probe._tape = None
-    elif type(probe) is _KeysProbe:
-        probe._tape = None
-        if probe._tail is not None:
-            probe._tail._tape = None
+    if type(probe) is _KeysProbe:
+        # the partial-tail probe asks the same manager: one record, in call order
+        taped: tuple[_KeysProbe | _LookupProbe, ...] = (probe,) if probe._tail is None else (probe, probe._tail)
+    elif type(probe) is _LookupProbe:
+        taped = (probe,)
+    else:
+        return None
+    tape = Tape()
+    tape.probes = taped
+    for p in taped:
+        p._tape = tape
+    return tape
 
 
 def _read_answer(answer: Any, key: Any) -> str:
