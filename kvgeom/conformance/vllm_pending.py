@@ -324,16 +324,11 @@ def classify(geom: Geometry, local: int, ours: int | None, theirs: int | None) -
     off = geom.offload
     if off is None:
         return None
-    if any(w.code == "chunked_local_block_mismatch" for w in geom.warnings):
-        return "chunked-local-mixed-blocks"
     Cm = off.mamba_align_size
-    if not Cm:
-        return None
-    if ours is not None and theirs is not None:
-        end = local - local % geom.scheduler_block_size + theirs
-        return "realign-after-clamp" if end % Cm and ours < theirs else None
-    finer = any(og.tokens_per_chunk < Cm and Cm % og.tokens_per_chunk == 0 for og in off.groups)
-    return "realign-after-clamp" if finer else None
+    if ours is None or theirs is None or not Cm or any(w.code == "chunked_local_block_mismatch" for w in geom.warnings):
+        return classify_trace(geom)  # one side defers: the geometry's rule, as for traces
+    end = local - local % geom.scheduler_block_size + theirs
+    return "realign-after-clamp" if end % Cm and ours < theirs else None
 
 
 def sweep(n: int, seed: int) -> dict[str, Any]:
