@@ -163,12 +163,16 @@ def int_or_array(name: str, x: Any, size: int) -> I64:
 
 def same_length(name: str, a: np.ndarray, size: int) -> None:
     """Raise ``length_mismatch`` unless ``a`` has ``size`` entries (one per request)."""
-    if a.shape[0] != size:
+    _check_count(name, a.shape[0], size)
+
+
+def _check_count(name: str, count: int, size: int) -> None:
+    if count != size:
         raise QueryError.single(
             "length_mismatch",
-            f"{name} has {a.shape[0]} entries but num_tokens has {size}; pass one value per request",
+            f"{name} has {count} entries but num_tokens has {size}; pass one value per request",
             name,
-            length=int(a.shape[0]),
+            length=int(count),
             expected=size,
         )
 
@@ -299,6 +303,12 @@ def bools(name: str, x: Any, size: int) -> Bools:
     """A bool (broadcast to ``size``) or a 1-D bool array of ``size`` entries (``bad_shape`` otherwise)."""
     if isinstance(x, bool | np.bool_):
         return np.full(size, bool(x))
+    if not isinstance(x, np.ndarray | str | bytes) and isinstance(x, Sized):  # a range(10**12): refused, not built
+        try:
+            count = len(x)
+        except OverflowError:
+            count = MAX_RESULT + 1
+        _check_count(name, count, size)
     a = np.asarray(x)
     if a.ndim != 1 or (a.size and a.dtype != np.bool_):
         raise QueryError.single("bad_shape", f"{name} must be a bool or a 1-D bool array", name)
