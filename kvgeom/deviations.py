@@ -120,9 +120,10 @@ _ALL = (
         "connector, _build_aligned_boundary_store_jobs stores it). When the Mamba block is wider than "
         "cache_config.block_size (a mamba_block_size set by hand) a chunk can end inside a Mamba block -- under the "
         "eagle drop the last cacheable position rdown(n, B) - B does -- and that block, holding the state after "
-        "the chunk end, is stored and served as the state after the block's end.",
+        "the chunk end, is cached in the GPU prefix cache, stored, and served as the state after the block's end.",
         "Lists a Mamba key inside the prompt only where a prefill chunk ended exactly at it "
-        "(kvgeom.handoff.mamba_handoffs); the hit then ends lower (0 when no chunk ended on the Mamba grid).",
+        "(kvgeom.handoff.mamba_handoffs; kvgeom.sim.GPUPrefixCache keeps a state only there too); the hit then "
+        "ends lower (0 when no chunk ended on the Mamba grid).",
         "A restored Mamba state must be the state after exactly the hit's end token (the bug family of vLLM "
         "#49964 and #44599); vLLM's own split comment states the invariant its keying breaks here.",
     ),

@@ -11,7 +11,9 @@ iff all of:
 
 * **a state exists at e**: a prefill chunk ended at ``e`` (:func:`kvgeom.prefill.prefill_chunk_ends`;
   align mode writes a state only at chunk ends) and ``e`` is a multiple of the Mamba block;
-* **it is cacheable**: ``e <= mamba_cacheable_tokens(computed)`` -- the coordinator caches a prefix
+* **it is cacheable in time**: ``e <= mamba_cacheable_tokens(e')`` for the end ``e'`` of the step after the
+  one ending at ``e`` (:func:`cached_state_ends`: the state's block is reused after that), and so
+  ``e <= mamba_cacheable_tokens(computed)`` -- the coordinator caches a prefix
   rounded down to L unless partial hash hits are on, and an eagle Mamba manager (the coordinator's
   all-groups fallback) keeps the last ``P - 1`` tokens of multi-module MTP and more than one block past the
   aligned boundary out (``HybridKVCacheCoordinator.get_num_cacheable_tokens``);
@@ -43,13 +45,17 @@ from typing import Any
 
 from kvgeom._check import bounded_ints, nonneg
 from kvgeom._math import rdown
+from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, OffloadGroupGeometry
 from kvgeom.masks import MAX_STORE_BLOCKS, reachable_block_mask, reachable_points
 from kvgeom.prefill import mamba_checkpoint, prompt_hash_checkpoint
 
 __all__ = [
+    "cached_state_ends",
     "checked_chunk_ends",
+    "checked_prefill_split",
     "checkpoint_step",
+    "default_chunk_ends",
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
@@ -122,6 +128,24 @@ def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int)
     return cached
 
 
+def default_chunk_ends(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]:
+    """Where vLLM 0.33 ends the prefill chunks of a prompt with an unbounded token budget: the running sums of
+    ``MambaCheckpoint.prefill_chunks`` (:func:`kvgeom.prefill.mamba_checkpoint`, kept total where
+    :func:`kvgeom.prefill.prefill_chunk_ends` raises ``prefill_stalls``) with an align Mamba group; one chunk
+    without one. Empty for an empty prompt.
+
+    >>> import kvgeom
+    >>> default_chunk_ends(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), 100)
+    (96, 100)
+    """
+    n = nonneg("num_prompt_tokens", num_prompt_tokens)
+    if not n:
+        return ()
+    if not any(g.is_align_mamba for g in geom.groups):
+        return (n,)
+    return tuple(accumulate(mamba_checkpoint(geom, n).prefill_chunks))
+
+
 def state_ends(
     geom: Geometry,
     num_prompt_tokens: int,
@@ -155,12 +179,54 @@ def state_ends(
     above, upto = _window_bound("above", above), None if upto is None else _window_bound("upto", upto)
     top = min(computed, prompt) if upto is None else min(computed, prompt, upto)
     if chunk_ends is None:
-        ends = set(accumulate(mamba_checkpoint(geom, prompt).prefill_chunks)) if prompt else set()
+        ends = set(default_chunk_ends(geom, prompt))
     else:
         ends = set(checked_chunk_ends(chunk_ends))
     if 0 < computed < prompt:
         ends.add(computed)
     return tuple(sorted(e for e in ends if max(above, 0) < e <= top))
+
+
+def cached_state_ends(
+    geom: Geometry,
+    group: int,
+    num_prompt_tokens: int,
+    num_computed_tokens: int,
+    chunk_ends: Collection[int] | None = None,
+    *,
+    above: int = 0,
+    upto: int | None = None,
+) -> tuple[int, ...]:
+    """The chunk ends (:func:`state_ends`) whose align Mamba state group ``group``'s prefix cache has cached by
+    the end of the step that computed ``num_computed_tokens``: the state written at ``e`` lives in its block
+    until the step after the next one starts, so it is cached only if ``e <= mamba_cacheable_tokens(e')``,
+    ``e'`` the end of the next step (the next chunk end; ``min(computed, prompt)`` past the last; ``e`` itself
+    when the prefill has not gone past ``e``). With multi-module MTP (``P - 1`` re-prefilled tokens) a chunk
+    shorter than ``P - 1`` tokens after ``e`` loses the state at ``e``: chunk ends 64, 65, 96 of an MTP K=3
+    prefill cache no state at 64 (vLLM 0.33 runs, GPU prefix cache and connector hand-offs alike; issue 19).
+
+    Postcondition: a subset of ``state_ends(..., above=above, upto=upto)``, each end ``e`` at most
+    :func:`mamba_cacheable_tokens` of ``min(computed, prompt)``.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba",
+    ...     "block_size": 32}], "cache": {"prefix_match_unit": 16}, "offload": {},
+    ...     "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}})
+    >>> cached_state_ends(g, 1, 150, 150, (64, 65, 96, 150)), cached_state_ends(g, 1, 150, 150, (64, 66, 96, 150))
+    ((65, 96), (64, 66, 96))
+    """
+    geom.group(group)
+    ends = state_ends(geom, num_prompt_tokens, num_computed_tokens, chunk_ends, above=above)
+    top = None if upto is None else _window_bound("upto", upto)
+    last = min(num_computed_tokens, num_prompt_tokens)
+    out = []
+    for i, e in enumerate(ends):
+        if top is not None and e > top:
+            break
+        after = ends[i + 1] if i + 1 < len(ends) else max(e, last)
+        if e <= mamba_cacheable_tokens(geom, group, after):
+            out.append(e)
+    return tuple(out)
 
 
 def _window_bound(name: str, value: Any) -> int:
@@ -179,14 +245,38 @@ def checked_chunk_ends(chunk_ends: Any) -> tuple[int, ...]:
     return tuple(bounded_ints("chunk_ends", chunk_ends, MAX_STORE_BLOCKS, "chunk_ends[]", "token counts"))
 
 
+def checked_prefill_split(chunk_ends: Any, num_tokens: int) -> tuple[int, ...]:
+    """``chunk_ends`` checked as the whole prefill split of a ``num_tokens`` prompt (:func:`checked_chunk_ends`,
+    and strictly increasing positive counts ending at ``num_tokens``; empty for an empty prompt): else
+    ``bad_chunk_ends`` naming ``num_tokens``.
+
+    >>> checked_prefill_split([64, 100], 100)
+    (64, 100)
+    """
+    n = nonneg("num_tokens", num_tokens)
+    ends = checked_chunk_ends(chunk_ends)
+    if n and (not ends or ends[-1] != n or any(b <= a for a, b in zip((0, *ends), ends, strict=False))):
+        raise QueryError.single(
+            "bad_chunk_ends",
+            f"chunk_ends={list(ends)[:8]} must be strictly increasing positive token counts ending at "
+            f"num_tokens={n} (where each prefill step stopped)",
+            "chunk_ends",
+            num_tokens=n,
+        )
+    return ends
+
+
 def _exact_end(
     geom: Geometry, group: int, prompt: int, computed: int, chunk_ends: Collection[int] | None, t: int
 ) -> int | None:
-    """The first prefill step end with exactly ``t`` tokens cacheable in ``group``, or None (a step ending at
-    ``e`` caches at least ``e - L - (P - 1)`` tokens, so only ends up to that far past ``t`` are read)."""
+    """The prefill step end with exactly ``t`` tokens cacheable in ``group`` while the state written at the chunk
+    end ``t`` is still in its block, or None: the step ending at ``t`` or the next one (the state's block is
+    reused after that, :func:`cached_state_ends`; FA 64 + Mamba 32 with MTP K=5, two modules, prompt 91, chunk
+    ends 32, 36, 56, 64: 32 tokens are cacheable only at 64, and vLLM 0.33 keeps no state at 32). A step ending
+    at ``e`` caches at least ``e - L - (P - 1)`` tokens, so only ends up to that far past ``t`` are read."""
     sg = geom.speculative
     reach = geom.scheduler_block_size + (sg.prefill_lookahead_tokens if sg is not None else 0)
-    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)
+    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)[:2]
     return next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
 
 
@@ -252,7 +342,8 @@ def mamba_handoffs(
     above, upto = _window_bound("above", above), None if upto is None else _window_bound("upto", upto)
     cap = mamba_cacheable_tokens(geom, group, min(computed, prompt))
     top = cap if upto is None else min(cap, upto)
-    candidates = [e for e in state_ends(geom, prompt, computed, chunk_ends, above=above, upto=top) if e % B == 0]
+    candidates = [e for e in cached_state_ends(geom, group, prompt, computed, chunk_ends, above=above, upto=top)
+                  if e % B == 0]
     if not candidates:
         return ()
     points = replay_boundaries(geom, prompt) if reachable is None else tuple(reachable_points(reachable))
@@ -277,15 +368,14 @@ def partial_tail_boundary(
     ``_build_partial_tail_store_jobs``; partial tails need DCP 1, see ``OffloadGeometry.supports_partial_tail``).
 
     The prompt's H-grid checkpoint ``t`` (:func:`kvgeom.prefill.prompt_hash_checkpoint`) when it is off
-    the span grid, a
-    chunk ended there with exactly ``t`` tokens cacheable, and the prefill has gone past it (the Mamba
-    manager copies the state out of the block the next chunk overwrites and hands the copy over then);
-    ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some offloaded group the
-    job runs only for a request that itself loaded from the tier, and only if ``t + m`` prompt tokens are
-    computed by the end of the step that hands ``t`` over (the first chunk end after the step that cached
-    exactly ``t`` tokens; before that step, ``min(computed, prompt)``): vLLM 0.33 offers the hand-off once.
-    Every offloaded group then stores its key at
-    :func:`partial_tail_key` of ``t``.
+    the span grid, a chunk ended there, a step ending at ``e`` (:func:`checkpoint_step`) had exactly ``t``
+    tokens cacheable, and ``num_computed_tokens`` is past ``e``: the Mamba manager copies the state out of
+    the block the next chunk overwrites and hands the copy over in the step after ``e``, never in ``e``
+    itself (an MTP split ending 64, 80, 82, 100 caches exactly 80 at 82 and hands 80 over at 100; vLLM 0.33
+    run, issue 19); ``t <= min(prompt, max_offload_tokens)``. With an eagle proof margin ``m`` on some
+    offloaded group the job runs only for a request that itself loaded from the tier, and only if ``t + m``
+    prompt tokens are computed by the end of the hand-off step (:func:`_handoff_end`): vLLM 0.33 offers the
+    hand-off once. Every offloaded group then stores its key at :func:`partial_tail_key` of ``t``.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
@@ -308,7 +398,7 @@ def partial_tail_boundary(
     if max_offload_tokens is not None and t > nonneg("max_offload_tokens", max_offload_tokens):
         return None
     exact = checkpoint_step(geom, mamba[0], prompt, computed, chunk_ends)
-    if exact is None:
+    if exact is None or exact >= computed:
         return None
     margin = max((og.proof_margin or 0 for og in off.groups), default=0)
     if margin and (not loaded_from_offload or _handoff_end(geom, prompt, computed, chunk_ends, exact) < t + margin):
@@ -317,10 +407,11 @@ def partial_tail_boundary(
 
 
 def _handoff_end(geom: Geometry, prompt: int, computed: int, chunk_ends: Collection[int] | None, exact: int) -> int:
-    """The prompt tokens computed by the end of the step that hands a partial-tail checkpoint over: the first
-    chunk end after ``exact`` (the step that cached exactly the checkpoint; the next chunk overwrites its block),
-    or ``min(computed, prompt)`` before that step. vLLM 0.33 offers the hand-off once: an eagle proof margin not
-    reached by then drops the tail for good."""
+    """The prompt tokens computed by the end of the step that hands a partial-tail checkpoint over, for
+    ``exact < computed`` (``exact``: the step that cached exactly the checkpoint; the next chunk overwrites its
+    block): the first chunk end after ``exact``, or the whole prompt when the prompt has none (the hand-off step
+    is then a decode step). vLLM 0.33 offers the hand-off once: an eagle proof margin not reached by then drops
+    the tail for good."""
     return min((*state_ends(geom, prompt, computed, chunk_ends, above=exact), min(computed, prompt)))
 
 

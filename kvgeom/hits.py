@@ -34,6 +34,9 @@ from kvgeom.errors import QueryError
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
 from kvgeom.handoff import (
     checked_chunk_ends,
+    checked_prefill_split,
+    default_chunk_ends,
+    mamba_cacheable_tokens,
     mamba_handoffs,
     partial_tail_boundary,
     partial_tail_key,
@@ -73,6 +76,7 @@ __all__ = [
     "plan_hit",
     "plan_load",
     "plan_store",
+    "plan_store_steps",
     "rswa_gap_blocks",
     "skipped_tokens",
     "store_holdback_chunks",
@@ -1015,6 +1019,14 @@ class GroupStore:
     partial_tail: int | None = None
     """End token of the group's partial-tail key (off the chunk grid; read from block-table entry
     ``boundary // span``, the copied state for Mamba), or None (:func:`kvgeom.handoff.partial_tail_boundary`)."""
+    next_stored_chunk: int | None = None
+    """The chunk the group's next step starts at: ``max(stored_chunks[g], storable chunks)`` (vLLM 0.33
+    ``RequestOffloadState.advance_stored_idx``); for an align Mamba group inside the prompt
+    ``max(stored_chunks[g], cacheable // C)``, ``cacheable`` being
+    :func:`kvgeom.handoff.mamba_cacheable_tokens` of the computed tokens: its keys are the GPU manager's
+    hand-offs, each offered once, in the step that made it cacheable. Pass it as ``stored_chunks[g]`` when
+    planning the next step: chunks below it that this step did not list were skipped for good. None only in a
+    ``GroupStore`` built by hand."""
 
     @property
     def stored_end_tokens(self) -> tuple[int, ...]:
@@ -1037,6 +1049,7 @@ class StorePlan:
                     "end_tokens": list(g.end_tokens),
                     "block_entries": [list(e) for e in g.block_entries],
                     "partial_tail": g.partial_tail,
+                    "next_stored_chunk": g.next_stored_chunk,
                 }
                 for g in self.groups
             ],
@@ -1087,6 +1100,7 @@ def plan_store(
     finished: bool = False,
     chunk_ends: Collection[int] | None = None,
     loaded_from_offload: bool = False,
+    partial_tail_stored: bool = False,
 ) -> StorePlan:
     """Chunks each offloaded group stores after a step (vLLM 0.33 `_build_store_jobs`).
 
@@ -1124,11 +1138,15 @@ def plan_store(
     modelled.
 
     Partial tails (DCP 1, :func:`kvgeom.handoff.partial_tail_boundary`): once the
-    prefill passes the prompt's sub-block H-grid checkpoint, every group also
-    stores the key there (``GroupStore.partial_tail``); with an eagle proof margin
-    only for a request that ``loaded_from_offload``. The tail is listed at every step
-    from then on, where vLLM 0.33 stores it once, at the step that hands the
-    checkpoint over (docs/hits.md, "Not modelled").
+    GPU manager has handed over the prompt's sub-block H-grid checkpoint (in the step
+    after the one that cached exactly it), every group also stores the key there
+    (``GroupStore.partial_tail``); with an eagle proof margin only for a request that
+    ``loaded_from_offload``. vLLM 0.33 stores the tail once, in the hand-off step, and
+    the Mamba copy it reads lives only then. So a caller that plans step by step passes
+    what earlier steps stored: ``stored_chunks`` per group, and ``partial_tail_stored``
+    True once a plan listed the tail; the plan of every step then lists exactly the
+    keys vLLM 0.33 stores in it (issue 19). One call over the whole prefill
+    (``stored_chunks`` None, ``partial_tail_stored`` False) lists every key.
 
     Size: a group's plan walks its chunks from ``stored_chunks[g]`` to its storable end, and the plan is
     refused (:class:`kvgeom.QueryError` ``result_too_large``) past :data:`kvgeom.masks.MAX_STORE_BLOCKS`
@@ -1153,6 +1171,7 @@ def plan_store(
     computed = nonneg("num_computed_tokens", num_computed_tokens)
     offload_prompt_only, finished = flag("offload_prompt_only", offload_prompt_only), flag("finished", finished)
     loaded_from_offload = flag("loaded_from_offload", loaded_from_offload)
+    partial_tail_stored = flag("partial_tail_stored", partial_tail_stored)
     stored_chunks = None if stored_chunks is None else mapping("stored_chunks", stored_chunks)
     allocated_blocks = None if allocated_blocks is None else mapping("allocated_blocks", allocated_blocks)
     prompt = n if num_prompt_tokens is None else nonneg("num_prompt_tokens", num_prompt_tokens)
@@ -1167,7 +1186,7 @@ def plan_store(
         offloadable = min(offloadable, max(prompt, n - 1))
     points = tuple(reachable_points(reachable)) if reachable is not None else ((prompt - 1,) if prompt > 0 else ())
     ends = None if chunk_ends is None else checked_chunk_ends(chunk_ends)
-    tail = partial_tail_boundary(
+    tail = None if partial_tail_stored else partial_tail_boundary(
         geom, prompt, computed, ends, loaded_from_offload=loaded_from_offload, max_offload_tokens=max_offload_tokens
     )
     out = []
@@ -1219,8 +1238,75 @@ def plan_store(
                 chunks = _swa_revisited_chunks(geom, og, revisit, start, storable, prompt_chunks, points, mask) + chunks
             entries = tuple(tuple(range(j * k, (j + 1) * k)) for j in chunks)
         ptail = None if tail is None else partial_tail_key(og, tail)
-        out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries, ptail))
+        nxt = max(start, storable)
+        if g.is_align_mamba and computed < prompt:  # the hand-offs offered so far: the states now cacheable
+            nxt = max(start, mamba_cacheable_tokens(geom, og.index, computed) // C)
+        out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries, ptail, nxt))
     return StorePlan(offloadable, tuple(out))
+
+
+MAX_STORE_STEPS = 1 << 12
+"""The most prefill steps :func:`plan_store_steps` plans (each step's plan reads every chunk end)."""
+
+
+def plan_store_steps(
+    geom: Geometry,
+    *,
+    num_prompt_tokens: int,
+    chunk_ends: Collection[int] | None = None,
+    finished: bool = True,
+    loaded_from_offload: bool = False,
+    max_offload_tokens: int | None = None,
+) -> tuple[StorePlan, ...]:
+    """What a connector stores at each step of a prompt's prefill (vLLM 0.33 builds store jobs every step): one
+    :func:`plan_store` per chunk end ``e`` (``num_computed_tokens = e``), then, with ``finished``, one for the step
+    after the request finished with one sampled token (``num_tokens = prompt + 1``, ``finished=True``). Each step
+    passes what the earlier ones stored: ``stored_chunks`` from the last plan's
+    :attr:`GroupStore.next_stored_chunk` and ``partial_tail_stored`` once a plan listed the partial tail.
+
+    ``chunk_ends``: the prefill's split (strictly increasing, the last one the prompt; ``bad_chunk_ends``
+    otherwise), e.g. :func:`kvgeom.prefill.prefill_chunk_ends` with the deployment's token budget, per step if it
+    changes; None: vLLM's split with an unbounded budget (one chunk without an align Mamba group). More than
+    :data:`MAX_STORE_STEPS` steps is ``result_too_large``.
+
+    Postcondition (tested against vLLM 0.33 runs step by step): every key is listed in exactly one step, and the
+    keys of all steps are those of one :func:`plan_store` over the whole prefill (``num_computed_tokens`` the
+    prompt, nothing stored before), the finish step's included.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {},
+    ...     "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}})
+    >>> steps = plan_store_steps(g, num_prompt_tokens=100, chunk_ends=[64, 80, 82, 100])
+    >>> [[gs.stored_end_tokens for gs in p.groups] for p in steps]   # vLLM 0.33 run: the tail at 80 in step 100
+    [[(64,), ()], [(), ()], [(), ()], [(80,), (80,)], [(), ()]]
+    """
+    n = nonneg("num_prompt_tokens", num_prompt_tokens)
+    ends = default_chunk_ends(geom, n) if chunk_ends is None else checked_prefill_split(chunk_ends, n)
+    if len(ends) > MAX_STORE_STEPS:
+        raise QueryError.single(
+            "result_too_large",
+            f"chunk_ends has {len(ends)} prefill steps; plan_store_steps plans at most {MAX_STORE_STEPS} (each "
+            "step reads every chunk end): plan the steps you need with plan_store, passing stored_chunks and "
+            "partial_tail_stored",
+            "chunk_ends",
+            total=len(ends),
+            limit=MAX_STORE_STEPS,
+        )
+    steps = [(n, e, False) for e in ends] + ([(n + 1, n, True)] if flag("finished", finished) else [])
+    stored: dict[int, int] = {}
+    tail_stored = False
+    plans = []
+    for num_tokens, computed, done in steps:
+        plan = plan_store(
+            geom, num_tokens=num_tokens, num_computed_tokens=computed, num_prompt_tokens=n, finished=done,
+            chunk_ends=ends, stored_chunks=stored, partial_tail_stored=tail_stored,
+            loaded_from_offload=loaded_from_offload, max_offload_tokens=max_offload_tokens,
+        )
+        plans.append(plan)
+        stored = {gs.index: gs.next_stored_chunk for gs in plan.groups if gs.next_stored_chunk is not None}
+        tail_stored = tail_stored or any(gs.partial_tail is not None for gs in plan.groups)
+    return tuple(plans)
 
 
 def _chunk_kept(mask: frozenset[int] | None, chunk: int, k: int) -> bool:

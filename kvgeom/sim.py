@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, islice
+from itertools import islice
 from typing import Any
 
 from kvgeom import hits
@@ -488,12 +488,13 @@ class GPUPrefixCache:
         None: :func:`kvgeom.prefill.prefill_chunk_ends` with ``max_num_batched_tokens`` (None: unbounded;
         the split kept total where the multi-module MTP reserve stalls it, as
         :class:`kvgeom.prefill.MambaCheckpoint` does). Only an align Mamba group reads them: it keeps a
-        state at a chunk end on its block grid (or at the prompt's H-grid checkpoint when a step cached
+        state at a chunk end on its block grid that the next step made cacheable
+        (:func:`kvgeom.handoff.cached_state_ends`), or at the prompt's H-grid checkpoint when a step cached
         exactly that many tokens, as :func:`kvgeom.handoff.mamba_handoffs` keys it), never at a boundary a
         chunk ran through. Giving both arguments is :class:`kvgeom.QueryError` ``conflicting_arguments``;
         chunk ends that are not strictly increasing up to ``num_tokens`` are ``bad_chunk_ends``.
         """
-        from kvgeom.handoff import checkpoint_step, mamba_cacheable_tokens, replay_boundaries
+        from kvgeom.handoff import cached_state_ends, checkpoint_step, mamba_cacheable_tokens, replay_boundaries
         from kvgeom.masks import reachable_block_mask
         from kvgeom.prefill import prompt_hash_checkpoint
 
@@ -513,15 +514,17 @@ class GPUPrefixCache:
             mask = None
             if g.family in {"sliding", "mamba"}:
                 mask = reachable_block_mask(geom, g.index, blocks, reachable=points, alignment=A, side="gpu")
-            written = ends if g.family == "mamba" else None  # a Mamba state exists only at a chunk end
+            # a Mamba state is cached only at a chunk end, and only if the next step made it cacheable
+            written = frozenset(cached_state_ends(geom, g.index, n, n, ends)) if g.family == "mamba" else None
             for j in range(blocks):
                 if (mask is None or j in mask) and (written is None or (j + 1) * g.span in written):
                     self.entries[(g.index, (j + 1) * g.span)] = self._holds(g.index, (j + 1) * g.span)
             if g.family == "mamba":
                 # the manager keys the state at the prompt's H-grid checkpoint, whatever the mask says, when
-                # kvgeom.handoff.checkpoint_step says it is kept (off the span grid: a block entry otherwise)
+                # kvgeom.handoff.checkpoint_step says it is kept -- on the span grid too (FA 16 + Mamba 16 under
+                # DCP 2 with an eagle drafter, retention 0, prompt 62, chunk ends 32, 62: vLLM 0.33 keeps 32)
                 t = prompt_hash_checkpoint(geom, n)
-                if g.span != H and checkpoint_step(geom, g.index, n, n, ends) is not None:
+                if checkpoint_step(geom, g.index, n, n, ends) is not None:
                     self.entries[(g.index, t)] = self._holds(g.index, t)
                 continue
             end = tail
@@ -532,8 +535,8 @@ class GPUPrefixCache:
 
     def _chunk_ends(self, n: int, chunk_ends: Sequence[int] | None, budget: int | None) -> frozenset[int]:
         """The checked chunk ends of :meth:`cache_request` (empty without an align Mamba group: unused)."""
-        from kvgeom.handoff import checked_chunk_ends
-        from kvgeom.prefill import mamba_checkpoint, prefill_chunk_ends
+        from kvgeom.handoff import checked_prefill_split, default_chunk_ends
+        from kvgeom.prefill import prefill_chunk_ends
 
         if chunk_ends is not None and budget is not None:
             raise QueryError.single(
@@ -543,20 +546,11 @@ class GPUPrefixCache:
                 "chunk_ends",
             )
         if chunk_ends is not None:
-            ends = checked_chunk_ends(chunk_ends)
-            if n and (not ends or ends[-1] != n or any(b <= a for a, b in zip((0, *ends), ends, strict=False))):
-                raise QueryError.single(
-                    "bad_chunk_ends",
-                    f"chunk_ends={list(ends)[:8]} must be strictly increasing positive token counts ending at "
-                    f"num_tokens={n} (where each prefill step stopped)",
-                    "chunk_ends",
-                    num_tokens=n,
-                )
-            return frozenset(ends)
+            return frozenset(checked_prefill_split(chunk_ends, n))
         if not n or not any(g.is_align_mamba for g in self.geom.groups):
             return frozenset()
         if budget is None:
-            return frozenset(accumulate(mamba_checkpoint(self.geom, n).prefill_chunks))
+            return frozenset(default_chunk_ends(self.geom, n))
         return frozenset(prefill_chunk_ends(self.geom, n, max_num_batched_tokens=budget))
 
     def evict(self, keep: Callable[[int, int], bool]) -> None:

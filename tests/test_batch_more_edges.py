@@ -540,9 +540,12 @@ def test_a_finished_revisit_below_a_stored_start_far_past_the_storable_chunks_st
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old)
     # a stored start past the 6 storable chunks revisits as a start at them: chunks 4 and 5 (the last partial
-    # segment, kept under the final horizon and skipped under the prompt's), none at or past 6
-    assert want == hits.plan_store(geom, stored_chunks={1: 6}, reachable=(), **kw)
+    # segment, kept under the final horizon and skipped under the prompt's), none at or past 6; the next step
+    # still starts at the stored start (vLLM's next_stored_chunk_idx never moves back)
+    at_six = hits.plan_store(geom, stored_chunks={1: 6}, reachable=(), **kw)
+    assert [(g.chunks, g.block_entries) for g in want.groups] == [(g.chunks, g.block_entries) for g in at_six.groups]
     assert want.groups[1].chunks == (4, 5)
+    assert (want.groups[1].next_stored_chunk, at_six.groups[1].next_stored_chunk) == (stored, 6)
     sp = batch.plan_stores(geom, num_tokens=[100], num_computed_tokens=[100], num_prompt_tokens=[64], finished=True,
                            offload_prompt_only=False, stored_chunks={1: [stored]}, reachable=[[-1]])
     assert sp.plan(0) == want

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 from _drafter_rows import DRAFT16, FA16, M16, spec
+from _step_rows import STEP_ROWS
 
 import kvgeom
 from kvgeom import hits
@@ -677,3 +678,79 @@ def test_store_plan_walked_blocks_bound(groups, n, stored, count):
         plan_store(g, num_tokens=n, num_computed_tokens=n, stored_chunks=stored)
     assert (info.value.code, info.value.problems[0].values) == ("result_too_large",
                                                                  {"count": count, "limit": MAX_STORE_BLOCKS})
+
+
+@pytest.mark.parametrize(("cfg", "n", "budgets", "ends", "steps", "gpu"), STEP_ROWS)
+def test_each_steps_stores_and_the_gpu_states_as_vllm(cfg, n, budgets, ends, steps, gpu):
+    """kvgeom.hits.plan_store_steps (a plan per step, each passing next_stored_chunk and partial_tail_stored on)
+    and kvgeom.sim.GPUPrefixCache give vLLM 0.33's answers (``tests/_step_rows.py``: the split of the per-step
+    budgets, the keys stored in each step, the GPU prefix cache's entries)."""
+    from kvgeom.hits import plan_store_steps
+    from kvgeom.prefill import prefill_chunk_ends
+    from kvgeom.sim import GPUPrefixCache
+
+    geom = kvgeom.resolve(cfg)
+    assert list(prefill_chunk_ends(geom, n, max_num_batched_tokens=budgets)) == ends
+    plans = plan_store_steps(geom, num_prompt_tokens=n, chunk_ends=ends)
+    assert [{str(g.index): list(g.stored_end_tokens) for g in p.groups if g.stored_end_tokens} for p in plans] == steps
+    cache = GPUPrefixCache(geom)
+    cache.cache_request(n, chunk_ends=ends)
+    assert {g: e for g, e in cache.resident().items() if e} == gpu
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "field"),
+    [
+        ({"chunk_ends": [64, 32, 100]}, "bad_chunk_ends", "chunk_ends"),  # not increasing
+        ({"chunk_ends": [64, 90]}, "bad_chunk_ends", "chunk_ends"),  # does not end at the prompt
+        ({"chunk_ends": [0, 100]}, "bad_chunk_ends", "chunk_ends"),  # a chunk of nothing
+        ({"chunk_ends": "100"}, "bad_chunk_ends", "chunk_ends"),  # a string is not a list of ends
+        ({"finished": "yes"}, "not_a_bool", "finished"),
+        ({"num_prompt_tokens": -1}, "negative", "num_prompt_tokens"),
+    ],
+)
+def test_plan_store_steps_refuses_a_split_that_is_not_a_prefill(kwargs, code, field):
+    geom = kvgeom.resolve({"groups": [FA16, M16], "offload": {}})
+    with pytest.raises(QueryError) as e:
+        hits.plan_store_steps(geom, **{"num_prompt_tokens": 100, **kwargs})
+    assert (e.value.code, e.value.problems[0].field) == (code, field)
+
+
+def test_plan_store_steps_refuses_more_steps_than_it_plans_before_planning():
+    geom = kvgeom.resolve({"groups": [FA16, M16], "offload": {}})
+    n = hits.MAX_STORE_STEPS + 1
+    with pytest.raises(QueryError) as e:
+        hits.plan_store_steps(geom, num_prompt_tokens=n, chunk_ends=range(1, n + 1))
+    assert e.value.code == "result_too_large" and e.value.problems[0].field == "chunk_ends"
+    assert len(hits.plan_store_steps(geom, num_prompt_tokens=n - 1, chunk_ends=range(1, n))) == n
+
+
+def test_plan_store_steps_defaults_to_vllms_unbounded_split_and_a_finish_step():
+    """FA 16 + Mamba 16, a 100-token prompt: vLLM's unbounded split ends chunks at 96 and 100 (the default), the
+    step after the finish stores nothing more; without ``finished`` only the prefill steps are planned; without an
+    align Mamba group the prefill is one chunk."""
+    geom = kvgeom.resolve({"groups": [FA16, M16], "offload": {}})
+    plans = hits.plan_store_steps(geom, num_prompt_tokens=100)
+    assert [[g.end_tokens for g in p.groups] for p in plans] == [
+        [(16, 32, 48, 64, 80, 96), (96,)], [(), ()], [(), ()]]
+    assert len(hits.plan_store_steps(geom, num_prompt_tokens=100, finished=False)) == 2
+    fa = kvgeom.resolve({"groups": [FA16], "offload": {}})
+    assert [[g.end_tokens for g in p.groups] for p in hits.plan_store_steps(fa, num_prompt_tokens=40)] == [
+        [(16, 32)], [()]]
+    assert hits.plan_store_steps(fa, num_prompt_tokens=0) == (hits.plan_store(fa, num_tokens=1, num_computed_tokens=0,
+                                                                              num_prompt_tokens=0, finished=True),)
+
+
+def test_a_plan_that_passes_partial_tail_stored_lists_no_tail_and_refuses_a_non_bool():
+    """FINE64 (FA 64 + Mamba 64, H 16), a 228-token prompt: the tail at 224 is listed until a plan says it was
+    stored; the batch twin takes the flag per request."""
+    plan = plan_store(FINE64, num_tokens=228, num_computed_tokens=228)
+    assert [g.partial_tail for g in plan.groups] == [224, 224]
+    again = plan_store(FINE64, num_tokens=228, num_computed_tokens=228, partial_tail_stored=True)
+    assert [g.partial_tail for g in again.groups] == [None, None]
+    assert [g.end_tokens for g in again.groups] == [g.end_tokens for g in plan.groups]
+    sp = plan_stores(FINE64, num_tokens=[228, 228], num_computed_tokens=[228, 228], partial_tail_stored=[False, True])
+    assert (sp.plan(0), sp.plan(1)) == (plan, again)
+    with pytest.raises(QueryError) as e:
+        plan_store(FINE64, num_tokens=228, num_computed_tokens=228, partial_tail_stored=1)
+    assert e.value.code == "not_a_bool"

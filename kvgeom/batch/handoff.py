@@ -14,9 +14,16 @@ import numpy as np
 
 from kvgeom.batch._arrays import I64, Bools
 from kvgeom.geometry import Geometry
-from kvgeom.handoff import mamba_handoffs, partial_tail_boundary
+from kvgeom.handoff import mamba_cacheable_tokens, mamba_handoffs, partial_tail_boundary
 
-__all__ = ["mamba_handoff_matrix", "partial_tail_boundaries", "partial_tail_top"]
+__all__ = ["mamba_cacheable", "mamba_handoff_matrix", "partial_tail_boundaries", "partial_tail_top"]
+
+
+def mamba_cacheable(geom: Geometry, group: int, computed: I64) -> I64:
+    """:func:`kvgeom.handoff.mamba_cacheable_tokens` per entry (each distinct count answered once)."""
+    values, inverse = np.unique(computed, return_inverse=True)
+    answers = np.array([mamba_cacheable_tokens(geom, group, int(c)) for c in values], dtype=np.int64)
+    return answers[inverse.reshape(computed.shape)] if values.size else np.zeros_like(computed)
 
 
 def _row(m: I64 | None, i: int) -> tuple[int, ...] | None:

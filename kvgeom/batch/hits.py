@@ -35,7 +35,7 @@ from kvgeom.batch._arrays import (
     rdown,
     same_length,
 )
-from kvgeom.batch.handoff import mamba_handoff_matrix, partial_tail_boundaries, partial_tail_top
+from kvgeom.batch.handoff import mamba_cacheable, mamba_handoff_matrix, partial_tail_boundaries, partial_tail_top
 from kvgeom.batch.masks import chunk_kept, kept_from_points, swa_store_horizons
 from kvgeom.batch.probes import HeldMatrix, eagle_pair_held, stored_matrices
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
@@ -116,7 +116,8 @@ class GroupStores:
     repeats ``i`` for each of them, ``end_token = (chunk + 1) * C`` and
     ``block`` is the chunk's first block-table entry (positional groups,
     entries ``[block, block + blocks_per_chunk)``) or its state block (align
-    Mamba). ``partial_tail`` is each request's partial-tail key end token (``-1``: none).
+    Mamba). ``partial_tail`` is each request's partial-tail key end token (``-1``: none);
+    ``next_stored_chunk`` each request's :attr:`kvgeom.hits.GroupStore.next_stored_chunk`.
     """
 
     index: int
@@ -128,6 +129,7 @@ class GroupStores:
     end_token: I64
     block: I64
     partial_tail: I64
+    next_stored_chunk: I64
 
     def store(self, i: int) -> GroupStore:
         """Request ``i``'s entry as the scalar :class:`kvgeom.hits.GroupStore`."""
@@ -141,7 +143,9 @@ class GroupStores:
         )
         tail = int(self.partial_tail[i])
         ends = tuple(int(e) for e in self.end_token[lo:hi])
-        return GroupStore(self.index, chunks, ends, entries, None if tail < 0 else tail)
+        return GroupStore(
+            self.index, chunks, ends, entries, None if tail < 0 else tail, int(self.next_stored_chunk[i])
+        )
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ def plan_stores(
     finished: Any = False,
     chunk_ends: Any = None,
     loaded_from_offload: Any = False,
+    partial_tail_stored: Any = False,
 ) -> StorePlans:
     """:func:`kvgeom.hits.plan_store` for many requests (one entry per request in each array).
 
@@ -182,8 +187,9 @@ def plan_stores(
     row of reachable boundaries per request, ``-1`` marking unused slots.
     ``finished`` is a bool or a per-request bool array. ``chunk_ends`` is None
     or a 2-D array with one row of prefill chunk ends per request (``-1``
-    padding); ``loaded_from_offload`` a bool or a per-request bool array. The sparsity masks of
-    :mod:`kvgeom.masks` are evaluated per candidate chunk, vectorised.
+    padding); ``loaded_from_offload`` and ``partial_tail_stored`` a bool or a per-request
+    bool array. The sparsity masks of :mod:`kvgeom.masks` are evaluated per candidate
+    chunk, vectorised.
     ``StorePlans.plan(i) == plan_store(...)`` for request ``i``.
 
     A group whose masks are evaluated per candidate chunk (every group but a Mamba or sliding-window one
@@ -237,6 +243,7 @@ def plan_stores(
     tails = partial_tail_boundaries(
         geom, prompt, computed, exists, bools("loaded_from_offload", loaded_from_offload, size), mot
     )
+    tails = np.where(bools("partial_tail_stored", partial_tail_stored, size), -1, tails)
     H = geom.hash_block_size
     keyed_n = div(n, H)
     groups = []
@@ -299,7 +306,10 @@ def plan_stores(
         end = (chunk + 1) * C
         block = div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
         ptail = np.where(tails >= 0, tails + (og.proof_margin or 0), -1)
-        groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block, ptail))
+        nxt = np.maximum(start, storable)
+        if g.is_align_mamba:  # inside the prompt: the hand-offs offered so far (GroupStore.next_stored_chunk)
+            nxt = np.where(computed < prompt, np.maximum(start, mamba_cacheable(geom, og.index, computed) // C), nxt)
+        groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block, ptail, nxt))
     return StorePlans(offloadable, tuple(groups))
 
 

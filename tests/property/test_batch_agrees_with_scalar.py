@@ -340,6 +340,7 @@ def test_store_plans_agree_with_plan_store(geom, data):
     opo = data.draw(st.booleans(), label="offload_prompt_only")
     mot = data.draw(st.none() | st.integers(0, hi), label="max_offload_tokens")
     fin = [data.draw(st.booleans()) for _ in n]
+    tail_stored = [data.draw(st.booleans(), label="partial_tail_stored") for _ in n]
 
     def scalar(i):
         return hits.plan_store(
@@ -353,6 +354,7 @@ def test_store_plans_agree_with_plan_store(geom, data):
             offload_prompt_only=opo,
             max_offload_tokens=mot,
             finished=fin[i],
+            partial_tail_stored=tail_stored[i],
         )
 
     reach_array = None if reach is None else np.array(reach, dtype=np.int64).reshape(size, len(reach[0]) if size else 0)
@@ -369,6 +371,7 @@ def test_store_plans_agree_with_plan_store(geom, data):
             offload_prompt_only=opo,
             max_offload_tokens=mot,
             finished=np.array(fin, dtype=bool),
+            partial_tail_stored=np.array(tail_stored, dtype=bool),
         )
 
     def plans(sp):

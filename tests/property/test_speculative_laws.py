@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 
 import numpy as np
 from _spec_strategies import speculative_geometries, tail_speculative_geometries
@@ -23,7 +24,9 @@ from hypothesis import strategies as st
 
 import kvgeom
 from kvgeom import batch, hits
+from kvgeom.handoff import default_chunk_ends
 from kvgeom.prefill import engine_block_size, mamba_checkpoint, prefill_chunk_ends, prompt_hash_checkpoint
+from kvgeom.strategies import geometries
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -612,3 +615,142 @@ def test_the_kept_checkpoint_is_a_chunk_end_cached_exactly_and_every_reader_agre
         assert mamba_cacheable_tokens(geom, mamba[0], step) == t
     if geom.offload is not None and partial_tail_boundary(geom, prompt, prompt, ends) is not None:
         assert step is not None and partial_tail_boundary(geom, prompt, prompt, ends) == t
+
+
+SPLITS = st.one_of(
+    st.tuples(st.just("budget"), st.sampled_from([None, 8, 24, 100])),
+    st.tuples(st.just("steps"), st.lists(st.sampled_from([1, 2, 3, 5, 16, 20, 64, 100]), min_size=1, max_size=6)),
+    st.tuples(st.just("any"), st.frozensets(st.integers(1, 299), max_size=12)),
+    # short chunks right after a block boundary or the H-grid checkpoint (multi-module MTP re-prefill, hand-offs)
+    st.tuples(st.just("around"), st.integers(0, 2), st.lists(st.integers(1, 6), max_size=3)),
+)
+"""How a prefill is split, independent of the geometry: vLLM's split under a token budget (fixed or per step), any
+split, or short chunks after a mark (0: the prompt's H-grid checkpoint, 1 and 2: the first Mamba block ends)."""
+
+
+def _split(geom: kvgeom.Geometry, prompt: int, how: tuple) -> tuple[int, ...] | None:
+    """The chunk ends ``how`` (:data:`SPLITS`) gives a ``prompt``, or None for vLLM's default split."""
+    if how[0] in ("budget", "steps"):
+        if not any(g.is_align_mamba for g in geom.groups):
+            return None  # kvgeom models vLLM's split only with an align Mamba group; the default is one chunk
+        try:
+            return prefill_chunk_ends(geom, prompt, max_num_batched_tokens=how[1])
+        except kvgeom.QueryError as e:
+            assert e.code == "prefill_stalls"
+            return None  # the default split, kept total
+    if how[0] == "any":
+        return (*sorted(e for e in how[1] if e < prompt), prompt)
+    blocks = [g.block_size for g in geom.groups if g.is_align_mamba] or [geom.scheduler_block_size]
+    mark = prompt_hash_checkpoint(geom, prompt) if how[1] == 0 else blocks[0] * how[1]
+    return (*sorted({e for e in accumulate([mark, *how[2]]) if 0 < e < prompt}), prompt)
+
+
+@st.composite
+def _split_tail_geometries(draw: st.DrawFn) -> kvgeom.Geometry:
+    """FA + align Mamba (one block, 32 or 64) with H below it and DCP 1, so prompts have partial tails; no drafter,
+    MTP (K 1-4, 1-3 modules: re-prefilled tokens) or an eagle drafter group."""
+    block = draw(st.sampled_from([32, 64]))
+    groups: list[dict] = [{"kind": "full_attention", "block_size": block}, {"kind": "mamba", "block_size": block}]
+    cfg: dict = {"groups": groups, "offload": {},
+                 "cache": {"prefix_match_unit": draw(st.sampled_from([8, 16])),
+                           "retention_interval": draw(st.sampled_from([None, 0]))}}
+    method = draw(st.sampled_from([None, "mtp", "mtp", "eagle"]))
+    if method == "mtp":
+        k = draw(st.integers(1, 4))
+        mods = draw(st.integers(1, min(k, 3)))
+        cfg["speculative"] = {"method": "mtp", "num_speculative_tokens": k, "mtp_modules": mods}
+    elif method == "eagle":
+        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": draw(st.integers(1, 3))}
+        groups.append({"kind": "full_attention", "block_size": block, "num_kv_heads": 4, "drafter": True})
+    return kvgeom.resolve(cfg)
+
+
+def _keys(plans) -> list[tuple[int, int]]:
+    return [(gs.index, e) for p in plans for gs in p.groups for e in gs.stored_end_tokens]
+
+
+def _fm(block: int, mamba: int, cache: dict, k: int, modules: int) -> kvgeom.Geometry:
+    return kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": block},
+                                      {"kind": "mamba", "block_size": mamba}], "cache": cache, "offload": {},
+                           "speculative": {"method": "mtp", "num_speculative_tokens": k, "mtp_modules": modules}})
+
+
+_MTP3_64 = _fm(64, 64, {"prefix_match_unit": 16}, 3, 3)
+_MTP3_32 = _fm(32, 32, {"prefix_match_unit": 16, "retention_interval": None}, 3, 3)
+_MTP5_64_32 = _fm(64, 32, {"retention_interval": 64}, 5, 2)
+
+
+# vLLM 0.33 run: chunk ends 64, 80, 82, 100 store the partial tail at 80 in the step ending at 100, not at 82
+@example(geom=_MTP3_64, prompt=100, how=("any", frozenset({64, 80, 82})), loaded=False)
+@given(st.one_of(speculative_geometries(offload=True), tail_speculative_geometries(), _split_tail_geometries(),
+                 geometries(offload=True, max_dcp=2)), st.integers(1, 300), SPLITS, st.booleans())
+def test_a_connector_planning_each_step_stores_each_key_once_and_the_whole_prefills_keys(geom, prompt, how, loaded):
+    """kvgeom.hits.plan_store_steps (plan_store with stored_chunks from next_stored_chunk and partial_tail_stored):
+    no key is listed in two steps, every step lists only keys one call over the whole prefill lists, and the steps
+    together list them all; a partial tail is listed in the first step that ends past the step that cached exactly
+    its checkpoint (kvgeom.handoff.checkpoint_step), as vLLM 0.33 hands it over."""
+    from kvgeom.handoff import checkpoint_step, partial_tail_boundary
+
+    assume(geom.offload is not None)
+    ends = _split(geom, prompt, how)
+    steps = hits.plan_store_steps(geom, num_prompt_tokens=prompt, chunk_ends=ends, loaded_from_offload=loaded)
+    split = tuple(ends) if ends is not None else default_chunk_ends(geom, prompt)
+    assert len(steps) == len(split) + 1
+    whole = [hits.plan_store(geom, num_tokens=prompt, num_computed_tokens=prompt, chunk_ends=ends,
+                             loaded_from_offload=loaded),
+             hits.plan_store(geom, num_tokens=prompt + 1, num_computed_tokens=prompt, num_prompt_tokens=prompt,
+                             finished=True, chunk_ends=ends, loaded_from_offload=loaded)]
+    listed: dict[tuple[int, int], set[int]] = {}
+    for i, p in enumerate(steps):
+        for key in _keys([p]):
+            listed.setdefault(key, set()).add(i)
+    assert all(len(at) == 1 for at in listed.values()), listed  # (an eagle tail key may equal a chunk's key)
+    assert set(listed) == set(_keys(whole))
+    tail_steps = [i for i, p in enumerate(steps) if any(gs.partial_tail is not None for gs in p.groups)]
+    assert len(tail_steps) <= 1
+    t = partial_tail_boundary(geom, prompt, prompt, ends, loaded_from_offload=loaded)
+    if tail_steps:
+        mamba = next(g.index for g in geom.groups if g.is_align_mamba)
+        exact = checkpoint_step(geom, mamba, prompt, prompt, ends)
+        assert t is not None and exact is not None
+        assert tail_steps[0] == next(i for i, e in enumerate((*split, prompt + 1)) if e > exact)
+        event("partial tail listed in one step")
+    else:
+        assert t is None
+
+
+# vLLM 0.33 runs: chunk ends 64, 65 keep no Mamba state at 64 (MTP K=3 re-prefills 2 tokens); chunk ends 32, 36,
+# 56, 64 keep none at the checkpoint 32 (32 tokens are cacheable only at 64, two steps later)
+@example(geom=_MTP3_32, prompt=150, how=("any", frozenset({64, 65, 96})))
+@example(geom=_MTP5_64_32, prompt=91, how=("any", frozenset({32, 36, 56, 64, 68})))
+@given(st.one_of(speculative_geometries(), tail_speculative_geometries(), _split_tail_geometries(),
+                 geometries(max_dcp=2)), st.integers(1, 300), SPLITS)
+def test_every_mamba_state_kvgeom_keys_was_cacheable_before_its_block_was_reused(geom, prompt, how):
+    """An align Mamba state written at chunk end e stays in its block for the step ending at e and the next one;
+    vLLM 0.33 caches it only if one of them made e tokens cacheable (chunk ends 64, 65, 96 of an MTP K=3 prefill
+    keep no state at 64). Every reader agrees: kvgeom.handoff.mamba_handoffs (the connector's keys), the simulated
+    GPU prefix cache's Mamba entries on the block grid, and checkpoint_step's step."""
+    from kvgeom.handoff import checkpoint_step, mamba_cacheable_tokens, mamba_handoffs, state_ends
+    from kvgeom.sim import GPUPrefixCache
+
+    mamba = [g for g in geom.groups if g.is_align_mamba]
+    assume(mamba)
+    ends = _split(geom, prompt, how)
+    written = state_ends(geom, prompt, prompt, ends)
+
+    def in_time(g, e):
+        later = [x for x in written if x > e]
+        return e in written and e <= mamba_cacheable_tokens(geom, g.index, later[0] if later else e)
+
+    cache = GPUPrefixCache(geom)
+    cache.cache_request(prompt, chunk_ends=ends if ends is not None else None)
+    for g in mamba:
+        keyed = set(mamba_handoffs(geom, g.index, prompt, prompt, ends)) if geom.offload is not None else set()
+        held = {e for (i, e) in cache.entries if i == g.index and e % g.block_size == 0}
+        t = prompt_hash_checkpoint(geom, prompt)
+        step = checkpoint_step(geom, g.index, prompt, prompt, ends)
+        for e in keyed | (held - {t}):
+            assert in_time(g, e), (g.index, e, written)
+        if step is not None:
+            assert step in written[written.index(t):written.index(t) + 2]
+            event("checkpoint kept")
