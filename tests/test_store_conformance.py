@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _step_rows import STEP_ROWS
 from _vllm import NEEDS_VLLM
 
 import kvgeom
@@ -178,6 +179,25 @@ def test_seeded_sliding_window_drafter_sweep_agrees(st):
     report = st.sweep(20, 19, swa_drafters=True)
     assert report["compared"] >= 16 and not report["vllm_refused"], report
     assert report["differences"] == [], report["differences"]
+
+def test_seeded_sweep_with_per_step_budgets_differs_only_in_known_classes(st):
+    """Issue 19: token budgets that change per step (1-100 tokens, so chunks of a few tokens follow block
+    boundaries and checkpoints): which step stores which key, vLLM's GPU prefix cache and the hits are kvgeom's,
+    or a registered deviation."""
+    report = st.sweep(80, 7, split_budgets=True)
+    assert report["compared"] >= 60 and not report["vllm_refused"], report
+    assert report["agree"]["chunk_ends"] == report["compared"]
+    for cfg, n1, _, budget, diff, cls in report["differences"]:
+        assert cls is not None and set(cls.split("+")) <= set(st.KNOWN_CLASSES), (cfg, n1, budget, diff)
+
+
+@pytest.mark.parametrize(("cfg", "n", "budgets", "ends", "steps", "gpu"), STEP_ROWS)
+def test_each_steps_stores_and_the_gpu_states_of_vllm_are_the_rows(st, cfg, n, budgets, ends, steps, gpu):
+    """vLLM 0.33's connector step by step and its GPU prefix cache give the rows of ``tests/_step_rows.py``, whose
+    kvgeom side (kvgeom.hits.plan_store_steps, kvgeom.sim.GPUPrefixCache) ``tests/test_store_plans.py`` checks."""
+    theirs = st.run_store_then_lookup(kvgeom.resolve(cfg), n, n, max_num_batched_tokens=budgets)
+    assert (theirs["chunk_ends"], theirs["steps"], theirs["gpu_cached"]) == (ends, steps, gpu)
+
 
 # ------------------------------------------------------------------ GPU prefix cache, prefill splits, lookup traces
 #: (config, prompt, budget, vLLM's GPU prefix-cache entries after the prompt ran: {"<group>": [end tokens]})

@@ -98,6 +98,7 @@ from kvgeom.prefill import prefill_chunk_ends
 from kvgeom.residency import split_offload_key
 
 __all__ = [
+    "COMPARED",
     "FIELDS",
     "KNOWN_CLASSES",
     "SPEC_NAME",
@@ -106,8 +107,11 @@ __all__ = [
     "classify",
     "differences",
     "gpu_cached_entries",
+    "kvgeom_gpu_cached",
+    "kvgeom_store_steps",
     "kvgeom_store_then_lookup",
     "random_case",
+    "random_split_case",
     "random_swa_drafter_case",
     "run_lookup_trace",
     "run_prefill_split",
@@ -121,6 +125,9 @@ SPEC_NAME = "KvgeomRecordingTierSpec"
 
 FIELDS = ("chunk_ends", "stored", "hit", "loads")
 """The compared entries of :func:`run_store_then_lookup` and :func:`kvgeom_store_then_lookup`."""
+
+COMPARED = (*FIELDS, "hit_on_vllm_stores", "steps", "gpu_cached")
+"""Every entry :func:`differences` may report, in the sweep's order."""
 
 UNBOUNDED_BUDGET = 8192
 """The token budget standing for ``max_num_batched_tokens=None`` (more than any prompt the sweep draws)."""
@@ -161,11 +168,24 @@ if SPEC_NAME not in OffloadingSpecFactory._registry:
     OffloadingSpecFactory.register_spec(SPEC_NAME, __name__, "RecordingTierSpec")
 
 
-def _scheduler(geom: Geometry, budget: int | None, L: int, H: int) -> Scheduler:
-    """vLLM's Scheduler over a fresh :class:`RecordingTier` with the token budget ``budget``."""
-    tokens = UNBOUNDED_BUDGET if budget is None else budget
+Budget = int | list[int] | None
+"""A token budget: ``max_num_batched_tokens`` (None: :data:`UNBOUNDED_BUDGET`), or one per step (past the list the
+last stays), as :func:`kvgeom.prefill_chunk_ends` takes it."""
+
+
+def _scheduler(geom: Geometry, budget: Budget, L: int, H: int) -> Scheduler:
+    """vLLM's Scheduler over a fresh :class:`RecordingTier` with the token budget ``budget`` (a per-step list:
+    built unbounded, as :func:`run_prefill_split` does; :func:`_step_budget` sets each step's)."""
+    tokens = budget if isinstance(budget, int) else UNBOUNDED_BUDGET
     return vs.build_scheduler(geom, scheduler_block_size=L, hash_block_size=H, max_num_batched_tokens=tokens,
                               spec_name=SPEC_NAME)
+
+
+def _step_budget(sched: Scheduler, budget: Budget, step: int) -> None:
+    """Set the token budget of the ``step``-th step that schedules the request (a per-step ``budget`` only), as
+    :func:`run_prefill_split` does: the Scheduler's ``max_num_scheduled_tokens``."""
+    if isinstance(budget, list):
+        sched.max_num_scheduled_tokens = budget[min(step, len(budget) - 1)]
 
 
 def _request(sched: Scheduler, n: int, H: int, request_id: str,
@@ -211,12 +231,15 @@ def gpu_cached_entries(sched: Scheduler, chain: Mapping[bytes, int], H: int) -> 
     return {str(g): sorted(e) for g, e in sorted(out.items())}
 
 
-def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None,
+def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: Budget = None,
                           max_offload_tokens: int | None = None) -> dict[str, Any]:
     """vLLM's answer (see the module docstring): ``{"chunk_ends": [...], "stored": {"<g>": [ends]},
-    "hit": int, "loads": {"<g>": [ends]}}``, plus ``"store_paths"``: the stored end tokens per connector
-    function that asked ``prepare_store`` (for diagnosis; not compared). Without an offload section
-    ``stored`` is empty and ``hit`` None. ``max_offload_tokens`` (None: not sent) is request A's
+    "hit": int, "loads": {"<g>": [ends]}}``, plus ``"steps"``: the keys stored in each step that scheduled A
+    (one entry per chunk end), then those stored in the steps after it finished (one entry), each
+    ``{"<g>": [ends]}``; and ``"store_paths"``: the stored end tokens per connector function that asked
+    ``prepare_store`` (for diagnosis; not compared). Without an offload section
+    ``stored`` is empty and ``hit`` None. ``max_num_batched_tokens``: the token budget, or one per step
+    (:data:`Budget`). ``max_offload_tokens`` (None: not sent) is request A's
     ``kv_transfer_params`` entry of that name. vLLM's exceptions propagate; a prefill that never finishes
     raises RuntimeError.
 
@@ -236,11 +259,18 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     tier_a: RecordingTier | None = sched.connector.connector_scheduler.manager if sched.connector else None
     sched.add_request(a)
     chunk_ends: list[int] = []
+    step_keys: list[list[bytes]] = []  # per step that scheduled A: the keys stored in it
+    after_finish: list[bytes] = []  # the keys stored in steps that did not schedule A (A had finished)
     for _ in range(MAX_STEPS):
+        before = len(tier_a.stored) if tier_a is not None else 0
+        _step_budget(sched, max_num_batched_tokens, len(chunk_ends))
         output = sched.schedule()
         done = a.request_id in output.finished_req_ids
         if a.request_id in output.num_scheduled_tokens:
             chunk_ends.append(a.num_computed_tokens)
+            step_keys.append(tier_a.stored[before:] if tier_a is not None else [])
+        elif tier_a is not None:
+            after_finish.extend(tier_a.stored[before:])  # a step that did not schedule A
         token = n1 if a.num_computed_tokens >= a.num_prompt_tokens else None
         sched.update_from_output(output, _worker_output(sched, output, a, token))
         if done and not sched.has_requests():
@@ -248,11 +278,15 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
     else:
         raise RuntimeError(f"request A ({n1} tokens) did not finish in {MAX_STEPS} steps (computed "
                            f"{a.num_computed_tokens}, chunk ends {chunk_ends[:8]}...)")
+    before = len(tier_a.stored) if tier_a is not None else 0
     sched.schedule()  # the step after the finish builds its store jobs (finished_req_ids)
+    if tier_a is not None:
+        after_finish.extend(tier_a.stored[before:])
     chain_a = {bytes(h): i for i, h in enumerate(a.block_hashes)}
     stored_keys = list(tier_a.stored) if tier_a is not None else []
     out: dict[str, Any] = {"chunk_ends": chunk_ends, "stored": _ends(stored_keys, chain_a, H), "hit": None,
-                           "loads": {}, "gpu_cached": gpu_cached_entries(sched, chain_a, H)}
+                           "loads": {}, "gpu_cached": gpu_cached_entries(sched, chain_a, H),
+                           "steps": [_ends(keys, chain_a, H) for keys in (*step_keys, after_finish)]}
     if tier_a is not None:
         paths: dict[str, dict[str, list[int]]] = {}
         for path, keys in tier_a.store_calls:
@@ -277,6 +311,7 @@ def run_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_t
 
     conn.get_num_new_matched_tokens = get_num_new_matched_tokens
     sched_b.add_request(b)
+    _step_budget(sched_b, max_num_batched_tokens, 0)
     sched_b.schedule()
     out["hit"] = seen.get("hit")
     out["loads"] = _ends(tier_b.loaded, {bytes(h): i for i, h in enumerate(b.block_hashes)}, H)
@@ -408,23 +443,20 @@ def run_lookup_trace(geom: Geometry, n: int, stored: Mapping[str, Any], *, local
     return {"hit": hit or 0, "probes": probes}
 
 
-def _kvgeom_chunk_ends(geom: Geometry, n1: int, budget: int | None) -> list[int] | None:
+def _kvgeom_chunk_ends(geom: Geometry, n1: int, budget: Budget) -> list[int] | None:
     if not any(g.is_align_mamba for g in geom.groups):
         return None  # kvgeom models the chunk split only with an align Mamba group
     return list(prefill_chunk_ends(geom, n1, max_num_batched_tokens=budget))
 
 
-def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None
+def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: Budget = None
                              ) -> dict[str, Any]:
     """kvgeom's answer in :func:`run_store_then_lookup`'s shape.
 
     ``chunk_ends``: :func:`kvgeom.prefill_chunk_ends` (None without an align Mamba group: kvgeom does not
-    model the split then). ``stored``: the union of :func:`kvgeom.hits.plan_store` over A's steps, as the
-    connector stores per step -- each prefill step ending at chunk end ``e`` (``num_tokens = n1``,
-    ``num_computed_tokens = e``, not finished), then the step after A finished with its sampled token
-    (``num_tokens = n1 + 1``, ``num_computed_tokens = n1``, ``finished=True``), all with
-    ``chunk_ends``. ``hit`` and ``loads``: :meth:`kvgeom.Geometry.plan_hit` of ``n2`` tokens over that
-    store, from local prefix 0 (the connector's ``get_num_new_matched_tokens`` in a fresh scheduler).
+    model the split then). ``stored``: the union of :func:`kvgeom_store_steps` over A's steps. ``hit`` and
+    ``loads``: :meth:`kvgeom.Geometry.plan_hit` of ``n2`` tokens over that store, from local prefix 0 (the
+    connector's ``get_num_new_matched_tokens`` in a fresh scheduler).
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 16},
@@ -432,17 +464,12 @@ def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batche
     >>> kvgeom_store_then_lookup(g, 100, 100)["stored"]
     {'0': [16, 32, 48, 64, 80, 96], '1': [96]}
     """
-    from kvgeom.hits import plan_store
-
     chunk_ends = _kvgeom_chunk_ends(geom, n1, max_num_batched_tokens)
-    steps = [(n1, e, False) for e in (chunk_ends or [n1])] + [(n1 + 1, n1, True)]
-    stored: dict[int, set[int]] = {}
-    for num_tokens, computed, finished in steps:
-        plan = plan_store(geom, num_tokens=num_tokens, num_computed_tokens=computed, num_prompt_tokens=n1,
-                          finished=finished, chunk_ends=chunk_ends)
-        for gs in plan.groups:
-            stored.setdefault(gs.index, set()).update(gs.stored_end_tokens)
-    stored_out = {str(g): sorted(e) for g, e in sorted(stored.items()) if e}
+    stored: dict[str, set[int]] = {}
+    for step in kvgeom_store_steps(geom, n1, chunk_ends):
+        for g, ends in step.items():
+            stored.setdefault(g, set()).update(ends)
+    stored_out = {g: sorted(e) for g, e in sorted(stored.items(), key=lambda item: int(item[0]))}
     hit = geom.plan_hit({"num_tokens": n2, "stored": stored_out})
     return {
         "chunk_ends": chunk_ends,
@@ -452,12 +479,33 @@ def kvgeom_store_then_lookup(geom: Geometry, n1: int, n2: int, *, max_num_batche
     }
 
 
-def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int | None = None,
+def kvgeom_store_steps(geom: Geometry, n1: int, chunk_ends: list[int] | None) -> list[dict[str, list[int]]]:
+    """kvgeom's stores per step of request A in :func:`run_store_then_lookup`'s ``steps`` shape:
+    :func:`kvgeom.hits.plan_store_steps` of the ``n1``-token prompt split at ``chunk_ends`` (None: one step ending
+    at ``n1``), A finishing after its prefill.
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 64},
+    ...     {"kind": "mamba", "block_size": 64}], "cache": {"prefix_match_unit": 16}, "offload": {},
+    ...     "speculative": {"method": "mtp", "num_speculative_tokens": 3, "mtp_modules": 3}})
+    >>> kvgeom_store_steps(g, 100, [64, 80, 82, 100])   # vLLM 0.33 run: the partial tail at 80 in step 100
+    [{'0': [64]}, {}, {}, {'0': [80], '1': [80]}, {}]
+    """
+    from kvgeom.hits import plan_store_steps
+
+    plans = plan_store_steps(geom, num_prompt_tokens=n1, chunk_ends=chunk_ends or [n1])
+    return [{str(gs.index): sorted(gs.stored_end_tokens) for gs in plan.groups if gs.stored_end_tokens}
+            for plan in plans]
+
+
+def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: Budget = None,
                 theirs: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """Entries where kvgeom and vLLM disagree: ``{name: (kvgeom, vllm)}`` over :data:`FIELDS` (empty when
     they agree; ``chunk_ends`` is not compared when kvgeom gives None). One more entry,
     ``hit_on_vllm_stores``, is kvgeom's hit over the keys *vLLM* stored (a lookup difference on its own,
-    separated from a store difference). ``theirs``: a :func:`run_store_then_lookup` answer already run."""
+    separated from a store difference); ``steps`` is :func:`kvgeom_store_steps` over vLLM's own chunk ends
+    against vLLM's ``steps`` (which step stores which key), and ``gpu_cached`` :func:`kvgeom_gpu_cached` over them
+    against vLLM's GPU prefix cache. ``theirs``: a :func:`run_store_then_lookup` answer already run."""
     budget = max_num_batched_tokens
     if theirs is None:
         theirs = run_store_then_lookup(geom, n1, n2, max_num_batched_tokens=budget)
@@ -468,7 +516,23 @@ def differences(geom: Geometry, n1: int, n2: int, *, max_num_batched_tokens: int
     on_theirs = geom.plan_hit({"num_tokens": n2, "stored": theirs["stored"]})["hit_tokens"]
     if on_theirs != theirs["hit"]:
         out["hit_on_vllm_stores"] = (on_theirs, theirs["hit"])
+    ours_steps = kvgeom_store_steps(geom, n1, list(theirs["chunk_ends"]))
+    if ours_steps != theirs["steps"]:
+        out["steps"] = (ours_steps, theirs["steps"])
+    ours_gpu = kvgeom_gpu_cached(geom, n1, list(theirs["chunk_ends"]))
+    if ours_gpu != theirs["gpu_cached"]:
+        out["gpu_cached"] = (ours_gpu, theirs["gpu_cached"])
     return out
+
+
+def kvgeom_gpu_cached(geom: Geometry, n1: int, chunk_ends: list[int]) -> dict[str, list[int]]:
+    """kvgeom's answer to :func:`run_store_then_lookup`'s ``gpu_cached``: :class:`kvgeom.sim.GPUPrefixCache`
+    after ``cache_request(n1, chunk_ends=chunk_ends)``, the groups that hold nothing left out."""
+    from kvgeom.sim import GPUPrefixCache
+
+    cache = GPUPrefixCache(geom)
+    cache.cache_request(n1, chunk_ends=chunk_ends)
+    return {g: ends for g, ends in cache.resident().items() if ends}
 
 
 # ------------------------------------------------------------------ classes of difference
@@ -505,12 +569,15 @@ def classify(geom: Geometry, n1: int, n2: int, diff: Mapping[str, tuple[Any, Any
     Every stored key one side has and the other lacks must fall in a store class; a ``hit`` / ``loads``
     difference is explained by the store difference only when kvgeom's lookup over vLLM's stores agrees
     with vLLM (no ``hit_on_vllm_stores`` entry), else it needs ``realign-after-clamp``; a ``chunk_ends``
-    difference is never explained."""
+    difference is never explained, and a ``steps`` or ``gpu_cached`` difference only key by key as a stored key
+    is."""
     if not diff or "chunk_ends" in diff:
         return None
     classes: set[str] = set()
-    if "stored" in diff:
-        ours, vllm = diff["stored"]
+    pairs = [diff[f] for f in ("stored", "gpu_cached") if f in diff]
+    if "steps" in diff:  # a key stored in another step than vLLM's is explained by no class
+        pairs.extend(zip(*diff["steps"], strict=True))
+    for ours, vllm in pairs:
         for key in set(ours) | set(vllm):
             a, b = set(ours.get(key, ())), set(vllm.get(key, ()))
             for end, only_in_vllm in [*((e, True) for e in b - a), *((e, False) for e in a - b)]:
@@ -602,6 +669,35 @@ def random_swa_drafter_case(rng: random.Random) -> tuple[dict[str, Any], int, in
     return cfg, n1, rng.randint(n1, n1 + 80), None
 
 
+def random_split_case(rng: random.Random) -> tuple[dict[str, Any], int, int, list[int]]:
+    """One random deployment whose prefill runs with a token budget that changes per step (issue 19): FA +
+    align Mamba (blocks from {16, 32, 64}), speculative None / eagle (its own drafter group) / MTP (K 1-5,
+    often with 2-3 modules), ``prefix_match_unit`` sometimes 16, retention 0 / 64 / None, offload ``{}`` or two
+    blocks per chunk, DCP 1 or 2, and 1-6 per-step budgets from 1..100 (the last one stays); ``n1`` in 40..260,
+    ``n2 = n1``."""
+    fa = rng.choice([16, 32, 64])
+    mb = fa if rng.random() < 0.6 else rng.choice([16, 32, 64])
+    groups: list[dict[str, Any]] = [{"kind": "full_attention", "block_size": fa},
+                                    {"kind": "mamba", "block_size": mb, "mamba_cache_mode": "align"}]
+    dcp = rng.choice([1, 1, 1, 2])
+    cfg: dict[str, Any] = {"groups": groups, "parallel": {"dcp": dcp, "tp": dcp}}
+    method = rng.choice([None, "eagle", "mtp", "mtp"])
+    if method == "eagle":
+        cfg["speculative"] = {"method": "eagle", "num_speculative_tokens": rng.randint(1, 3)}
+        groups.append({"kind": "full_attention", "block_size": fa, "num_kv_heads": 4, "drafter": True})
+    elif method == "mtp":
+        k = rng.randint(1, 5)
+        cfg["speculative"] = {"method": "mtp", "num_speculative_tokens": k, "mtp_modules": rng.randint(1, min(k, 3))}
+    cache: dict[str, Any] = {"retention_interval": rng.choice([0, 64, None])}
+    if rng.random() < 0.6:
+        cache["prefix_match_unit"] = 16
+    cfg["cache"] = cache
+    cfg["offload"] = rng.choice([{}, {"blocks_per_chunk": 2}])
+    budgets = [rng.choice([1, 2, 3, 4, 5, 8, 16, 20, 34, 64, 100]) for _ in range(rng.randint(1, 6))]
+    n1 = rng.randint(40, 260)
+    return cfg, n1, n1, budgets
+
+
 def summary(cfg: Mapping[str, Any]) -> str:
     """A compact one-line description of a :func:`random_case` config."""
     parts = []
@@ -627,16 +723,16 @@ def summary(cfg: Mapping[str, Any]) -> str:
     return out
 
 
-def sweep(n: int, seed: int, *, swa_drafters: bool = False) -> dict[str, Any]:
-    """Run ``n`` random cases (:func:`random_case`, or :func:`random_swa_drafter_case` with
-    ``swa_drafters``; seeded) through both sides: kvgeom refusals
+def sweep(n: int, seed: int, *, swa_drafters: bool = False, split_budgets: bool = False) -> dict[str, Any]:
+    """Run ``n`` random cases (:func:`random_case`, :func:`random_swa_drafter_case` with ``swa_drafters``, or
+    :func:`random_split_case` with ``split_budgets``; seeded) through both sides: kvgeom refusals
     (:class:`kvgeom.KVGeomError`) skipped, vLLM refusals (any exception) recorded separately. Returns
     ``{"cases", "kvgeom_refused": Counter(code), "vllm_refused": [...], "agree": {field: count}, "compared",
     "differences": [(cfg, n1, n2, budget, diff, class)]}``."""
     rng = random.Random(seed)
     report: dict[str, Any] = {"cases": n, "kvgeom_refused": Counter(), "vllm_refused": [], "compared": 0,
                               "agree": Counter(), "differences": []}
-    draw = random_swa_drafter_case if swa_drafters else random_case
+    draw: Any = random_swa_drafter_case if swa_drafters else random_split_case if split_budgets else random_case
     for _ in range(n):
         cfg, n1, n2, budget = draw(rng)
         try:
@@ -652,7 +748,7 @@ def sweep(n: int, seed: int, *, swa_drafters: bool = False) -> dict[str, Any]:
             continue
         diff = differences(geom, n1, n2, max_num_batched_tokens=budget, theirs=theirs)
         report["compared"] += 1
-        for f in (*FIELDS, "hit_on_vllm_stores"):
+        for f in COMPARED:
             report["agree"][f] += f not in diff
         if diff:
             report["differences"].append((cfg, n1, n2, budget, diff, classify(geom, n1, n2, diff, theirs)))
@@ -664,7 +760,7 @@ def _print_report(report: Mapping[str, Any]) -> None:
     refused = report["kvgeom_refused"]
     print(f"cases {report['cases']}: kvgeom refused {sum(refused.values())} ({dict(refused)}), vLLM refused "
           f"{len(report['vllm_refused'])}, compared {c}")
-    print("agree: " + ", ".join(f"{f} {report['agree'][f]}/{c}" for f in (*FIELDS, "hit_on_vllm_stores")))
+    print("agree: " + ", ".join(f"{f} {report['agree'][f]}/{c}" for f in COMPARED))
     for cfg, n1, n2, budget, why in report["vllm_refused"]:
         print(f"  vLLM refuses: {summary(cfg)} n1={n1} n2={n2} budget={budget}: {why}")
     classes = Counter(cls for *_, cls in report["differences"])
@@ -679,8 +775,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swa-drafters", action="store_true", help="draw sliding-window drafter deployments")
+    ap.add_argument("--split-budgets", action="store_true", help="draw token budgets that change per step")
     args = ap.parse_args(argv)
-    _print_report(sweep(args.cases, args.seed, swa_drafters=args.swa_drafters))
+    _print_report(sweep(args.cases, args.seed, swa_drafters=args.swa_drafters, split_budgets=args.split_budgets))
     return 0
 
 
