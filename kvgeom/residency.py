@@ -170,9 +170,17 @@ class Residency:
         """
         ids = self._ids
         n0 = len(ids)
-        out = [ids.setdefault(h, len(ids) + 1) for h in block_hashes]
-        if self._arrays and len(ids) != n0:
-            self._grow(len(ids))
+        try:
+            out = [ids.setdefault(h, len(ids) + 1) for h in block_hashes]
+        except TypeError as e:  # no iterable of hashes, or an unhashable one (a list): refused, arrays kept in step
+            raise QueryError.single(
+                "bad_block_hashes",
+                f"block hashes must be an iterable of hashable values (bytes, as vLLM's BlockHash): {e}",
+                "block_hashes",
+            ) from None
+        finally:
+            if self._arrays and len(ids) != n0:
+                self._grow(len(ids))
         return np.array(out, dtype=np.int64)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,3 +112,22 @@ def test_add_masks_equals_add_per_holder_bit_and_refuses_bad_masks():
     with pytest.raises(QueryError) as e:
         r.add_masks(0, [b"a"], [-1])
     assert e.value.code == "bad_holder" and "-1" in str(e.value)
+
+
+def test_an_unhashable_block_hash_is_refused_and_the_residency_stays_usable():
+    """Issue 19's thorough fuzz: ``lookup_resident(chains=[[[]]])`` raised ``TypeError: unhashable type: 'list'``
+    from ``Residency.intern``. It is ``bad_block_hashes``; hashes interned before the bad one keep their ids and
+    the residency's arrays stay in step with them."""
+    from kvgeom.batch.lookup import lookup_resident
+
+    r = kvgeom.Residency()
+    r.add(0, b"a")
+    with pytest.raises(kvgeom.QueryError) as e:
+        lookup_resident(kvgeom.resolve(kvgeom.DEFAULT_CONFIG), r, [[[]]], [16])
+    assert (e.value.code, e.value.problems[0].field) == ("bad_block_hashes", "block_hashes")
+    with pytest.raises(kvgeom.QueryError):
+        r.intern([b"b", ["not", "hashable"]])
+    ids = r.intern([b"a", b"b", b"c"]).tolist()
+    assert sorted(ids) == [1, 2, 3] and r.intern([b"b", b"c"]).tolist() == ids[1:]
+    r.add(0, b"c")
+    assert r.contains(0, b"c") and not r.contains(0, b"b")
