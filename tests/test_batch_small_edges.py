@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kvgeom
-from kvgeom import batch, keys, ranks
+from kvgeom import batch, hits, keys, ranks
 from kvgeom._math import INT64_MAX
 from kvgeom.batch import _arrays
 from kvgeom.boundaries import state_block_for_boundary
@@ -33,6 +33,7 @@ UNCACHED = kvgeom.resolve(
     }
 )
 SEED_K4 = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {"blocks_per_chunk": 4}})
+SEED_OFF = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})
 NO_OFFLOAD = kvgeom.resolve({k: v for k, v in kvgeom.DEFAULT_CONFIG.items() if k != "offload"})
 BIG = 1 << 62  # a chunk index whose key would not fit an int64
 # 2^16 KV shards (the most rank_lengths lists), 15 dealt attention groups (span and chunk 2^20 tokens) and one
@@ -499,3 +500,28 @@ def test_max_restorable_tokens_with_a_one_token_mamba_chunk():
     want = [kvgeom.boundaries.max_restorable_tokens(geom, 0, n) for n in counts]
     assert want == [0, 0, 1, 2, 16]
     assert batch.max_restorable_tokens(geom, 0, counts).tolist() == want
+
+
+@pytest.mark.parametrize("value", [32.0, True, "32", np.float64(32)])
+@pytest.mark.parametrize(
+    ("call", "scalar", "field"),
+    [
+        (lambda v: batch.lookup_hits(SEED, [64], stored={}, max_num_new_tokens=v),
+         lambda v: hits.lookup_hit(SEED, 64, stored={}, max_num_new_tokens=v), "max_num_new_tokens"),
+        (lambda v: batch.lookup_hits(SEED, [64], stored={}, max_load_tokens=v),
+         lambda v: hits.lookup_hit(SEED, 64, stored={}, max_load_tokens=v), "max_load_tokens"),
+        (lambda v: batch.lookup_hits(SEED, [64], stored={}, local_computed_tokens=v),
+         lambda v: hits.lookup_hit(SEED, 64, stored={}, local_computed_tokens=v), "local_computed_tokens"),
+        (lambda v: batch.plan_stores(SEED_OFF, num_tokens=[64], num_computed_tokens=[64], max_offload_tokens=v),
+         lambda v: hits.plan_store(SEED_OFF, num_tokens=64, num_computed_tokens=64, max_offload_tokens=v),
+         "max_offload_tokens"),
+    ],
+)
+def test_a_scalar_argument_that_is_no_integer_is_refused_by_the_batch_as_by_the_scalar(call, scalar, field, value):
+    """Issue 19's fuzz: a float scalar given for a per-request count was refused as an array shape ('has shape
+    ()'); it is not_an_integer naming the field, as the scalar API says."""
+    with pytest.raises(kvgeom.QueryError) as ours:
+        call(value)
+    with pytest.raises(kvgeom.QueryError) as theirs:
+        scalar(value)
+    assert (ours.value.code, ours.value.problems[0].field) == (theirs.value.code, field) == ("not_an_integer", field)

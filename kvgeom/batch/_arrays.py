@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvgeom._check import nonneg
 from kvgeom._format import show
 from kvgeom._math import INT64_MAX
 from kvgeom.errors import QueryError
@@ -151,11 +152,14 @@ def check_range(name: str, lo: int, hi: int, allow_minus_one: bool) -> None:
 
 
 def int_or_array(name: str, x: Any, size: int) -> I64:
-    """A scalar (broadcast to ``size``) or a 1-D array of length ``size``."""
+    """A scalar (broadcast to ``size``) or a 1-D array of length ``size``. A scalar that is no integer (a float,
+    a bool, a string) is refused as the scalar API refuses it (``not_an_integer``), not as an array shape."""
     if isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_):
         v = int(x)
         check_range(name, v, v, False)
         return np.full(size, v, dtype=np.int64)
+    if isinstance(x, float | np.floating | bool | np.bool_ | str | bytes):
+        nonneg(name, x)  # raises: the scalar's refusal
     a = ints(name, x)
     same_length(name, a, size)
     return a
