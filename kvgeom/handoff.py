@@ -159,10 +159,8 @@ def state_ends(
     align Mamba state was written. Sorted, without 0; a ``num_computed_tokens`` below the prompt is itself a
     chunk end (the step that stores ended there).
 
-    ``chunk_ends`` None: vLLM 0.33's split with an unbounded token budget:
-    ``MambaCheckpoint.prefill_chunks`` of :func:`kvgeom.prefill.mamba_checkpoint`, i.e.
-    :func:`kvgeom.prefill.prefill_chunk_ends` with ``max_num_batched_tokens=None``, kept total where that
-    raises ``prefill_stalls``. A deployment whose budget is below the prompt splits it more finely: pass
+    ``chunk_ends`` None: vLLM 0.33's split with an unbounded token budget (:func:`default_chunk_ends`). A
+    deployment whose budget is below the prompt splits it more finely: pass
     ``prefill_chunk_ends(geom, n, max_num_batched_tokens=...)`` to get exactly the states vLLM 0.33 writes
     then (kvgeom 0.3 and earlier assumed a state at every Mamba block boundary without the GPU drop, which
     no vLLM split leaves behind for a prompt longer than two blocks; issue 19).
@@ -285,14 +283,16 @@ def checkpoint_step(
     chunk_ends: Collection[int] | None = None,
 ) -> int | None:
     """Where the prefill step that cached exactly the prompt's H-grid checkpoint ``t`` ended
-    (:func:`kvgeom.prefill.prompt_hash_checkpoint`), when a chunk also ended at ``t``; None otherwise. The one home
-    of the rule that vLLM 0.33 keeps align Mamba group ``group``'s state at ``t`` only then (a step ending at
-    ``e`` caches :func:`mamba_cacheable_tokens` of ``e``; ``chunk_ends`` as :func:`state_ends` reads them):
+    (:func:`kvgeom.prefill.prompt_hash_checkpoint`), when a chunk also ended at ``t`` and that step is the one
+    ending at ``t`` or the next (the state's block is reused after that, :func:`cached_state_ends`); None
+    otherwise. The one home of the rule that vLLM 0.33 keeps align Mamba group ``group``'s state at ``t`` only
+    then (a step ending at ``e`` caches :func:`mamba_cacheable_tokens` of ``e``; ``chunk_ends`` as
+    :func:`state_ends` reads them):
     :func:`mamba_handoffs` keys it, :func:`partial_tail_boundary` stores it as the partial tail (handed over
     after that step), the simulated GPU prefix cache keeps it.
 
-    Postcondition: None, or an end ``e`` with ``t <= e <= min(computed, prompt)``, ``t`` a chunk end and
-    ``mamba_cacheable_tokens(geom, group, e) == t``.
+    Postcondition: None, or an end ``e`` with ``t <= e <= min(computed, prompt)``, ``t`` a chunk end, ``e`` equal
+    to ``t`` or the next chunk end, and ``mamba_cacheable_tokens(geom, group, e) == t``.
 
     >>> import kvgeom
     >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # FA 16 + Mamba 16, DCP 2: t = 96

@@ -1144,8 +1144,9 @@ def plan_store(
     ``loaded_from_offload``. vLLM 0.33 stores the tail once, in the hand-off step, and
     the Mamba copy it reads lives only then. So a caller that plans step by step passes
     what earlier steps stored: ``stored_chunks`` per group, and ``partial_tail_stored``
-    True once a plan listed the tail; the plan of every step then lists exactly the
-    keys vLLM 0.33 stores in it (issue 19). One call over the whole prefill
+    True once a plan listed the tail; the plan of every prefill step (and of the step
+    after the request finished) then lists exactly the keys vLLM 0.33 stores in it
+    (:func:`plan_store_steps`, vLLM runs; issue 19). One call over the whole prefill
     (``stored_chunks`` None, ``partial_tail_stored`` False) lists every key.
 
     Size: a group's plan walks its chunks from ``stored_chunks[g]`` to its storable end, and the plan is

@@ -38,6 +38,15 @@ STEP_ROWS = [
                   "speculative": {"method": "mtp", "num_speculative_tokens": 5, "mtp_modules": 2}}, 91,
                  [100, 4, 20, 64, 4, 100], [32, 36, 56, 64, 68, 91], [{}, {}, {}, {"0": [64]}, {"1": [64]}, {}, {}],
                  {"0": [64], "1": [64]}, id="mtp5-checkpoint-two-steps-late"),
+    # ... and at 64, the third chunk end from 32 (36 reused its block): not kept either
+    pytest.param({"groups": [_fa(64), _m(32)], "cache": {"retention_interval": 64}, "offload": {},
+                  "speculative": {"method": "mtp", "num_speculative_tokens": 5, "mtp_modules": 2}}, 91,
+                 [100, 4, 100], [32, 36, 64, 91], [{}, {}, {"0": [64]}, {"1": [64]}, {}],
+                 {"0": [64], "1": [64]}, id="mtp5-checkpoint-third-end"),
+    # a chunk end just below the checkpoint 80 does not move the step that caches exactly 80 (82): tail at 100
+    pytest.param({**_TAIL64, "speculative": _MTP3}, 100, [64, 15, 1, 2, 100], [64, 79, 80, 82, 100],
+                 [{"0": [64]}, {}, {}, {}, {"0": [80], "1": [80]}, {}], {"0": [64, 96], "1": [80]},
+                 id="mtp3-end-below-checkpoint"),
     # the checkpoint 32 on the Mamba block grid: kept whatever the retention-0 mask says (GPU and connector)
     pytest.param({"groups": [_fa(16), _m(16), _fa(16, num_kv_heads=4, drafter=True)], "parallel": {"dcp": 2, "tp": 2},
                   "speculative": {"method": "eagle", "num_speculative_tokens": 1}, "cache": {"retention_interval": 0},
@@ -49,6 +58,17 @@ STEP_ROWS = [
                  [{"0": [64], "1": [64]}, {"0": [128], "1": [128]}, {"0": [192], "1": [192]}, {},
                   {"0": [224], "1": [224]}, {}],
                  {"0": [64, 128, 192, 224], "1": [64, 128, 192, 224]}, id="h16-tail-once"),
+    # a sliding window (block 16, window 16) beside FA 64, retention None: each prefill step stores the window's
+    # last block of each finished 64-token segment, and not the current segment's tail (a prefill step is not
+    # the request's end); the tail 176 of the last, partial segment is stored with the prompt's last chunk
+    pytest.param({"groups": [_fa(64), {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                  "cache": {"retention_interval": None}, "offload": {}}, 190, [40], [40, 80, 120, 160, 190],
+                 [{}, {"0": [64], "1": [64]}, {}, {"0": [128], "1": [128]}, {"1": [176]}, {}],
+                 {"0": [64, 128], "1": [64, 128]}, id="swa16-steps"),
+    # ... and a 31-token prompt: the window's block 16 once, not again when the request finishes
+    pytest.param({"groups": [_fa(64), {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
+                  "cache": {"retention_interval": None}, "offload": {}}, 31, [100], [31], [{"1": [16]}, {}], {},
+                 id="swa16-31"),
 ]
 
 

@@ -14,6 +14,9 @@ from _drafter_rows import DRAFT16, FA16, M16, spec
 import kvgeom
 from kvgeom import hits
 from kvgeom.handoff import (
+    cached_state_ends,
+    checked_prefill_split,
+    default_chunk_ends,
     mamba_cacheable_tokens,
     mamba_handoffs,
     partial_tail_boundary,
@@ -177,6 +180,12 @@ HANDOFF_PROBLEMS = [
     (lambda: mamba_cacheable_tokens(SEED, [1], 100), "no_such_group", "group"),
     # reachable boundaries that are no collection
     (lambda: mamba_handoffs(SEED, 1, 100, 100, (96, 100), reachable=99), "bad_reachable", "reachable"),
+    # the prefill-split helpers name their own arguments
+    (lambda: default_chunk_ends(SEED, -1), "negative", "num_prompt_tokens"),
+    (lambda: checked_prefill_split([64, 100], -1), "negative", "num_tokens"),
+    (lambda: checked_prefill_split([64, 90], 100), "bad_chunk_ends", "chunk_ends"),
+    (lambda: cached_state_ends(SEED, 1, 100, 100, (96, 100), upto="64"), "not_an_integer", "upto"),
+    (lambda: cached_state_ends(SEED, 7, 100, 100), "no_such_group", "group"),
 ]
 
 
@@ -234,3 +243,51 @@ def test_checkpoint_step_refuses_bad_counts_naming_the_field(args, field):
     assert info.value.problems[0].field == field
     with pytest.raises(kvgeom.KVGeomError):
         checkpoint_step(geom, 7, 100, 100, None)  # no group 7
+
+
+#: FA 32 + Mamba 32, H 16, retention None, MTP K=3 with 3 modules (2 re-prefilled tokens)
+MTP3_32 = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32}, {"kind": "mamba", "block_size": 32}],
+                          "cache": {"prefix_match_unit": 16, "retention_interval": None}, "offload": {},
+                          "speculative": spec("mtp", 3, mtp_modules=3)})
+
+
+def test_cached_state_ends_reads_the_next_steps_end():
+    """The contract rows of kvgeom.handoff.cached_state_ends (the vLLM rows are tests/_step_rows.py): a state at a
+    chunk end is cached if the next step made it cacheable; past the last end the prefill's own end
+    (min(computed, prompt)) is that step; a chunk end at token 1 counts (the default window starts at 0)."""
+    # MTP K=3: a step ending at e caches e - 2 tokens, so the one-token chunk after 64 leaves 64 uncached
+    assert cached_state_ends(MTP3_32, 1, 150, 150, (64, 65, 96, 150)) == (65, 96)
+    assert cached_state_ends(MTP3_32, 1, 150, 150, (64, 66, 96, 150)) == (64, 66, 96)
+    # ends that stop short of the prompt: the last one's next step ends at the prompt (150 caches 148 >= 65)
+    assert cached_state_ends(MTP3_32, 1, 150, 150, (64, 65)) == (65,)
+    # the seed (partial hash hits): 1 token cacheable in the step ending at 100
+    assert cached_state_ends(SEED, 1, 100, 100, (1, 100)) == (1, 100)
+    assert cached_state_ends(SEED, 1, 100, 100, (1, 100), above=1) == (100,)
+
+
+EAGLE_TAIL = kvgeom.resolve({"groups": [{"kind": "full_attention", "block_size": 32, "drafter": True},
+                                        {"kind": "mamba", "block_size": 32}],
+                             "cache": {"prefix_match_unit": 8}, "offload": {}, "speculative": spec()})
+
+
+def test_an_eagle_partial_tail_on_the_default_split_is_the_given_splits():
+    """EAGLE drafter FA 32 + Mamba 32, H 8 (proof margin 8), a 48-token prompt that loaded from the tier: the
+    default split is vLLM's unbounded one (40, 48), and the tail at 40 is handed over at 48 = 40 + the margin,
+    with or without the split given."""
+    assert default_chunk_ends(EAGLE_TAIL, 48) == (40, 48)
+    assert partial_tail_boundary(EAGLE_TAIL, 48, 48, None, loaded_from_offload=True) == 40
+    assert partial_tail_boundary(EAGLE_TAIL, 48, 48, (40, 48), loaded_from_offload=True) == 40
+    assert partial_tail_boundary(EAGLE_TAIL, 48, 48, None) is None  # a request that did not load: no tail
+
+
+def test_the_checkpoint_step_may_lie_up_to_a_scheduler_block_plus_the_lookahead_past_it():
+    """Contract row (kvgeom's rule; vLLM 0.33 stalls on this split, so no vLLM run): MTP K=10 with 2 modules
+    re-prefills 9 tokens, so the step ending at 25 caches exactly the checkpoint 16 of a 40-token prompt split at
+    16, 25, 40: the state at 16 is kept, handed over by the step after 25. A search window of one scheduler block
+    minus the lookahead (16 - 10) would miss that step."""
+    from kvgeom.handoff import checkpoint_step
+
+    geom = kvgeom.resolve({"groups": [FA16, M16], "cache": {"retention_interval": None}, "offload": {},
+                           "speculative": spec("mtp", 10, mtp_modules=2)})
+    assert checkpoint_step(geom, 1, 40, 40, (16, 25, 40)) == 25
+    assert checkpoint_step(geom, 1, 40, 40, (16, 24, 40)) is None  # 15 cacheable at 24, 31 at the next end

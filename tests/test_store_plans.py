@@ -690,7 +690,8 @@ def test_each_steps_stores_and_the_gpu_states_as_vllm(cfg, n, budgets, ends, ste
     from kvgeom.sim import GPUPrefixCache
 
     geom = kvgeom.resolve(cfg)
-    assert list(prefill_chunk_ends(geom, n, max_num_batched_tokens=budgets)) == ends
+    if any(g.is_align_mamba for g in geom.groups):  # kvgeom models vLLM's split with an align Mamba group
+        assert list(prefill_chunk_ends(geom, n, max_num_batched_tokens=budgets)) == ends
     plans = plan_store_steps(geom, num_prompt_tokens=n, chunk_ends=ends)
     assert [{str(g.index): list(g.stored_end_tokens) for g in p.groups if g.stored_end_tokens} for p in plans] == steps
     cache = GPUPrefixCache(geom)
@@ -722,6 +723,7 @@ def test_plan_store_steps_refuses_more_steps_than_it_plans_before_planning():
     with pytest.raises(QueryError) as e:
         hits.plan_store_steps(geom, num_prompt_tokens=n, chunk_ends=range(1, n + 1))
     assert e.value.code == "result_too_large" and e.value.problems[0].field == "chunk_ends"
+    assert e.value.values == {"total": n, "limit": hits.MAX_STORE_STEPS}
     assert len(hits.plan_store_steps(geom, num_prompt_tokens=n - 1, chunk_ends=range(1, n))) == n
 
 
@@ -754,3 +756,15 @@ def test_a_plan_that_passes_partial_tail_stored_lists_no_tail_and_refuses_a_non_
     with pytest.raises(QueryError) as e:
         plan_store(FINE64, num_tokens=228, num_computed_tokens=228, partial_tail_stored=1)
     assert e.value.code == "not_a_bool"
+
+
+def test_plan_store_steps_passes_the_requests_offload_limit_and_whether_it_loaded():
+    """The per-request inputs reach every step's plan: an eagle drafter's partial tail is stored only for a request
+    that loaded from the tier (EAGLE_TAIL, a 48-token prompt: vLLM's unbounded split ends at 40 and 48, the tail at
+    40 is handed over at 48 = 40 + the margin 8), and ``max_offload_tokens`` caps what any step stores."""
+    plain = hits.plan_store_steps(EAGLE_TAIL, num_prompt_tokens=48)
+    loaded = hits.plan_store_steps(EAGLE_TAIL, num_prompt_tokens=48, loaded_from_offload=True)
+    assert [[g.partial_tail for g in p.groups] for p in plain] == [[None, None]] * 3
+    assert [[g.partial_tail for g in p.groups] for p in loaded] == [[None, None], [48, 40], [None, None]]
+    capped = hits.plan_store_steps(FINE64, num_prompt_tokens=228, max_offload_tokens=100)
+    assert {e for p in capped for g in p.groups for e in g.stored_end_tokens} == {64}

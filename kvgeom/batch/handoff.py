@@ -23,7 +23,7 @@ def mamba_cacheable(geom: Geometry, group: int, computed: I64) -> I64:
     """:func:`kvgeom.handoff.mamba_cacheable_tokens` per entry (each distinct count answered once)."""
     values, inverse = np.unique(computed, return_inverse=True)
     answers = np.array([mamba_cacheable_tokens(geom, group, int(c)) for c in values], dtype=np.int64)
-    return answers[inverse.reshape(computed.shape)] if values.size else np.zeros_like(computed)
+    return answers[inverse.reshape(computed.shape)]
 
 
 def _row(m: I64 | None, i: int) -> tuple[int, ...] | None:
