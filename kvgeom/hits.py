@@ -1246,8 +1246,9 @@ def plan_store(
     return StorePlan(offloadable, tuple(out))
 
 
-MAX_STORE_STEPS = 1 << 12
-"""The most prefill steps :func:`plan_store_steps` plans (each step's plan reads every chunk end)."""
+MAX_STORE_STEPS = 1 << 10
+"""The most prefill steps :func:`plan_store_steps` plans: each step's plan reads every chunk end, so the work grows with
+the square of the steps (1,024 steps: about half a second; a 128k-token prompt split by a 256-token budget has 512)."""
 
 
 def plan_store_steps(
