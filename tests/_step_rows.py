@@ -69,6 +69,18 @@ STEP_ROWS = [
     pytest.param({"groups": [_fa(64), {"kind": "sliding_window", "block_size": 16, "sliding_window": 16}],
                   "cache": {"retention_interval": None}, "offload": {}}, 31, [100], [31], [{"1": [16]}, {}], {},
                  id="swa16-31"),
+    # retention 0 with multi-module MTP: the checkpoint is kept whatever the mask says only where a step cached
+    # exactly it (32, at 34); 64, a chunk end the next step made cacheable past it, is not a checkpoint: dropped
+    pytest.param({"groups": [_fa(32), _m(32)], "cache": {"retention_interval": 0, "prefix_match_unit": 16},
+                  "offload": {}, "speculative": {"method": "mtp", "num_speculative_tokens": 2, "mtp_modules": 2}},
+                 89, [64, 2, 16, 1, 20], [32, 34, 50, 51, 64, 84, 89],
+                 [{"0": [32]}, {"1": [32]}, {}, {}, {"0": [64]}, {}, {}, {}], {"0": [32, 64, 80], "1": [32]},
+                 id="mtp2-checkpoint-kept-64-dropped"),
+    # ... and it is the request's own split that decides (vLLM's unbounded split would not cache exactly 32)
+    pytest.param({"groups": [_fa(16), _m(32)], "cache": {"retention_interval": 0}, "offload": {},
+                  "speculative": {"method": "mtp", "num_speculative_tokens": 4, "mtp_modules": 3}},
+                 48, [64, 3, 34], [32, 35, 48], [{"0": [16, 32]}, {"1": [32]}, {"0": [48]}, {}],
+                 {"0": [16, 32], "1": [32]}, id="mtp4-checkpoint-of-the-given-split"),
 ]
 
 

@@ -525,3 +525,24 @@ def test_a_scalar_argument_that_is_no_integer_is_refused_by_the_batch_as_by_the_
     with pytest.raises(kvgeom.QueryError) as theirs:
         scalar(value)
     assert (ours.value.code, ours.value.problems[0].field) == (theirs.value.code, field) == ("not_an_integer", field)
+
+
+def test_a_per_request_flag_of_the_wrong_length_or_shape_is_refused_naming_it():
+    """kvgeom.batch's bool arguments: a list or range of another length is length_mismatch before it is built
+    (a range whose len() overflows counts as more than MAX_RESULT), an array of another length too, and an array
+    of ints is bad_shape, each naming the argument."""
+    from kvgeom.batch._arrays import MAX_RESULT
+
+    def refused(**kw):
+        with pytest.raises(QueryError) as e:
+            batch.plan_stores(SEED_OFF, num_tokens=[64, 64], num_computed_tokens=[64, 64], **kw)
+        return e.value.code, e.value.problems[0].field, e.value.values, str(e.value)
+
+    code, field, values, _ = refused(finished=range(2**64))
+    assert (code, field) == ("length_mismatch", "finished") and values["length"] == MAX_RESULT + 1
+    assert refused(loaded_from_offload=range(3))[:3] == ("length_mismatch", "loaded_from_offload",
+                                                         {"length": 3, "expected": 2})
+    assert refused(partial_tail_stored=np.array([True]))[:3] == ("length_mismatch", "partial_tail_stored",
+                                                                 {"length": 1, "expected": 2})
+    code, field, _, text = refused(finished=np.array([1, 0]))
+    assert (code, field) == ("bad_shape", "finished") and "a bool or a 1-D bool array" in text

@@ -694,6 +694,12 @@ def test_each_steps_stores_and_the_gpu_states_as_vllm(cfg, n, budgets, ends, ste
         assert list(prefill_chunk_ends(geom, n, max_num_batched_tokens=budgets)) == ends
     plans = plan_store_steps(geom, num_prompt_tokens=n, chunk_ends=ends)
     assert [{str(g.index): list(g.stored_end_tokens) for g in p.groups if g.stored_end_tokens} for p in plans] == steps
+    # one plan over the whole prefill (and the finish step) lists the same keys
+    whole = [plan_store(geom, num_tokens=n, num_computed_tokens=n, chunk_ends=ends),
+             plan_store(geom, num_tokens=n + 1, num_computed_tokens=n, num_prompt_tokens=n, chunk_ends=ends,
+                        finished=True)]
+    keys = {(g.index, e) for p in whole for g in p.groups for e in g.stored_end_tokens}
+    assert keys == {(int(g), e) for step in steps for g, ends_ in step.items() for e in ends_}
     cache = GPUPrefixCache(geom)
     cache.cache_request(n, chunk_ends=ends)
     assert {g: e for g, e in cache.resident().items() if e} == gpu
@@ -755,7 +761,7 @@ def test_a_plan_that_passes_partial_tail_stored_lists_no_tail_and_refuses_a_non_
     assert (sp.plan(0), sp.plan(1)) == (plan, again)
     with pytest.raises(QueryError) as e:
         plan_store(FINE64, num_tokens=228, num_computed_tokens=228, partial_tail_stored=1)
-    assert e.value.code == "not_a_bool"
+    assert (e.value.code, e.value.problems[0].field) == ("not_a_bool", "partial_tail_stored")
 
 
 def test_plan_store_steps_passes_the_requests_offload_limit_and_whether_it_loaded():

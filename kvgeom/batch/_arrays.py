@@ -70,6 +70,15 @@ def overflow(name: str, value: int, what: str = "") -> QueryError:
     )
 
 
+def _length(x: Sized) -> int:
+    """``len(x)``, or ``MAX_RESULT + 1`` (more than any argument may hold) where ``len`` overflows (a range of
+    2^64 entries)."""
+    try:
+        return len(x)
+    except OverflowError:
+        return MAX_RESULT + 1
+
+
 def ints(name: str, x: Any, ndim: int = 1, *, allow_minus_one: bool = False, signed: bool = False) -> I64:
     """``x`` as a non-negative int64 array of ``ndim`` dimensions (no copy when it already is one).
 
@@ -80,11 +89,7 @@ def ints(name: str, x: Any, ndim: int = 1, *, allow_minus_one: bool = False, sig
         a = x
     else:
         if not isinstance(x, np.ndarray) and isinstance(x, Sized):  # a range(10**12) is refused, not allocated
-            try:
-                count = len(x)
-            except OverflowError:
-                count = MAX_RESULT + 1
-            check_total(name, count)
+            check_total(name, _length(x))
         try:
             a = np.asarray(x)
         except (ValueError, TypeError) as e:
@@ -308,11 +313,7 @@ def bools(name: str, x: Any, size: int) -> Bools:
     if isinstance(x, bool | np.bool_):
         return np.full(size, bool(x))
     if not isinstance(x, np.ndarray | str | bytes) and isinstance(x, Sized):  # a range(10**12): refused, not built
-        try:
-            count = len(x)
-        except OverflowError:
-            count = MAX_RESULT + 1
-        _check_count(name, count, size)
+        _check_count(name, _length(x), size)
     a = np.asarray(x)
     if a.ndim != 1 or (a.size and a.dtype != np.bool_):
         raise QueryError.single("bad_shape", f"{name} must be a bool or a 1-D bool array", name)
