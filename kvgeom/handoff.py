@@ -39,7 +39,8 @@ Invariants (property-tested in ``tests/property/test_store_plan_laws.py``):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from bisect import bisect_right
+from collections.abc import Collection, Iterable, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -217,14 +218,18 @@ def cached_state_ends(
     ends = state_ends(geom, num_prompt_tokens, num_computed_tokens, chunk_ends, above=above)
     top = None if upto is None else _window_bound("upto", upto)
     last = min(num_computed_tokens, num_prompt_tokens)
-    out = []
-    for i, e in enumerate(ends):
-        if top is not None and e > top:
-            break
-        after = ends[i + 1] if i + 1 < len(ends) else max(e, last)
-        if e <= mamba_cacheable_tokens(geom, group, after):
-            out.append(e)
-    return tuple(out)
+    listed = ends if top is None else ends[: bisect_right(ends, top)]
+    return tuple(e for e in listed if e <= mamba_cacheable_tokens(geom, group, _step_after(ends, e, last)))
+
+
+def _step_after(ends: Sequence[int], e: int, last: int) -> int:
+    """Where the step after the one ending at chunk end ``e`` ends: the first of the sorted ``ends`` past ``e``,
+    else the prefill's own end ``last`` (``min(computed, prompt)``), or ``e`` itself when the prefill has not gone
+    past it. The one home of "the next step" for the states a chunk end leaves (:func:`cached_state_ends`), the
+    step that caches exactly the checkpoint (:func:`_exact_end`) and the partial tail's hand-off step
+    (:func:`_handoff_end`)."""
+    i = bisect_right(ends, e)
+    return ends[i] if i < len(ends) else max(e, last)
 
 
 def _window_bound(name: str, value: Any) -> int:
@@ -274,8 +279,9 @@ def _exact_end(
     at ``e`` caches at least ``e - L - (P - 1)`` tokens, so only ends up to that far past ``t`` are read."""
     sg = geom.speculative
     reach = geom.scheduler_block_size + (sg.prefill_lookahead_tokens if sg is not None else 0)
-    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)[:2]
-    return next((e for e in ends if mamba_cacheable_tokens(geom, group, e) == t), None)
+    ends = state_ends(geom, prompt, computed, chunk_ends, above=t - 1, upto=t + reach)
+    steps = (t, _step_after(ends, t, min(computed, prompt)))
+    return next((e for e in steps if mamba_cacheable_tokens(geom, group, e) == t), None)
 
 
 def checkpoint_step(
@@ -412,7 +418,7 @@ def _handoff_end(geom: Geometry, prompt: int, computed: int, chunk_ends: Collect
     block): the first chunk end after ``exact``, or the whole prompt when the prompt has none (the hand-off step
     is then a decode step). vLLM 0.33 offers the hand-off once: an eagle proof margin not reached by then drops
     the tail for good."""
-    return min((*state_ends(geom, prompt, computed, chunk_ends, above=exact), min(computed, prompt)))
+    return _step_after(state_ends(geom, prompt, computed, chunk_ends, above=exact), exact, min(computed, prompt))
 
 
 def partial_tail_key(og: OffloadGroupGeometry, boundary: int) -> int:
