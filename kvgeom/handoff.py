@@ -57,6 +57,7 @@ __all__ = [
     "checked_prefill_split",
     "checkpoint_step",
     "default_chunk_ends",
+    "handed_over_tokens",
     "mamba_cacheable_tokens",
     "mamba_handoffs",
     "partial_tail_boundary",
@@ -127,6 +128,23 @@ def mamba_cacheable_tokens(geom: Geometry, group: int, num_computed_tokens: int)
         finalized = max(0, c - reprefill)
         return min(finalized, align(finalized) + geom.groups[group].span)
     return cached
+
+
+def handed_over_tokens(geom: Geometry, group: int, num_prompt_tokens: int, num_computed_tokens: int) -> int | None:
+    """How far align Mamba group ``group``'s GPU manager has offered its states to the connector by the end of the
+    step that computed ``num_computed_tokens``: while the prompt is prefilled, :func:`mamba_cacheable_tokens` of the
+    computed tokens (each state is offered once, in the step that made it cacheable, so a store plan starts its
+    next step past it: ``GroupStore.next_stored_chunk``); None once the prompt is computed (keys past the prompt
+    follow the store mask; decode-time hand-offs are not modelled).
+
+    >>> import kvgeom
+    >>> g = kvgeom.resolve({**kvgeom.DEFAULT_CONFIG, "offload": {}})   # partial hash hits: c tokens cacheable
+    >>> handed_over_tokens(g, 1, 100, 50), handed_over_tokens(g, 1, 100, 100)
+    (50, None)
+    """
+    prompt = nonneg("num_prompt_tokens", num_prompt_tokens)
+    computed = nonneg("num_computed_tokens", num_computed_tokens)
+    return mamba_cacheable_tokens(geom, group, computed) if computed < prompt else None
 
 
 def default_chunk_ends(geom: Geometry, num_prompt_tokens: int) -> tuple[int, ...]:

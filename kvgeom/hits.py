@@ -36,7 +36,7 @@ from kvgeom.handoff import (
     checked_chunk_ends,
     checked_prefill_split,
     default_chunk_ends,
-    mamba_cacheable_tokens,
+    handed_over_tokens,
     mamba_handoffs,
     partial_tail_boundary,
     partial_tail_key,
@@ -1022,11 +1022,10 @@ class GroupStore:
     next_stored_chunk: int | None = None
     """The chunk the group's next step starts at: ``max(stored_chunks[g], storable chunks)`` (vLLM 0.33
     ``RequestOffloadState.advance_stored_idx``); for an align Mamba group inside the prompt
-    ``max(stored_chunks[g], cacheable // C)``, ``cacheable`` being
-    :func:`kvgeom.handoff.mamba_cacheable_tokens` of the computed tokens: its keys are the GPU manager's
-    hand-offs, each offered once, in the step that made it cacheable. Pass it as ``stored_chunks[g]`` when
-    planning the next step: chunks below it that this step did not list were skipped for good. None only in a
-    ``GroupStore`` built by hand."""
+    ``max(stored_chunks[g], handed // C)``, ``handed`` the tokens whose states the GPU manager has offered
+    (:func:`kvgeom.handoff.handed_over_tokens`): its keys are those hand-offs, each offered once. Pass it as
+    ``stored_chunks[g]`` when planning the next step: chunks below it that this step did not list were skipped
+    for good. None only in a ``GroupStore`` built by hand."""
 
     @property
     def stored_end_tokens(self) -> tuple[int, ...]:
@@ -1239,9 +1238,8 @@ def plan_store(
                 chunks = _swa_revisited_chunks(geom, og, revisit, start, storable, prompt_chunks, points, mask) + chunks
             entries = tuple(tuple(range(j * k, (j + 1) * k)) for j in chunks)
         ptail = None if tail is None else partial_tail_key(og, tail)
-        nxt = max(start, storable)
-        if g.is_align_mamba and computed < prompt:  # the hand-offs offered so far: the states now cacheable
-            nxt = max(start, mamba_cacheable_tokens(geom, og.index, computed) // C)
+        offered = handed_over_tokens(geom, og.index, prompt, computed) if g.is_align_mamba else None
+        nxt = max(start, storable if offered is None else offered // C)
         out.append(GroupStore(og.index, chunks, tuple((j + 1) * C for j in chunks), entries, ptail, nxt))
     return StorePlan(offloadable, tuple(out))
 

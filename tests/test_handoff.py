@@ -291,3 +291,17 @@ def test_the_checkpoint_step_may_lie_up_to_a_scheduler_block_plus_the_lookahead_
                            "speculative": spec("mtp", 10, mtp_modules=2)})
     assert checkpoint_step(geom, 1, 40, 40, (16, 25, 40)) == 25
     assert checkpoint_step(geom, 1, 40, 40, (16, 24, 40)) is None  # 15 cacheable at 24, 31 at the next end
+
+
+def test_handed_over_tokens_is_the_cacheable_prefix_while_the_prompt_is_prefilled():
+    """kvgeom.handoff.handed_over_tokens: under MTP K=3 (2 re-prefilled tokens) a step ending at c has offered the
+    states up to c - 2 while the prompt is prefilled, and nothing is counted once the prompt is computed. So a
+    store plan's next Mamba step starts at chunk (c - 2) // C, where the attention group starts at its storable
+    chunks c // C."""
+    from kvgeom.handoff import handed_over_tokens
+
+    assert handed_over_tokens(MTP3_32, 1, 150, 149) == 147
+    assert handed_over_tokens(MTP3_32, 1, 150, 150) is None
+    assert handed_over_tokens(MTP3_32, 1, 150, 151) is None
+    plan = hits.plan_store(MTP3_32, num_tokens=150, num_computed_tokens=129, chunk_ends=(64, 129, 150))
+    assert [g.next_stored_chunk for g in plan.groups] == [4, 3]

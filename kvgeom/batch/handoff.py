@@ -14,16 +14,17 @@ import numpy as np
 
 from kvgeom.batch._arrays import I64, Bools
 from kvgeom.geometry import Geometry
-from kvgeom.handoff import mamba_cacheable_tokens, mamba_handoffs, partial_tail_boundary
+from kvgeom.handoff import handed_over_tokens, mamba_handoffs, partial_tail_boundary
 
-__all__ = ["mamba_cacheable", "mamba_handoff_matrix", "partial_tail_boundaries", "partial_tail_top"]
+__all__ = ["handed_over", "mamba_handoff_matrix", "partial_tail_boundaries", "partial_tail_top"]
 
 
-def mamba_cacheable(geom: Geometry, group: int, computed: I64) -> I64:
-    """:func:`kvgeom.handoff.mamba_cacheable_tokens` per entry (each distinct count answered once)."""
-    values, inverse = np.unique(computed, return_inverse=True)
-    answers = np.array([mamba_cacheable_tokens(geom, group, int(c)) for c in values], dtype=np.int64)
-    return answers[inverse.reshape(computed.shape)]
+def handed_over(geom: Geometry, group: int, prompt: I64, computed: I64) -> I64:
+    """:func:`kvgeom.handoff.handed_over_tokens` per request (``-1``: None), each distinct ``(prompt, computed)``
+    answered once."""
+    pairs, inverse = np.unique(np.stack([prompt, computed], axis=1), axis=0, return_inverse=True)
+    answers = [handed_over_tokens(geom, group, int(p), int(c)) for p, c in pairs]
+    return np.array([-1 if a is None else a for a in answers], dtype=np.int64)[inverse.reshape(prompt.shape)]
 
 
 def _row(m: I64 | None, i: int) -> tuple[int, ...] | None:

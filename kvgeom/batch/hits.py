@@ -35,7 +35,7 @@ from kvgeom.batch._arrays import (
     rdown,
     same_length,
 )
-from kvgeom.batch.handoff import mamba_cacheable, mamba_handoff_matrix, partial_tail_boundaries, partial_tail_top
+from kvgeom.batch.handoff import handed_over, mamba_handoff_matrix, partial_tail_boundaries, partial_tail_top
 from kvgeom.batch.masks import chunk_kept, kept_from_points, swa_store_horizons
 from kvgeom.batch.probes import HeldMatrix, eagle_pair_held, stored_matrices
 from kvgeom.geometry import Geometry, GroupGeometry, OffloadGeometry, OffloadGroupGeometry
@@ -307,8 +307,9 @@ def plan_stores(
         block = div(end, g.block_size) - 1 if g.is_align_mamba else chunk * k
         ptail = np.where(tails >= 0, tails + (og.proof_margin or 0), -1)
         nxt = np.maximum(start, storable)
-        if g.is_align_mamba:  # inside the prompt: the hand-offs offered so far (GroupStore.next_stored_chunk)
-            nxt = np.where(computed < prompt, np.maximum(start, mamba_cacheable(geom, og.index, computed) // C), nxt)
+        if g.is_align_mamba:  # the hand-offs offered so far (GroupStore.next_stored_chunk)
+            handed = handed_over(geom, og.index, prompt, computed)
+            nxt = np.maximum(start, np.where(handed >= 0, handed // C, storable))
         groups.append(GroupStores(og.index, g.is_align_mamba, k, indptr, req, chunk, end, block, ptail, nxt))
     return StorePlans(offloadable, tuple(groups))
 

@@ -738,6 +738,8 @@ def _calls() -> list[tuple[str, Any, dict[str, Any]]]:
                                                                       above=0, upto=None)),
         ("handoff.checked_prefill_split", handoff.checked_prefill_split, dict(chunk_ends=[32, 64], num_tokens=64)),
         ("handoff.default_chunk_ends", handoff.default_chunk_ends, dict(geom=DEFAULT, num_prompt_tokens=64)),
+        ("handoff.handed_over_tokens", handoff.handed_over_tokens, dict(geom=DEFAULT, group=1, num_prompt_tokens=64,
+                                                                        num_computed_tokens=32)),
         ("batch.num_keys", batch.num_keys, dict(geom=DEFAULT, group=0, num_tokens=[64])),
         ("batch.plan_stores", batch.plan_stores, dict(geom=DEFAULT, num_tokens=[64], num_computed_tokens=[64],
                                                       finished=False, loaded_from_offload=False,
