@@ -175,15 +175,16 @@ last stays), as :func:`kvgeom.prefill_chunk_ends` takes it."""
 
 def _scheduler(geom: Geometry, budget: Budget, L: int, H: int) -> Scheduler:
     """vLLM's Scheduler over a fresh :class:`RecordingTier` with the token budget ``budget`` (a per-step list:
-    built unbounded, as :func:`run_prefill_split` does; :func:`_step_budget` sets each step's)."""
+    built unbounded; :func:`_step_budget` sets each step's)."""
     tokens = budget if isinstance(budget, int) else UNBOUNDED_BUDGET
     return vs.build_scheduler(geom, scheduler_block_size=L, hash_block_size=H, max_num_batched_tokens=tokens,
                               spec_name=SPEC_NAME)
 
 
 def _step_budget(sched: Scheduler, budget: Budget, step: int) -> None:
-    """Set the token budget of the ``step``-th step that schedules the request (a per-step ``budget`` only), as
-    :func:`run_prefill_split` does: the Scheduler's ``max_num_scheduled_tokens``."""
+    """Set the token budget of the ``step``-th step that schedules the request (a per-step ``budget`` only; past the
+    list the last stays): the Scheduler's ``max_num_scheduled_tokens``. :func:`run_store_then_lookup` and
+    :func:`run_prefill_split` both split through it."""
     if isinstance(budget, list):
         sched.max_num_scheduled_tokens = budget[min(step, len(budget) - 1)]
 
@@ -371,7 +372,7 @@ def run_prefill_split(geom: Geometry, n: int, *, resident: Mapping[str, Any] | N
 
     L, H = resolve_kv_cache_block_sizes(vo.build_kv_cache_config(geom), vo.build_vllm_config(geom))
     steps = list(budgets or [UNBOUNDED_BUDGET])
-    sched = _scheduler(geom, None, L, H)
+    sched = _scheduler(geom, steps, L, H)
     request = _request(sched, n, H, "R")
     vs.place_gpu_entries(sched, geom, request, resident_sets(geom, resident or {}), H)
     if sched.connector is not None:
@@ -382,7 +383,7 @@ def run_prefill_split(geom: Geometry, n: int, *, resident: Mapping[str, Any] | N
     start: int | None = None
     ends: list[int] = []
     for _ in range(MAX_STEPS):
-        sched.max_num_scheduled_tokens = steps[min(len(ends), len(steps) - 1)]
+        _step_budget(sched, steps, len(ends))
         output = sched.schedule()
         scheduled = output.num_scheduled_tokens.get(request.request_id, 0)
         if scheduled:
